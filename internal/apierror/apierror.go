@@ -1,0 +1,100 @@
+// Package apierror is the OpenAI-shaped error: {"error":{"message","type","param","code"}} with an
+// HTTP status. The public fields go to the client; Err is for the log only.
+package apierror
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+)
+
+// Error is an error a client may see.
+type Error struct {
+	Status  int    // HTTP status
+	Message string // shown to the client
+	Type    string // invalid_request_error, authentication_error, server_error, ...
+	Param   string // "" is sent as null
+	Code    string // "" is sent as null
+	Header  http.Header
+	Err     error // the cause, for logs; never shown
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return e.Message + ": " + e.Err.Error()
+	}
+	return e.Message
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Body is the wire shape {"error":{...}}.
+type Body struct {
+	Error Detail `json:"error"`
+}
+
+// Detail is the inner object; Param and Code are null when empty.
+type Detail struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+// Detail returns the client-visible part of e.
+func (e *Error) Detail() Detail {
+	return Detail{Message: e.Message, Type: e.Type, Param: nullable(e.Param), Code: nullable(e.Code)}
+}
+
+// JSON returns the wire body.
+func (e *Error) JSON() []byte {
+	b, _ := json.Marshal(Body{Error: e.Detail()})
+	return b
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// Write sends e as the response. It must only be called before anything else was written.
+func Write(w http.ResponseWriter, e *Error) {
+	h := w.Header()
+	for k, vs := range e.Header {
+		h[k] = vs
+	}
+	h.Set("Content-Type", "application/json")
+	h.Del("Content-Length")
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(append(e.JSON(), '\n'))
+}
+
+// From returns err as a client-safe *Error: an *Error anywhere in the chain is returned as is;
+// anything else becomes a generic 500 that hides the cause.
+func From(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return &Error{Status: http.StatusInternalServerError, Message: "The server had an error while processing your request.", Type: "server_error", Err: err}
+}
+
+// Constructors for the common cases.
+
+func BadRequest(msg, param, code string) *Error {
+	return &Error{Status: http.StatusBadRequest, Message: msg, Type: "invalid_request_error", Param: param, Code: code}
+}
+
+func NotFound(msg, param string) *Error {
+	return &Error{Status: http.StatusNotFound, Message: msg, Type: "invalid_request_error", Param: param}
+}
+
+func Unauthorized(msg string) *Error {
+	return &Error{Status: http.StatusUnauthorized, Message: msg, Type: "invalid_request_error", Code: "invalid_api_key"}
+}
+
+func BadGateway(msg, code string, cause error) *Error {
+	return &Error{Status: http.StatusBadGateway, Message: msg, Type: "server_error", Code: code, Err: cause}
+}

@@ -1,0 +1,121 @@
+// Package sandbox defines what every code-execution backend offers (Provider), what an execution
+// returns (Result), the NDJSON decoder shared by all backends, the registry built from the config's
+// sandbox_tools, and container sessions with sealed cntr_ ids.
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Sentinel errors. Backends wrap them with %w; callers test with errors.Is.
+var (
+	// ErrUnavailable: a sandbox could not be created or reached (bad credentials, capacity,
+	// backend down, tool not configured). Clients see 502 sandbox_unavailable.
+	ErrUnavailable = errors.New("sandbox unavailable")
+	// ErrNotFound: the sandbox or container is gone (expired, deleted) or belongs to someone else.
+	ErrNotFound = errors.New("sandbox not found")
+	// ErrTimeout: an execution did not finish within its timeout.
+	ErrTimeout = errors.New("execution timed out")
+	// ErrIncomplete: the execution stream ended before end_of_execution.
+	ErrIncomplete = errors.New("execution stream ended early")
+	// ErrRateLimited: the backend asked us to slow down.
+	ErrRateLimited = errors.New("sandbox backend rate limited")
+)
+
+// Provider is one sandbox backend. Implementations are safe for concurrent use.
+type Provider interface {
+	// Create starts a sandbox. The handle carries everything needed to reach it later.
+	Create(ctx context.Context, opts CreateOptions) (Handle, error)
+	// Run executes code in the sandbox's persistent kernel and returns when it finishes.
+	// A Python exception is not an error: it is Result.Error. An error return means the execution
+	// could not run or complete (ErrTimeout, ErrIncomplete, ErrNotFound, ...); a Result with what
+	// arrived so far is still returned alongside it.
+	Run(ctx context.Context, h Handle, code string, opts RunOptions) (Result, error)
+	// Delete stops the sandbox and frees its resources. Deleting what is already gone returns nil.
+	Delete(ctx context.Context, h Handle) error
+	// KeepAlive extends the sandbox's life to at least now+d (e2b: its timeout endpoint; local: no-op
+	// or a note for the reaper).
+	KeepAlive(ctx context.Context, h Handle, d time.Duration) error
+}
+
+// Handle identifies a live sandbox. It is sealed into cntr_ ids, so it holds only what is needed
+// to reach the sandbox again, never a provider-wide credential such as an API key.
+type Handle struct {
+	Backend      string `json:"b"`           // "local" or "e2b"
+	Tool         string `json:"t"`           // sandbox_tool_name that created it
+	ID           string `json:"i"`           // backend sandbox id
+	AccessToken  string `json:"a,omitempty"` // e2b envdAccessToken
+	TrafficToken string `json:"r,omitempty"` // e2b trafficAccessToken
+	Domain       string `json:"d,omitempty"` // e2b domain returned at create
+}
+
+// CreateOptions are per-sandbox choices.
+type CreateOptions struct {
+	// MemoryLimit is the request's container.memory_limit ("1g", "4g", ...); "" means the tool default.
+	MemoryLimit string
+	// Lifetime is how long the backend should keep the sandbox without a KeepAlive (e2b timeout).
+	// 0 means the tool default.
+	Lifetime time.Duration
+	// Metadata is attached where the backend supports it.
+	Metadata map[string]string
+}
+
+// RunOptions are per-execution choices.
+type RunOptions struct {
+	// Timeout bounds the execution; 0 means the backend default.
+	Timeout time.Duration
+	// OnMessage, when non-nil, is called for every decoded message as it arrives, from the goroutine
+	// that called Run, before Run returns. It must not retain msg.
+	OnMessage func(msg Message)
+}
+
+// Result is one execution's outcome, shaped like e2b's Execution.
+type Result struct {
+	Stdout         string     `json:"stdout"`
+	Stderr         string     `json:"stderr"`
+	Results        []Output   `json:"results"`
+	Error          *ExecError `json:"error"`
+	ExecutionCount int        `json:"execution_count"`
+	// Truncated reports that output went over the cap and was cut (a note is appended to Stdout).
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+// Output is one rich result (Jupyter execute_result or display_data).
+type Output struct {
+	Text         string          `json:"text,omitempty"`
+	HTML         string          `json:"html,omitempty"`
+	Markdown     string          `json:"markdown,omitempty"`
+	SVG          string          `json:"svg,omitempty"`
+	PNG          string          `json:"png,omitempty"`  // base64
+	JPEG         string          `json:"jpeg,omitempty"` // base64
+	PDF          string          `json:"pdf,omitempty"`
+	LaTeX        string          `json:"latex,omitempty"`
+	JSON         json.RawMessage `json:"json,omitempty"`
+	JavaScript   string          `json:"javascript,omitempty"`
+	Data         json.RawMessage `json:"data,omitempty"`
+	Chart        json.RawMessage `json:"chart,omitempty"`
+	Extra        json.RawMessage `json:"extra,omitempty"`
+	IsMainResult bool            `json:"is_main_result"`
+}
+
+// ExecError is a Python exception raised by the executed code.
+type ExecError struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback"`
+}
+
+// Message is one NDJSON line of e2b's code-interpreter /execute stream, which the local kernel
+// also speaks. Type is one of stdout, stderr, result, error, number_of_executions, keepalive,
+// end_of_execution.
+type Message struct {
+	Type           string `json:"type"`
+	Text           string `json:"text,omitempty"`      // stdout/stderr chunk
+	Timestamp      string `json:"timestamp,omitempty"` // stdout/stderr
+	ExecutionCount int    `json:"execution_count,omitempty"`
+	Output                // result fields
+	ExecError             // error fields
+}
