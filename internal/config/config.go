@@ -4,7 +4,10 @@
 // A *Config is immutable once published: a request loads it once and keeps that snapshot.
 package config
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Config is one validated, immutable snapshot of the configuration file.
 type Config struct {
@@ -23,6 +26,10 @@ type Config struct {
 	// Warnings are problems that do not stop the proxy (an os.environ/NAME that is not set, an open
 	// proxy without master_key). They are printed at start, on reload and by --check.
 	Warnings []string
+
+	// raw is the file content this snapshot was parsed from; the watcher compares it with the file so
+	// that an event that changed nothing reloads nothing.
+	raw []byte
 }
 
 // Deployment is one model_list entry: a client-facing model name served by one upstream.
@@ -69,13 +76,21 @@ type SandboxTool struct {
 	PoolSize     int    // warm kernels kept started, default 2
 	WorkDir      string // parent of the per-sandbox directories, default os.TempDir()/ciproxy-sandboxes
 
+	// The size settings above in bytes (binary units: "1g" is 1<<30), parsed and validated.
+	MemoryLimitBytes int64
+	MaxMemoryBytes   int64
+	MaxFileSizeBytes int64
+	MaxDiskSizeBytes int64
+
+	// Line is the line of the entry in the file; 0 for the implicit "local" tool that stands in when
+	// sandbox_tools is absent.
 	Line int
 }
 
 // Interception is code_interpreter_interception_params.
 type Interception struct {
 	Enabled              bool          // default true
-	EnabledProviders     []string      // nil: every provider
+	EnabledProviders     []string      // nil: every provider; empty: none
 	SandboxToolName      string        // default: the first sandbox tool
 	FunctionName         string        // default "python"
 	MaxIterations        int           // default 20
@@ -86,10 +101,24 @@ type Interception struct {
 
 // General is general_settings.
 type General struct {
+	// MasterKey is the key clients must send as "Authorization: Bearer ..."; "" means the proxy is open.
+	// When master_key names an os.environ variable that is not set, MasterKey holds a random key that
+	// nobody knows (so every request is refused rather than let through) and MissingEnv names the
+	// variable.
 	MasterKey          string
-	ContainerSecret    string        // seals cntr_ ids; "" means a random key per process
+	MissingEnv         string
+	ContainerSecret    string        // seals cntr_ ids (sandbox.KeyFromSecret); "" means a random key per process
 	MaxRequestBodySize int64         // default 32 MiB
 	ShutdownGrace      time.Duration // default 30s
+}
+
+// ProviderEnabled reports whether interception applies to deployments of provider: EnabledProviders
+// nil means every provider, an empty list means none.
+func (i Interception) ProviderEnabled(provider string) bool {
+	if i.EnabledProviders == nil {
+		return true
+	}
+	return slices.Contains(i.EnabledProviders, provider)
 }
 
 // InterceptionActive reports whether code_interpreter_interception is listed in callbacks and enabled.

@@ -1,0 +1,300 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite the expected results in testdata/*.yaml")
+
+// goldenSep separates a testdata file's YAML input from the result it must give: either the
+// parsed summary or the error text.
+const goldenSep = "#### want\n"
+
+// TestGolden parses every testdata/*.yaml. Leading "# env: NAME=value" comment lines set the
+// environment seen by os.environ/NAME references; no other variable is set.
+func TestGolden(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no testdata: %v", err)
+	}
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".yaml"), func(t *testing.T) {
+			raw, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			input, want, found := strings.Cut(string(raw), goldenSep)
+			if !found && !*update {
+				t.Fatalf("%s has no %q line", file, strings.TrimSpace(goldenSep))
+			}
+			env := map[string]string{}
+			for _, line := range strings.Split(input, "\n") {
+				if kv, ok := strings.CutPrefix(line, "# env: "); ok {
+					k, v, _ := strings.Cut(kv, "=")
+					env[k] = v
+				}
+			}
+			lookup := func(name string) (string, bool) { v, ok := env[name]; return v, ok }
+			got := summarize(ParseWith([]byte(input), "config.yaml", ParseOptions{LookupEnv: lookup}))
+			if *update {
+				if err := os.WriteFile(file, []byte(input+goldenSep+got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if got != want {
+				t.Errorf("ParseWith(%s) =\n%s\nwant\n%s", file, got, want)
+			}
+		})
+	}
+}
+
+// summarize renders a parse result as stable text: the error, or every field of the config.
+func summarize(c *Config, err error) string {
+	var b strings.Builder
+	if err != nil {
+		var errs *Errors
+		if !errors.As(err, &errs) {
+			return fmt.Sprintf("error of type %T: %v\n", err, err)
+		}
+		fmt.Fprintf(&b, "error:\n%s\n", err)
+		return b.String()
+	}
+	tmp := filepath.Join(os.TempDir(), "ciproxy-sandboxes")
+	b.WriteString("models:\n")
+	for _, m := range c.Models {
+		fmt.Fprintf(&b, "  %+v\n", m)
+	}
+	b.WriteString("sandbox_tools:\n")
+	for _, s := range c.SandboxTools {
+		if s.WorkDir == tmp {
+			s.WorkDir = "$TMPDIR/ciproxy-sandboxes"
+		}
+		fmt.Fprintf(&b, "  %+v\n", s)
+	}
+	fmt.Fprintf(&b, "callbacks: %q\n", c.Callbacks)
+	fmt.Fprintf(&b, "interception: %+v\n", c.Interception)
+	if c.Interception.EnabledProviders == nil {
+		b.WriteString("interception enabled for every provider\n")
+	}
+	fmt.Fprintf(&b, "interception active: %v\n", c.InterceptionActive())
+	g := c.General
+	if g.MissingEnv != "" && strings.HasPrefix(g.MasterKey, "unset-") {
+		g.MasterKey = "<random>"
+	}
+	fmt.Fprintf(&b, "general: %+v\n", g)
+	b.WriteString("warnings:\n")
+	for _, w := range c.Warnings {
+		fmt.Fprintf(&b, "  %s\n", w)
+	}
+	return b.String()
+}
+
+func TestErrorsType(t *testing.T) {
+	in := "model_list:\n  - model_name: a\n    litellm_params:\n      model: openai/a\n      api_bse: x\nbogus: 1\n"
+	_, err := Parse([]byte(in), "c.yaml")
+	var errs *Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("Parse error = %T %v; want *Errors", err, err)
+	}
+	want := []Problem{
+		{Line: 5, Msg: `model_list[0].litellm_params: unknown key "api_bse"`},
+		{Line: 6, Msg: `top level: unknown key "bogus"`},
+	}
+	if fmt.Sprint(errs.Problems) != fmt.Sprint(want) {
+		t.Errorf("Problems = %v; want %v", errs.Problems, want)
+	}
+	wantText := "c.yaml:5: model_list[0].litellm_params: unknown key \"api_bse\"\nc.yaml:6: top level: unknown key \"bogus\""
+	if err.Error() != wantText {
+		t.Errorf("Error() = %q; want %q", err.Error(), wantText)
+	}
+}
+
+func TestUnsetEnvWarnsAndMarksEntry(t *testing.T) {
+	in := "model_list:\n  - model_name: gpt-5\n    litellm_params: {model: openai/gpt-5, api_key: os.environ/OPENAI_API_KEY}\n"
+	c, err := ParseWith([]byte(in), "c.yaml", ParseOptions{LookupEnv: func(string) (string, bool) { return "", false }})
+	if err != nil {
+		t.Fatalf("ParseWith: %v", err)
+	}
+	const want = "model_list[0] (gpt-5): api_key refers to OPENAI_API_KEY, which is not set"
+	if len(c.Warnings) == 0 || c.Warnings[0] != want {
+		t.Errorf("Warnings = %q; want first %q", c.Warnings, want)
+	}
+	if got := c.Models[0].MissingEnv; got != "OPENAI_API_KEY" {
+		t.Errorf("MissingEnv = %q; want OPENAI_API_KEY", got)
+	}
+
+	c, err = ParseWith([]byte(in), "c.yaml", ParseOptions{LookupEnv: func(n string) (string, bool) { return "sk-" + n, true }})
+	if err != nil {
+		t.Fatalf("ParseWith: %v", err)
+	}
+	if m := c.Models[0]; m.APIKey != "sk-OPENAI_API_KEY" || m.MissingEnv != "" {
+		t.Errorf("with the variable set: APIKey = %q, MissingEnv = %q; want sk-OPENAI_API_KEY and none", m.APIKey, m.MissingEnv)
+	}
+}
+
+// TestSecretsStayOutOfMessages checks that no error or warning repeats the value of a secret, even
+// when the file around it is wrong.
+func TestSecretsStayOutOfMessages(t *testing.T) {
+	in := `model_list:
+  - model_name: m
+    litellm_params: {model: openai/m, api_key: SECRET-UPSTREAM, timeout: 5, bad: 1}
+sandbox_tools:
+  - sandbox_tool_name: e
+    litellm_params: {sandbox_provider: e2b, api_key: os.environ/E2B_KEY, python: /x}
+general_settings:
+  master_key: os.environ/MASTER
+  container_secret: SECRET-CONTAINER
+  shutdown_grace: nope
+`
+	env := map[string]string{"E2B_KEY": "SECRET-E2B", "MASTER": "SECRET-MASTER"}
+	_, err := ParseWith([]byte(in), "c.yaml", ParseOptions{LookupEnv: func(n string) (string, bool) { v, ok := env[n]; return v, ok }})
+	if err == nil {
+		t.Fatal("ParseWith succeeded; want errors")
+	}
+	if strings.Contains(err.Error(), "SECRET") {
+		t.Errorf("error text reveals a secret:\n%v", err)
+	}
+	if n := len(err.(*Errors).Problems); n != 3 {
+		t.Errorf("got %d problems; want 3 (bad, python, shutdown_grace):\n%v", n, err)
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	tests := []struct {
+		in   string
+		want time.Duration
+		err  bool
+	}{
+		{"90s", 90 * time.Second, false},
+		{"1m30s", 90 * time.Second, false},
+		{"20m", 20 * time.Minute, false},
+		{"120", 120 * time.Second, false},
+		{"0.5", 500 * time.Millisecond, false},
+		{"0", 0, false},
+		{" 15 ", 15 * time.Second, false},
+		{"", 0, true},
+		{"-1", 0, true},
+		{"-5s", 0, true},
+		{"5 minutes", 0, true},
+		{"NaN", 0, true},
+		{"1e300", 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseDuration(tt.in)
+			if (err != nil) != tt.err || got != tt.want {
+				t.Errorf("ParseDuration(%q) = %v, %v; want %v, error %v", tt.in, got, err, tt.want, tt.err)
+			}
+		})
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		err  bool
+	}{
+		{"16384", 16384, false},
+		{"16k", 16 << 10, false},
+		{"512m", 512 << 20, false},
+		{"512M", 512 << 20, false},
+		{"1g", 1 << 30, false},
+		{"1G", 1 << 30, false},
+		{"1GB", 1 << 30, false},
+		{"1GiB", 1 << 30, false},
+		{"1Gi", 1 << 30, false},
+		{"1.5g", 3 << 29, false},
+		{"2t", 2 << 40, false},
+		{"100b", 100, false},
+		{"0", 0, false},
+		{"", 0, true},
+		{"m", 0, true},
+		{"-1m", 0, true},
+		{"1x", 0, true},
+		{"lots", 0, true},
+		{"99999999999t", 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseSize(tt.in)
+			if (err != nil) != tt.err || got != tt.want {
+				t.Errorf("ParseSize(%q) = %v, %v; want %v, error %v", tt.in, got, err, tt.want, tt.err)
+			}
+		})
+	}
+}
+
+// TestExampleConfig loads the shipped config.example.yaml with no environment: it must load with
+// warnings only.
+func TestExampleConfig(t *testing.T) {
+	data, err := os.ReadFile("../../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ParseWith(data, "config.example.yaml", ParseOptions{LookupEnv: func(string) (string, bool) { return "", false }})
+	if err != nil {
+		t.Fatalf("config.example.yaml: %v", err)
+	}
+	if len(c.Warnings) == 0 {
+		t.Error("no warnings; want at least the unset OPENAI_API_KEY")
+	}
+	gpt := c.Deployments("gpt-4.1")
+	if len(gpt) != 1 || gpt[0].Provider != "openai" || gpt[0].APIBase != "https://api.openai.com/v1" || gpt[0].MissingEnv != "OPENAI_API_KEY" {
+		t.Errorf("gpt-4.1 deployments = %+v; want one openai deployment missing OPENAI_API_KEY", gpt)
+	}
+	var vllm bool
+	for _, m := range c.Models {
+		vllm = vllm || (m.Provider == "hosted_vllm" && m.APIBase != "")
+	}
+	if !vllm {
+		t.Errorf("no hosted_vllm deployment with an api_base in %+v", c.Models)
+	}
+	if !c.InterceptionActive() {
+		t.Error("interception is not active")
+	}
+	if tool, ok := c.SandboxTool(c.Interception.SandboxToolName); !ok || tool.Provider != "local" {
+		t.Errorf("interception uses %q (%+v); want a local tool", c.Interception.SandboxToolName, tool)
+	}
+}
+
+// TestExampleConfigE2BTool uncomments the example's e2b tool: it must be valid as written.
+func TestExampleConfigE2BTool(t *testing.T) {
+	data, err := os.ReadFile("../../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	inBlock := false
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "  # - sandbox_tool_name: my-e2b") {
+			inBlock = true
+		}
+		if inBlock && !strings.HasPrefix(line, "  # ") {
+			inBlock = false
+		}
+		if inBlock {
+			line = "  " + strings.TrimPrefix(line, "  # ")
+		}
+		out = append(out, line)
+	}
+	env := map[string]string{"E2B_API_KEY": "e2b_123"}
+	c, err := ParseWith([]byte(strings.Join(out, "\n")), "config.example.yaml", ParseOptions{LookupEnv: func(n string) (string, bool) { v, ok := env[n]; return v, ok }})
+	if err != nil {
+		t.Fatalf("config.example.yaml with the e2b tool uncommented: %v", err)
+	}
+	tool, ok := c.SandboxTool("my-e2b")
+	want := SandboxTool{Name: "my-e2b", Provider: "e2b", APIKey: "e2b_123", APIBase: "https://api.e2b.app", Domain: "e2b.app",
+		Template: "code-interpreter-v1", Timeout: 300 * time.Second, Line: tool.Line}
+	if !ok || tool != want {
+		t.Errorf("my-e2b = %+v; want %+v", tool, want)
+	}
+}
