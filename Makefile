@@ -1,0 +1,37 @@
+# ciproxy: an OpenAI-compatible proxy that runs code_interpreter in a sandbox you control.
+CONFIG ?= config.example.yaml
+GO ?= go
+
+.PHONY: run test vet bench fuzz deps build
+
+build:
+	$(GO) build -o bin/proxy ./cmd/proxy
+
+# Starts the proxy with the example config (local sandbox, no sandbox key needed).
+run:
+	scripts/deps.sh run
+	$(GO) run ./cmd/proxy --config $(CONFIG)
+
+# The whole suite: vet, every Go test under the race detector, and the official clients
+# (openai-go inside go test; the openai npm package through test/e2e, enabled by CIPROXY_CLIENT_TESTS).
+test:
+	scripts/deps.sh
+	test -z "$$(gofmt -l cmd internal bench test)" || { gofmt -l cmd internal bench test; exit 1; }
+	$(GO) vet ./...
+	CIPROXY_CLIENT_TESTS=1 $(GO) test -race -count=1 -timeout 20m ./...
+
+# Benchmarks: Go benchmarks of every package, then the pass-through load comparison.
+bench:
+	scripts/deps.sh
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./...
+	$(GO) run ./bench/passthrough
+
+# Runs each fuzz target for FUZZTIME (default 20s).
+FUZZTIME ?= 20s
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+		for target in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+			echo "fuzz $$pkg $$target"; \
+			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done
