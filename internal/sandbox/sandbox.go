@@ -110,12 +110,23 @@ type ExecError struct {
 
 // Message is one NDJSON line of e2b's code-interpreter /execute stream, which the local kernel
 // also speaks. Type is one of stdout, stderr, result, error, number_of_executions, keepalive,
-// end_of_execution.
+// end_of_execution; other types are passed through and otherwise ignored.
+//
+// Which fields are set depends on Type:
+//   - stdout, stderr: Text (the chunk) and Timestamp.
+//   - result: Output. The wire's "text" of a result lands in Output.Text, never in Text.
+//   - error: ExecError.
+//   - number_of_executions: ExecutionCount.
+//
+// Message has its own JSON methods because Text and Output.Text share the wire name "text": the
+// default encoding would put a result's text into Message.Text. MarshalJSON writes the exact
+// per-type shape e2b's server sends (fields in its order, None fields dropped, "extra" always present
+// on a result).
 type Message struct {
 	Type           string `json:"type"`
 	Text           string `json:"text,omitempty"`      // stdout/stderr chunk
 	Timestamp      string `json:"timestamp,omitempty"` // stdout/stderr
 	ExecutionCount int    `json:"execution_count,omitempty"`
-	Output                // result fields
+	Output                // result fields (Output.Text is the result's text/plain)
 	ExecError             // error fields
 }

@@ -1,0 +1,71 @@
+package sandbox
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Operation names used as the "op" label.
+const (
+	opCreate    = "create"
+	opRun       = "run"
+	opDelete    = "delete"
+	opKeepAlive = "keepalive"
+)
+
+// metrics are the Sessions' instruments. The zero-registerer case still records into unregistered
+// collectors, so the code never checks for nil.
+type metrics struct {
+	live     prometheus.Gauge
+	duration *prometheus.HistogramVec
+	failures *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		live: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ciproxy_sandbox_containers",
+			Help: "Containers (live sandboxes) held by this process.",
+		}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ciproxy_sandbox_operation_duration_seconds",
+			Help:    "Duration of sandbox operations by op (create, run, delete, keepalive) and tool.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}, []string{"op", "tool"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ciproxy_sandbox_operation_failures_total",
+			Help: "Sandbox operations that returned an error, by op and tool.",
+		}, []string{"op", "tool"}),
+	}
+	if reg != nil {
+		m.live = register(reg, m.live)
+		m.duration = register(reg, m.duration)
+		m.failures = register(reg, m.failures)
+	}
+	return m
+}
+
+// register registers c, or returns the collector already registered under its name (a second
+// Sessions on the same registry, as in tests).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+	}
+	return c
+}
+
+// observe records one operation that started at start (wall clock: latency is measured for real
+// even when expiry runs on an injected clock).
+func (m *metrics) observe(op, tool string, start time.Time, err error) {
+	m.duration.WithLabelValues(op, tool).Observe(time.Since(start).Seconds())
+	if err != nil {
+		m.failures.WithLabelValues(op, tool).Inc()
+	}
+}
