@@ -1,0 +1,325 @@
+// Package upstream is the HTTP side that faces model providers: the tuned client, round-robin
+// balancing and failover over a model's deployments, byte-preserving passthrough, and the SSE reader.
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/config"
+)
+
+// ClientOptions configures a Client. Zero values mean defaults.
+type ClientOptions struct {
+	// Transport sends requests to providers. nil means NewTransport().
+	Transport http.RoundTripper
+	// Logger receives failover and upstream-failure lines; it never sees keys or bodies. nil means none.
+	Logger *zap.Logger
+	// Metrics counts upstream requests. nil means no metrics.
+	Metrics *Metrics
+}
+
+// Client sends requests to the deployments of a model. It is safe for concurrent use; one Client
+// serves the whole process and survives config reloads (a Target carries the deployments).
+type Client struct {
+	transport http.RoundTripper
+	log       *zap.Logger
+	metrics   *Metrics
+	errorLog  *log.Logger // for httputil.ReverseProxy's own messages
+	buffers   bufferPool
+}
+
+// NewClient returns a Client.
+func NewClient(opts ClientOptions) *Client {
+	c := &Client{transport: opts.Transport, log: opts.Logger, metrics: opts.Metrics}
+	if c.transport == nil {
+		c.transport = NewTransport()
+	}
+	if c.log == nil {
+		c.log = zap.NewNop()
+	}
+	c.errorLog = zap.NewStdLog(c.log.WithOptions(zap.IncreaseLevel(zapcore.WarnLevel)))
+	c.buffers.p.New = func() any {
+		b := make([]byte, 32<<10)
+		return &b
+	}
+	return c
+}
+
+// NewTransport returns the transport a Client uses by default: keep-alives with enough idle
+// connections per host for many concurrent streams, HTTP/2 when a TLS server offers it, a dial and a
+// TLS-handshake timeout, and no response-header or overall timeout, because a reasoning model may
+// think for minutes before its first byte and a stream may last longer still. Cancellation comes
+// from the request's context.
+func NewTransport() *http.Transport {
+	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           d.DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		ReadBufferSize:        32 << 10,
+		WriteBufferSize:       32 << 10,
+	}
+}
+
+// CloseIdleConnections closes idle upstream connections, if the transport supports it.
+func (c *Client) CloseIdleConnections() {
+	if ci, ok := c.transport.(interface{ CloseIdleConnections() }); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
+// Target returns the deployments of one model, to be tried in the given order (see Balancer.Order).
+// The Target keeps deps as given; the caller must not modify the slice afterwards.
+func (c *Client) Target(deps []config.Deployment) *Target {
+	return &Target{c: c, deps: deps}
+}
+
+// Target sends one client request to a model's deployments, failing over from one to the next.
+// It is safe for concurrent use.
+type Target struct {
+	c    *Client
+	deps []config.Deployment
+}
+
+// Deployments returns the deployments in the order they are tried. The caller must not modify it.
+func (t *Target) Deployments() []config.Deployment { return t.deps }
+
+// maxBufferedErrorBody bounds how much of a 5xx body is kept while the next deployment is tried.
+const maxBufferedErrorBody = 1 << 20
+
+// Post sends body to path (e.g. "/responses", joined to each deployment's api_base) and returns the
+// first response that is not a failure, with the deployment that answered.
+//
+// For each deployment, the top-level "model" of a JSON-object body is replaced by the deployment's
+// UpstreamModel and every other byte is kept; body itself is never modified. h is not modified
+// either: the request carries a copy without hop-by-hop headers, without any client credential
+// (Authorization, Api-Key, X-Api-Key, OpenAI-Organization, OpenAI-Project, Cookie) and without
+// Accept-Encoding, so the transport negotiates and undoes compression itself and the caller always
+// reads plain bytes. Authorization is set to "Bearer <key>" when the deployment has a key.
+//
+// A connection error or a 5xx status moves on to the next deployment. When all fail, the last 5xx
+// response is returned as is; when none could be reached, the error is a 502 *apierror.Error.
+// Deployments whose key refers to an unset environment variable are skipped; if no other deployment
+// exists, the error is a 502 *apierror.Error naming the variable. Any other status (4xx included) is
+// returned to the caller as a normal response, which must then close its body. When ctx ends, the
+// error wraps ctx.Err() and nothing else is tried.
+func (t *Target) Post(ctx context.Context, path string, body []byte, h http.Header) (*http.Response, config.Deployment, error) {
+	hdr := cleanHeader(h)
+	// The caller reads the body, so it must be plain; TE is hop-by-hop in any case.
+	hdr.Del("Accept-Encoding")
+	hdr.Del("Te")
+	if len(body) > 0 && hdr.Get("Content-Type") == "" {
+		hdr.Set("Content-Type", "application/json")
+	}
+	return t.send(ctx, http.MethodPost, path, "", hdr, body)
+}
+
+// send tries the deployments in order; see Post for the rules. hdr must already be clean and is
+// not modified.
+func (t *Target) send(ctx context.Context, method, urlPath, rawQuery string, hdr http.Header, body []byte) (*http.Response, config.Deployment, error) {
+	var (
+		last     *http.Response    // a buffered 5xx from a deployment that was not the last
+		lastDep  config.Deployment // the deployment last tried
+		lastErr  config.Deployment // the deployment that answered last with a 5xx
+		connErrs []error
+		missing  *config.Deployment
+		prevFail bool
+
+		sent      []byte // body as last rewritten, reused while the upstream model stays the same
+		sentModel string
+		rewritten bool
+	)
+	for i := range t.deps {
+		d := t.deps[i]
+		if d.MissingEnv != "" {
+			if missing == nil {
+				missing = &t.deps[i]
+			}
+			// Config loading already warned about the variable; this is per request, so debug only.
+			t.c.log.Debug("skipping deployment with unset environment variable",
+				zap.String("model", d.ModelName), zap.String("provider", d.Provider), zap.String("env", d.MissingEnv))
+			continue
+		}
+		if prevFail {
+			t.c.metrics.failover(d.Provider)
+		}
+		lastDep = d
+		if !rewritten || sentModel != d.UpstreamModel {
+			sent, sentModel, rewritten = rewriteModel(body, d.UpstreamModel), d.UpstreamModel, true
+		}
+		req, err := newRequest(ctx, method, d, urlPath, rawQuery, hdr, sent)
+		if err != nil {
+			// Config validation checks api_base, so this is a bug rather than an outage; still, the
+			// next deployment may work.
+			connErrs = append(connErrs, err)
+			prevFail = true
+			t.c.log.Error("cannot build upstream request", zap.String("model", d.ModelName), zap.Error(err))
+			continue
+		}
+		start := time.Now()
+		resp, err := t.c.transport.RoundTrip(req)
+		if err != nil {
+			if ctx.Err() != nil {
+				t.c.metrics.errored(d.Provider, "canceled")
+				closeBody(last)
+				return nil, d, fmt.Errorf("calling upstream for model %q: %w", d.ModelName, ctx.Err())
+			}
+			t.c.metrics.errored(d.Provider, "connect")
+			t.c.log.Warn("upstream unreachable",
+				zap.String("model", d.ModelName), zap.String("provider", d.Provider),
+				zap.String("api_base", safeBase(d.APIBase)), zap.Int("attempt", i+1), zap.Error(err))
+			connErrs = append(connErrs, err)
+			prevFail = true
+			continue
+		}
+		t.c.metrics.answered(d.Provider, resp.StatusCode, time.Since(start))
+		if resp.StatusCode < 500 || i == len(t.deps)-1 {
+			if resp.StatusCode >= 500 {
+				t.c.metrics.errored(d.Provider, "5xx")
+			}
+			closeBody(last)
+			return resp, d, nil
+		}
+		t.c.metrics.errored(d.Provider, "5xx")
+		t.c.log.Warn("upstream failed, trying the next deployment",
+			zap.String("model", d.ModelName), zap.String("provider", d.Provider),
+			zap.String("api_base", safeBase(d.APIBase)), zap.Int("attempt", i+1), zap.Int("status", resp.StatusCode))
+		buffered, err := bufferBody(resp)
+		if err != nil && ctx.Err() != nil {
+			closeBody(last)
+			return nil, d, fmt.Errorf("calling upstream for model %q: %w", d.ModelName, ctx.Err())
+		}
+		closeBody(last)
+		last, lastErr, prevFail = buffered, d, true
+	}
+	if last != nil {
+		return last, lastErr, nil
+	}
+	if len(connErrs) > 0 {
+		model := t.deps[0].ModelName
+		return nil, lastDep, apierror.BadGateway(
+			fmt.Sprintf("The upstream for model %q could not be reached.", model),
+			"upstream_unreachable", fmt.Errorf("model %q: %w", model, errors.Join(connErrs...)))
+	}
+	if missing != nil {
+		return nil, *missing, &apierror.Error{
+			Status: http.StatusBadGateway,
+			Type:   "server_error",
+			Code:   "upstream_not_configured",
+			Message: fmt.Sprintf("Model %q is not configured: the environment variable %s is not set. Set it and restart the proxy.",
+				missing.ModelName, missing.MissingEnv),
+		}
+	}
+	return nil, config.Deployment{}, &apierror.Error{
+		Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_not_configured",
+		Message: "No upstream is configured for this model.",
+	}
+}
+
+// newRequest builds the request for one deployment. hdr is copied, never modified.
+func newRequest(ctx context.Context, method string, d config.Deployment, urlPath, rawQuery string, hdr http.Header, body []byte) (*http.Request, error) {
+	u, err := joinURL(d.APIBase, urlPath, rawQuery)
+	if err != nil {
+		return nil, err
+	}
+	var rd io.Reader
+	if len(body) > 0 {
+		rd = bytes.NewReader(body) // sets ContentLength and GetBody, so the transport may retry
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return nil, fmt.Errorf("building upstream request: %w", err)
+	}
+	req.Header = hdr.Clone()
+	if req.Header == nil {
+		req.Header = make(http.Header)
+	}
+	if d.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+d.APIKey)
+	}
+	return req, nil
+}
+
+// joinURL appends p (cleaned, so it cannot climb above the base path) to base and merges queries.
+func joinURL(base, p, rawQuery string) (*url.URL, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return nil, fmt.Errorf("parsing api_base: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("api_base: unsupported scheme %q", u.Scheme)
+	}
+	if p != "" && p != "/" {
+		clean := path.Clean("/" + p)
+		if strings.HasSuffix(p, "/") {
+			clean += "/"
+		}
+		u.Path = strings.TrimSuffix(u.Path, "/") + clean
+		u.RawPath = ""
+	}
+	switch {
+	case rawQuery == "":
+	case u.RawQuery == "":
+		u.RawQuery = rawQuery
+	default:
+		u.RawQuery += "&" + rawQuery
+	}
+	return u, nil
+}
+
+// safeBase returns api_base for a log line: no user info, no query (either may hold a key).
+func safeBase(base string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "(invalid)"
+	}
+	u.User = nil
+	u.RawQuery = ""
+	u.Fragment = ""
+	return u.String()
+}
+
+// bufferBody reads up to maxBufferedErrorBody of resp's body into memory and closes the
+// connection's body, so the response can be kept while other deployments are tried.
+func bufferBody(resp *http.Response) (*http.Response, error) {
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBufferedErrorBody))
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	resp.ContentLength = int64(len(b))
+	resp.Header.Del("Content-Length")
+	resp.TransferEncoding = nil
+	return resp, err
+}
+
+func closeBody(resp *http.Response) {
+	if resp != nil && resp.Body != nil {
+		resp.Body.Close()
+	}
+}
+
+// bufferPool lends copy buffers to httputil.ReverseProxy.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte  { return *b.p.Get().(*[]byte) }
+func (b *bufferPool) Put(s []byte) { b.p.Put(&s) }
