@@ -1,0 +1,483 @@
+// Package local runs code in sandboxes on the proxy's own host: bubblewrap with every namespace
+// unshared (so no network), and inside it a persistent Python kernel (kernel.py, embedded) that
+// speaks the NDJSON stream of e2b's code-interpreter server, so sandbox.DecodeExecution reads both.
+//
+// Isolation: the sandbox sees a read-only /usr (with the /bin, /lib... symlinks), a few files of
+// /etc that Python, numpy and matplotlib need plus synthetic passwd/group/hosts, a private /proc
+// and /dev, size-capped tmpfs at /tmp and /dev/shm, and its own host directory read-write at
+// /mnt/data (cwd and HOME). Everything else of the host is absent, / and /dev are remounted
+// read-only, the environment is built from nothing, the code runs as uid 1000 without
+// capabilities and cannot create further user namespaces. When the proxy runs as root,
+// bubblewrap itself is started as uid 65534, so the host side of the sandbox is never root.
+//
+// Limits are rlimits that the kernel sets on itself before it imports anything, so they bind
+// everything it later spawns:
+//   - memory: RLIMIT_AS (address space) = the memory limit. Per process, so crude: BLAS and
+//     OpenMP are kept to one thread so their arenas do not eat the budget, and N processes may
+//     use N times the limit. cgroups would be exact but are not reliably writable (this Debian
+//     host has cgroup v1 with v2 unified but no controllers; containers in CI vary).
+//   - processes: RLIMIT_NPROC. The kernel counts it per user namespace and uid, so per sandbox;
+//     it is not enforced at all for host root, which is why bubblewrap runs as 65534 under root.
+//   - file size: RLIMIT_FSIZE (EFBIG in Python, SIGXFSZ for other programs).
+//   - working directory: measured every second while code runs and after each execution; a
+//     sandbox over MaxDiskSize is stopped (RLIMIT_FSIZE bounds how far one write can overshoot).
+//     /tmp is a tmpfs capped at the memory limit, /dev/shm at 64 MiB.
+//   - time: an execution that outlives its timeout gets a KeyboardInterrupt (the kernel and its
+//     state survive); if it has not stopped within a grace period the sandbox is killed.
+//
+// Output is captured at the file-descriptor level: fds 1 and 2 are pipes read by kernel threads,
+// so subprocesses and C code are captured too; the protocol uses descriptors user code does not
+// get (closed in forked children, not inherited across exec).
+package local
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+)
+
+//go:embed kernel.py
+var kernelSource []byte
+
+// Backend is the Handle.Backend of local sandboxes.
+const Backend = "local"
+
+// Defaults for zero Options fields.
+const (
+	DefaultPython       = "/usr/bin/python3"
+	DefaultMemoryLimit  = 1 << 30
+	DefaultMaxMemory    = 4 << 30
+	DefaultMaxFileSize  = 100 << 20
+	DefaultMaxDiskSize  = 512 << 20
+	DefaultMaxProcesses = 64
+	DefaultPoolSize     = 2
+	DefaultExecTimeout  = 120 * time.Second
+)
+
+// Options configure a Provider. Zero values mean the defaults above.
+type Options struct {
+	// Python is the interpreter run inside the sandbox. Outside /usr its prefix is bound read-only
+	// too, so it must be readable by an unprivileged user.
+	Python string
+	// WorkDir is the parent of the per-sandbox directories (default os.TempDir()/ciproxy-sandboxes).
+	// When the proxy runs as root, bubblewrap runs as uid 65534 and must be able to traverse it.
+	WorkDir string
+	// MemoryLimit is a sandbox's address-space limit when a request asks for none; MaxMemory caps
+	// what a request may ask for (larger asks are lowered to it).
+	MemoryLimit, MaxMemory int64
+	// MaxFileSize bounds any one file a sandbox writes; MaxDiskSize its working directory.
+	MaxFileSize, MaxDiskSize int64
+	// MaxProcesses bounds the processes and threads of one sandbox.
+	MaxProcesses int
+	// PoolSize is how many started kernels are kept warm; negative means none.
+	PoolSize int
+	// ExecTimeout bounds an execution when RunOptions.Timeout is zero.
+	ExecTimeout time.Duration
+	// Tool is the sandbox_tool_name put in handles.
+	Tool string
+	// Logger; nil means no logging.
+	Logger *zap.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.Python == "" {
+		o.Python = DefaultPython
+	}
+	if o.WorkDir == "" {
+		o.WorkDir = filepath.Join(os.TempDir(), "ciproxy-sandboxes")
+	}
+	if o.MemoryLimit <= 0 {
+		o.MemoryLimit = DefaultMemoryLimit
+	}
+	if o.MaxMemory <= 0 {
+		o.MaxMemory = DefaultMaxMemory
+	}
+	if o.MemoryLimit > o.MaxMemory {
+		o.MaxMemory = o.MemoryLimit
+	}
+	if o.MaxFileSize <= 0 {
+		o.MaxFileSize = DefaultMaxFileSize
+	}
+	if o.MaxDiskSize <= 0 {
+		o.MaxDiskSize = DefaultMaxDiskSize
+	}
+	if o.MaxProcesses <= 0 {
+		o.MaxProcesses = DefaultMaxProcesses
+	}
+	if o.PoolSize == 0 {
+		o.PoolSize = DefaultPoolSize
+	}
+	if o.PoolSize < 0 {
+		o.PoolSize = 0
+	}
+	if o.ExecTimeout <= 0 {
+		o.ExecTimeout = DefaultExecTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	return o
+}
+
+// Provider starts and runs local sandboxes. It is safe for concurrent use.
+type Provider struct {
+	opts  Options
+	bwrap string
+	base  string // private directory: kernel.py, synthetic /etc, one directory per sandbox
+	cred  *syscall.Credential
+	log   *zap.Logger
+
+	// grace is how long an interrupted execution may take to stop before the sandbox is killed;
+	// diskEvery is how often the working directory is measured while code runs.
+	grace     time.Duration
+	diskEvery time.Duration
+
+	ctx    context.Context // ends at Close; bounds pool starts
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	refill chan struct{}
+
+	mu     sync.Mutex
+	closed bool
+	live   map[string]*box // handed out by Create, not yet deleted or dead
+	pool   []*box          // started, waiting for Create
+}
+
+var _ sandbox.Provider = (*Provider)(nil)
+
+// New prepares a Provider and starts filling its warm pool in the background. It fails when
+// bubblewrap is not installed; Check tells whether it can actually start a sandbox.
+func New(opts Options) (*Provider, error) {
+	opts = opts.withDefaults()
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		return nil, errBwrapMissing
+	}
+	if err := os.MkdirAll(opts.WorkDir, 0o711); err != nil {
+		return nil, fmt.Errorf("local sandbox: work dir: %w", err)
+	}
+	base, err := os.MkdirTemp(opts.WorkDir, "p-")
+	if err != nil {
+		return nil, fmt.Errorf("local sandbox: work dir: %w", err)
+	}
+	if err := prepareBase(base); err != nil {
+		os.RemoveAll(base)
+		return nil, fmt.Errorf("local sandbox: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Provider{
+		opts: opts, bwrap: bwrap, base: base, cred: credential(), log: opts.Logger,
+		grace: 3 * time.Second, diskEvery: time.Second,
+		ctx: ctx, cancel: cancel, refill: make(chan struct{}, 1),
+		live: map[string]*box{},
+	}
+	if opts.PoolSize > 0 {
+		p.wg.Add(1)
+		go p.fillPool()
+	}
+	return p, nil
+}
+
+// Create returns a started sandbox: a warm one from the pool when the request asks for the
+// default memory limit, otherwise a new one.
+func (p *Provider) Create(ctx context.Context, opts sandbox.CreateOptions) (sandbox.Handle, error) {
+	mem, err := p.memoryFor(opts.MemoryLimit)
+	if err != nil {
+		return sandbox.Handle{}, fmt.Errorf("%w: %w", sandbox.ErrUnavailable, err)
+	}
+	var b *box
+	if mem == p.opts.MemoryLimit {
+		b = p.takeWarm()
+	}
+	if b == nil {
+		if b, err = p.start(ctx, mem); err != nil {
+			return sandbox.Handle{}, fmt.Errorf("%w: %w", sandbox.ErrUnavailable, err)
+		}
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		p.destroy(b)
+		return sandbox.Handle{}, fmt.Errorf("%w: %w", sandbox.ErrUnavailable, errClosed)
+	}
+	p.live[b.id] = b
+	p.wg.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.wg.Done()
+		<-b.done
+		p.forget(b)
+	}()
+	return sandbox.Handle{Backend: Backend, Tool: p.opts.Tool, ID: b.id}, nil
+}
+
+// takeWarm takes a live kernel from the pool, or returns nil, and asks for a refill.
+func (p *Provider) takeWarm() *box {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.askRefill()
+	for len(p.pool) > 0 {
+		b := p.pool[0]
+		p.pool = p.pool[1:]
+		if !b.dead() {
+			return b
+		}
+		go p.destroy(b)
+	}
+	return nil
+}
+
+func (p *Provider) askRefill() {
+	select {
+	case p.refill <- struct{}{}:
+	default:
+	}
+}
+
+// fillPool keeps PoolSize kernels started until Close.
+func (p *Provider) fillPool() {
+	defer p.wg.Done()
+	backoff := time.Duration(0)
+	for {
+		p.mu.Lock()
+		need := !p.closed && len(p.pool) < p.opts.PoolSize
+		p.mu.Unlock()
+		if !need {
+			select {
+			case <-p.ctx.Done():
+				return
+			case <-p.refill:
+				continue
+			}
+		}
+		b, err := p.start(p.ctx, p.opts.MemoryLimit)
+		if err != nil {
+			if p.ctx.Err() != nil {
+				return
+			}
+			backoff = min(max(2*backoff, time.Second), 30*time.Second)
+			p.log.Warn("local sandbox: starting a warm kernel failed", zap.Error(err), zap.Duration("retry_in", backoff))
+			t := time.NewTimer(backoff)
+			select {
+			case <-p.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		backoff = 0
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			p.destroy(b)
+			return
+		}
+		p.pool = append(p.pool, b)
+		p.mu.Unlock()
+	}
+}
+
+// memoryFor turns a request's memory_limit ("1g", "4g", "512m", bytes) into bytes, capped at
+// MaxMemory; "" is the default.
+func (p *Provider) memoryFor(s string) (int64, error) {
+	if s == "" {
+		return p.opts.MemoryLimit, nil
+	}
+	n, err := parseSize(s)
+	if err != nil {
+		return 0, err
+	}
+	return min(n, p.opts.MaxMemory), nil
+}
+
+// parseSize reads "1g", "4G", "512m", "100k", "1gb", "1gi" or plain bytes.
+func parseSize(s string) (int64, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "b"), "i")
+	mult := int64(1)
+	if t != "" {
+		switch t[len(t)-1] {
+		case 'k':
+			mult = 1 << 10
+		case 'm':
+			mult = 1 << 20
+		case 'g':
+			mult = 1 << 30
+		case 't':
+			mult = 1 << 40
+		}
+		if mult > 1 {
+			t = t[:len(t)-1]
+		}
+	}
+	n, err := strconv.ParseFloat(strings.TrimSpace(t), 64)
+	if err != nil || n <= 0 || n*float64(mult) > 1<<50 {
+		return 0, fmt.Errorf("invalid memory limit %q", s)
+	}
+	return int64(n * float64(mult)), nil
+}
+
+// lookup returns the live sandbox of h, or an error wrapping sandbox.ErrNotFound.
+func (p *Provider) lookup(h sandbox.Handle) (*box, error) {
+	if h.Backend != Backend {
+		return nil, fmt.Errorf("%w: handle of backend %q", sandbox.ErrNotFound, h.Backend)
+	}
+	p.mu.Lock()
+	b := p.live[h.ID]
+	p.mu.Unlock()
+	if b == nil || b.dead() {
+		return nil, fmt.Errorf("%w: local sandbox %s", sandbox.ErrNotFound, h.ID)
+	}
+	return b, nil
+}
+
+// forget drops a sandbox that has stopped from the live set and removes its directory.
+func (p *Provider) forget(b *box) {
+	p.mu.Lock()
+	if p.live[b.id] == b {
+		delete(p.live, b.id)
+	}
+	p.mu.Unlock()
+	os.RemoveAll(b.dir)
+}
+
+// Delete kills the sandbox's processes and removes its working directory. Deleting a sandbox
+// that is already gone returns nil.
+func (p *Provider) Delete(ctx context.Context, h sandbox.Handle) error {
+	if h.Backend != Backend || !validID(h.ID) {
+		return nil
+	}
+	p.mu.Lock()
+	b := p.live[h.ID]
+	delete(p.live, h.ID)
+	p.mu.Unlock()
+	if b != nil {
+		b.kill("deleted")
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(p.base, h.ID)); err != nil {
+		return fmt.Errorf("local sandbox: removing working directory: %w", err)
+	}
+	return nil
+}
+
+// KeepAlive is a no-op: local sandboxes live until deleted; expiry is the sessions' business.
+func (p *Provider) KeepAlive(ctx context.Context, h sandbox.Handle, d time.Duration) error {
+	_, err := p.lookup(h)
+	return err
+}
+
+// Live reports how many sandboxes handed out by Create are running (the warm pool is not counted).
+func (p *Provider) Live() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, b := range p.live {
+		if !b.dead() && b.killReason() == "" {
+			n++
+		}
+	}
+	return n
+}
+
+// Close kills every sandbox, the warm pool included, and removes their directories. Later calls
+// to Create fail with sandbox.ErrUnavailable.
+func (p *Provider) Close(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	boxes := append([]*box(nil), p.pool...)
+	for _, b := range p.live {
+		boxes = append(boxes, b)
+	}
+	p.pool = nil
+	p.live = map[string]*box{}
+	p.mu.Unlock()
+	p.cancel()
+	for _, b := range boxes {
+		b.kill("provider closed")
+	}
+	for _, b := range boxes {
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := os.RemoveAll(p.base); err != nil {
+		return fmt.Errorf("local sandbox: removing work dir: %w", err)
+	}
+	return nil
+}
+
+// track runs f in a goroutine that Close waits for, or reports false when the provider is closed.
+// (Adding to the WaitGroup under mu, after the closed check, keeps Add from racing with Close's Wait.)
+func (p *Provider) track(f func()) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// errClosed is returned by operations on a closed provider.
+var errClosed = errors.New("local sandbox provider is closed")
+
+// destroy kills a sandbox and removes its directory, waiting for it to stop.
+func (p *Provider) destroy(b *box) {
+	b.kill("discarded")
+	<-b.done
+	os.RemoveAll(b.dir)
+}
+
+func newID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// validID reports whether id has the shape newID makes, so it is safe as a path element.
+func validID(id string) bool {
+	if len(id) != 32 {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil
+}
+
+// errStopped is the cause given when a sandbox dies during an execution.
+var errStopped = errors.New("the sandbox stopped during the execution")
