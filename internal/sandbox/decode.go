@@ -50,6 +50,10 @@ func DecodeExecution(r io.Reader, limit int, onMessage func(Message)) (Result, e
 			d.truncate()
 		} else if line = bytes.TrimSpace(line); len(line) > 0 {
 			done, perr := d.line(line)
+			if perr != nil && err != nil {
+				// An unterminated last line that does not parse is a stream cut mid-line.
+				return d.finish(), fmt.Errorf("%w: cut inside line %d: %w", ErrIncomplete, n, perr)
+			}
 			if perr != nil {
 				return d.finish(), fmt.Errorf("sandbox: execution stream line %d: %w", n, perr)
 			}

@@ -211,6 +211,14 @@ func TestDecodeExecutionErrors(t *testing.T) {
 			wrapped:    errRead,
 		},
 		{
+			name: "stream cut inside a line is incomplete",
+			in: strings.NewReader(`{"type": "stdout", "text": "x", "timestamp": "t"}
+{"type": "stdout", "te`),
+			want:       Result{Stdout: "x"},
+			incomplete: true,
+			msg:        "cut inside line 2",
+		},
+		{
 			name: "malformed line",
 			in: strings.NewReader(`{"type": "stdout", "text": "x", "timestamp": "t"}
 {"type": "stdout", "text": 

@@ -1,0 +1,271 @@
+package backends
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
+	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// needBubblewrap skips when this machine cannot start local sandboxes (CI installs bubblewrap).
+func needBubblewrap(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		t.Skip("bubblewrap is not installed")
+	}
+	if err := local.Check(context.Background(), local.Options{}); err != nil {
+		t.Skipf("bubblewrap cannot start a sandbox here: %v", err)
+	}
+}
+
+func localTool(name string) config.SandboxTool {
+	return config.SandboxTool{Name: name, Provider: "local", PoolSize: -1, MaxProcesses: 64,
+		MemoryLimit: "1g", MemoryLimitBytes: 1 << 30, Line: 3}
+}
+
+func mustBuild(t *testing.T, tools []config.SandboxTool, prev *sandbox.Registry) *sandbox.Registry {
+	t.Helper()
+	reg, err := Build(tools, prev, nil)
+	if err != nil {
+		t.Fatalf("Build() error = %v", err)
+	}
+	return reg
+}
+
+func TestBuildErrors(t *testing.T) {
+	tests := []struct {
+		name  string
+		tools []config.SandboxTool
+		want  string
+	}{
+		{"unknown backend", []config.SandboxTool{{Name: "x", Provider: "docker"}}, `sandbox tool "x": unknown sandbox_provider "docker"`},
+		{"duplicate names", []config.SandboxTool{
+			{Name: "x", Provider: "e2b", APIKey: "k"}, {Name: "x", Provider: "e2b", APIKey: "k2"}}, `listed twice`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg, err := Build(tt.tools, nil, nil)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Build() = %v, %v; want an error containing %q", reg, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestBuildEmpty(t *testing.T) {
+	reg := mustBuild(t, nil, nil)
+	if len(reg.Names()) != 0 {
+		t.Errorf("Names() = %v; want none", reg.Names())
+	}
+}
+
+// An e2b tool whose key names an unset variable stays listed and fails each create clearly.
+func TestBuildMissingEnv(t *testing.T) {
+	reg := mustBuild(t, []config.SandboxTool{{Name: "cloud", Provider: "e2b", MissingEnv: "E2B_API_KEY"}}, nil)
+	defer reg.Close(context.Background())
+	s := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	defer s.Close(context.Background())
+	_, err := s.Create(context.Background(), "cloud", "", sandbox.CreateOptions{}, time.Minute)
+	if !errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), "E2B_API_KEY") {
+		t.Errorf("Create() error = %v; want ErrUnavailable naming E2B_API_KEY", err)
+	}
+}
+
+// A reload keeps the provider of an unchanged tool, and a changed tool's old provider serves its
+// containers until the last one is deleted.
+func TestBuildReload(t *testing.T) {
+	needBubblewrap(t)
+	ctx := context.Background()
+	tools := []config.SandboxTool{localTool("py"), {Name: "cloud", Provider: "e2b", APIKey: "k1", APIBase: "http://127.0.0.1:1"}}
+	r1 := mustBuild(t, tools, nil)
+	p1, _ := r1.Get("py")
+	c1, _ := r1.Get("cloud")
+
+	moved := append([]config.SandboxTool(nil), tools...)
+	moved[0].Line, moved[1].Line = 40, 41 // the entries moved in the file: same settings
+	r2 := mustBuild(t, moved, r1)
+	if p, _ := r2.Get("py"); p != p1 {
+		t.Errorf("unchanged local tool got a new provider; want the previous one kept")
+	}
+	if p, _ := r2.Get("cloud"); p != c1 {
+		t.Errorf("unchanged e2b tool got a new provider; want the previous one kept")
+	}
+
+	var current = r2
+	s := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return current }, SweepInterval: -1})
+	defer s.Close(ctx)
+	c, err := s.Create(ctx, "py", "alice", sandbox.CreateOptions{}, time.Minute)
+	if err != nil {
+		t.Fatalf("Create() error = %v", err)
+	}
+	if _, err := c.Run(ctx, "x = 41", sandbox.RunOptions{}); err != nil {
+		t.Fatalf("Run() error = %v", err)
+	}
+
+	changed := append([]config.SandboxTool(nil), moved...)
+	changed[0].MaxProcesses = 32
+	changed[1].APIKey = "k2"
+	r3 := mustBuild(t, changed, r2)
+	current = r3
+	if p, _ := r3.Get("py"); p == p1 {
+		t.Fatalf("changed local tool kept its provider; want a new one")
+	}
+	if p, _ := r3.Get("cloud"); p == c1 {
+		t.Errorf("changed e2b key kept its provider; want a new one")
+	}
+	// The container made before the reload still runs, on the old provider, with its state.
+	res, err := c.Run(ctx, "x + 1", sandbox.RunOptions{})
+	if err != nil || len(res.Results) != 1 || res.Results[0].Text != "42" {
+		t.Fatalf("Run() after reload = %+v, %v; want 42", res, err)
+	}
+	old := p1.(*local.Provider)
+	if old.Live() != 1 {
+		t.Errorf("old provider Live() = %d; want 1", old.Live())
+	}
+	s.Release(ctx, c, 0)
+	if old.Live() != 0 {
+		t.Errorf("old provider Live() = %d after the last container; want 0", old.Live())
+	}
+	// Retired and unused: closed, so it starts nothing any more.
+	if _, err := old.Create(ctx, sandbox.CreateOptions{}); err == nil {
+		t.Errorf("retired provider still creates sandboxes; want it closed")
+	}
+	if err := r3.Close(ctx); err != nil {
+		t.Errorf("Close() error = %v", err)
+	}
+}
+
+// Sessions over the real local backend: state persists across runs, ids are owner-bound, and
+// nothing outlives Release(0) or Close.
+func TestSessionsLocal(t *testing.T) {
+	needBubblewrap(t)
+	ctx := context.Background()
+	reg := mustBuild(t, []config.SandboxTool{localTool("py")}, nil)
+	defer reg.Close(ctx)
+	p, _ := reg.Get("py")
+	lp := p.(*local.Provider)
+	s := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+
+	c, err := s.Create(ctx, "py", "alice", sandbox.CreateOptions{}, 20*time.Minute)
+	if err != nil {
+		t.Fatalf("Create() error = %v", err)
+	}
+	if _, err := c.Run(ctx, "import math\nv = math.sqrt(16)", sandbox.RunOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.Release(ctx, c, 20*time.Minute)
+
+	c2, err := s.Open(ctx, c.ID(), "alice")
+	if err != nil {
+		t.Fatalf("Open() error = %v", err)
+	}
+	var chunks []string
+	res, err := c2.Run(ctx, "print('v is', v)\nv * 2", sandbox.RunOptions{OnMessage: func(m sandbox.Message) {
+		if m.Type == sandbox.MessageStdout {
+			chunks = append(chunks, m.Text)
+		}
+	}})
+	if err != nil || res.Stdout != "v is 4.0\n" || len(res.Results) != 1 || res.Results[0].Text != "8.0" {
+		t.Fatalf("Run() = %+v, %v; want stdout 'v is 4.0' and result 8.0", res, err)
+	}
+	if strings.Join(chunks, "") != "v is 4.0\n" {
+		t.Errorf("OnMessage stdout = %q; want the printed line", chunks)
+	}
+	if _, err := s.Open(ctx, c.ID(), "mallory"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("Open(other owner) error = %v; want ErrNotFound", err)
+	}
+	s.Release(ctx, c2, 20*time.Minute)
+
+	d, err := s.Create(ctx, "py", "bob", sandbox.CreateOptions{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lp.Live() != 2 {
+		t.Errorf("Live() = %d; want 2", lp.Live())
+	}
+	s.Release(ctx, d, 0)
+	if lp.Live() != 1 {
+		t.Errorf("Live() after Release(idle 0) = %d; want 1", lp.Live())
+	}
+
+	// After a restart with another key the old id is unknown; with the same key, a local sandbox
+	// that no longer exists is not found either.
+	if err := s.Close(ctx); err != nil {
+		t.Fatalf("Close() error = %v", err)
+	}
+	if lp.Live() != 0 {
+		t.Errorf("Live() after Close = %d; want 0", lp.Live())
+	}
+	s2 := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	defer s2.Close(ctx)
+	if _, err := s2.Open(ctx, c.ID(), "alice"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("Open() in a new process error = %v; want ErrNotFound", err)
+	}
+}
+
+// Sessions over e2b (the emulator, executing through the local kernel): another replica with the
+// same key reopens the container; nothing is left on the server after Close.
+func TestSessionsE2B(t *testing.T) {
+	needBubblewrap(t)
+	ctx := context.Background()
+	lp, err := local.New(local.Options{Tool: "exec", PoolSize: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lp.Close(ctx)
+	srv := e2btest.New(lp)
+	defer srv.Close()
+	tools := []config.SandboxTool{{Name: "cloud", Provider: "e2b", APIKey: srv.APIKey(), APIBase: srv.URL(),
+		SandboxURL: srv.SandboxURL(), Timeout: 300 * time.Second}}
+	reg := mustBuild(t, tools, nil)
+	defer reg.Close(ctx)
+	key := sandbox.KeyFromSecret("shared secret")
+	s1 := sandbox.NewSessions(sandbox.SessionOptions{Key: key, Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	s2 := sandbox.NewSessions(sandbox.SessionOptions{Key: key, Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+
+	c, err := s1.Create(ctx, "cloud", "alice", sandbox.CreateOptions{}, 20*time.Minute)
+	if err != nil {
+		t.Fatalf("Create() error = %v", err)
+	}
+	if _, err := c.Run(ctx, "n = 6 * 7", sandbox.RunOptions{}); err != nil {
+		t.Fatalf("Run() error = %v", err)
+	}
+	s1.Release(ctx, c, 20*time.Minute)
+
+	c2, err := s2.Open(ctx, c.ID(), "alice")
+	if err != nil {
+		t.Fatalf("replica Open() error = %v", err)
+	}
+	res, err := c2.Run(ctx, "n", sandbox.RunOptions{})
+	if err != nil || len(res.Results) != 1 || res.Results[0].Text != "42" {
+		t.Fatalf("replica Run() = %+v, %v; want 42", res, err)
+	}
+	s2.Release(ctx, c2, 20*time.Minute)
+	if srv.Live() != 1 {
+		t.Errorf("server Live() = %d; want 1", srv.Live())
+	}
+	if err := s1.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if srv.Live() != 0 {
+		t.Errorf("server Live() after Close = %d; want 0", srv.Live())
+	}
+	// The replica still holds it in memory; its run now finds the sandbox gone.
+	if _, err := c2.Run(ctx, "n", sandbox.RunOptions{}); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("Run() on a deleted e2b sandbox: error = %v; want ErrNotFound", err)
+	}
+	if err := s2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
