@@ -1,0 +1,138 @@
+package intercept
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
+)
+
+// instantProvider is a sandbox that answers every run at once. Benchmarks only: it takes the
+// sandbox's time out of the engine's cost.
+type instantProvider struct{}
+
+func (*instantProvider) Create(context.Context, sandbox.CreateOptions) (sandbox.Handle, error) {
+	return sandbox.Handle{Backend: "instant", Tool: "instant", ID: "sb"}, nil
+}
+
+func (*instantProvider) Run(context.Context, sandbox.Handle, string, sandbox.RunOptions) (sandbox.Result, error) {
+	return sandbox.Result{Stdout: "42\n", ExecutionCount: 1}, nil
+}
+
+func (*instantProvider) Delete(context.Context, sandbox.Handle) error { return nil }
+
+func (*instantProvider) KeepAlive(context.Context, sandbox.Handle, time.Duration) error { return nil }
+
+// cannedPoster answers upstream calls from recorded bodies, in order, without a network.
+type cannedPoster struct {
+	mu     sync.Mutex
+	bodies [][]byte
+	n      int
+	stream bool
+}
+
+func (c *cannedPoster) Post(ctx context.Context, _ string, _ []byte, _ http.Header) (*http.Response, config.Deployment, error) {
+	c.mu.Lock()
+	b := c.bodies[c.n%len(c.bodies)]
+	c.n++
+	c.mu.Unlock()
+	ct := "application/json"
+	if c.stream {
+		ct = "text/event-stream"
+	}
+	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {ct}}, Body: io.NopCloser(bytes.NewReader(b))}, config.Deployment{}, nil
+}
+
+// record returns the scripted upstream's answer to one turn, streamed or not.
+func record(b testing.TB, stream bool, turn upstreamtest.Turn) []byte {
+	b.Helper()
+	up := upstreamtest.New(b)
+	up.Enqueue(turn)
+	body := `{"model":"m","input":"x","stream":` + map[bool]string{false: "false", true: "true"}[stream] + `}`
+	resp, err := http.Post(up.URL()+"/responses", "application/json", strings.NewReader(body))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	up.Close()
+	return out
+}
+
+func benchEngine(b *testing.B) (*Engine, *config.Config, func()) {
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "instant", Provider: &instantProvider{}, Backend: "instant"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sess := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	cfg := &config.Config{
+		Callbacks: []string{"code_interpreter_interception"},
+		Interception: config.Interception{Enabled: true, SandboxToolName: "instant", FunctionName: "python", MaxIterations: 20,
+			ExecutionTimeout: time.Minute, ModelOutputLimit: 16384, ContainerIdleTimeout: time.Minute},
+	}
+	e := New(Options{Sessions: sess})
+	return e, cfg, func() { _ = sess.Close(context.Background()) }
+}
+
+// BenchmarkIteration measures the engine's own cost per loop iteration (rewrite, translate,
+// render, container bookkeeping), with an upstream and a sandbox that answer at once: each
+// request makes 4 upstream calls that run code, then one that answers in text.
+func BenchmarkIteration(b *testing.B) {
+	for _, stream := range []bool{false, true} {
+		b.Run(map[bool]string{false: "json", true: "stream"}[stream], func(b *testing.B) {
+			callTurn := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Reasoning("thinking"), call("import math\nprint(math.pi * 2)\nresult = [i * i for i in range(10)]\nresult")}}
+			textTurn := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("The answer is 42, as computed above.")}}
+			c, t := record(b, stream, callTurn), record(b, stream, textTurn)
+			e, cfg, done := benchEngine(b)
+			defer done()
+			reqBody := []byte(`{"model":"m","input":"compute","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"include":["code_interpreter_call.outputs"],"stream":` + map[bool]string{false: "false", true: "true"}[stream] + `}`)
+			const iterations = 5
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				p := &cannedPoster{bodies: [][]byte{c, c, c, c, t}, stream: stream}
+				w := httptest.NewRecorder()
+				r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+				e.serve(w, r, cfg, p, reqBody, "bench")
+				if w.Code != 200 {
+					b.Fatalf("status %d: %s", w.Code, w.Body.Bytes())
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*iterations), "ns/iteration")
+		})
+	}
+}
+
+// BenchmarkStreamEvent measures what the engine adds to each forwarded streaming event: a
+// text answer of many deltas from an upstream that answers at once, translated and written
+// (numbered, flushed) to the client.
+func BenchmarkStreamEvent(b *testing.B) {
+	text := strings.Repeat("All work and no play makes a dull proxy. ", 100)
+	answer := record(b, true, upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text(text)}, TextChunk: 8})
+	events := bytes.Count(answer, []byte("\n\n"))
+	e, cfg, done := benchEngine(b)
+	defer done()
+	reqBody := []byte(`{"model":"m","input":"write","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"stream":true}`)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		p := &cannedPoster{bodies: [][]byte{answer}, stream: true}
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+		e.serve(w, r, cfg, p, reqBody, "bench")
+		if w.Code != 200 {
+			b.Fatalf("status %d", w.Code)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*events), "ns/event")
+	b.ReportMetric(float64(events), "events/op")
+}

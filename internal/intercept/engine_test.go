@@ -1,0 +1,226 @@
+package intercept
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
+)
+
+func TestApplies(t *testing.T) {
+	active := func() *config.Config {
+		return &config.Config{Callbacks: []string{"code_interpreter_interception"}, Interception: config.Interception{Enabled: true}}
+	}
+	ci := []byte(`{"model":"m","tools":[{"type":"function","name":"f"},{"type":"code_interpreter","container":{"type":"auto"}}]}`)
+	tests := []struct {
+		name     string
+		cfg      func() *config.Config
+		provider string
+		body     []byte
+		want     bool
+	}{
+		{"active with a code_interpreter tool", active, "openai", ci, true},
+		{"nil config passes", func() *config.Config { return nil }, "openai", ci, false},
+		{"callback not listed passes", func() *config.Config { c := active(); c.Callbacks = nil; return c }, "openai", ci, false},
+		{"disabled passes", func() *config.Config { c := active(); c.Interception.Enabled = false; return c }, "openai", ci, false},
+		{"provider not enabled passes", func() *config.Config {
+			c := active()
+			c.Interception.EnabledProviders = []string{"hosted_vllm"}
+			return c
+		}, "openai", ci, false},
+		{"provider enabled", func() *config.Config { c := active(); c.Interception.EnabledProviders = []string{"openai"}; return c }, "openai", ci, true},
+		{"empty provider list enables none", func() *config.Config { c := active(); c.Interception.EnabledProviders = []string{}; return c }, "openai", ci, false},
+		{"no tools passes", active, "openai", []byte(`{"model":"m"}`), false},
+		{"only other tools pass", active, "openai", []byte(`{"model":"m","tools":[{"type":"web_search"}]}`), false},
+		{"invalid JSON passes", active, "openai", []byte(`{"tools":[{"type":"code_interpreter"}]`), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Applies(tt.cfg(), tt.provider, tt.body); got != tt.want {
+				t.Errorf("Applies = %v; want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestServeResponsesPassThroughWritesNothing(t *testing.T) {
+	e := New(Options{})
+	cfg := &config.Config{Callbacks: []string{"code_interpreter_interception"}, Interception: config.Interception{Enabled: true}}
+	w := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+	if e.ServeResponses(w, r, cfg, nil, "openai", []byte(`{"model":"m","input":"hi"}`), "") {
+		t.Fatal("ServeResponses = true for a request without code_interpreter")
+	}
+	if w.Body.Len() != 0 || len(w.Header()) != 0 || w.Code != 200 {
+		t.Errorf("something was written: %d %v %q", w.Code, w.Header(), w.Body.String())
+	}
+}
+
+func TestClientErrors(t *testing.T) {
+	h := newHarness(t)
+	tests := []struct {
+		name, body, param string
+		status            int
+	}{
+		{"a client function named like the stand-in", `{"model":"gpt-test","input":"x","tools":[{"type":"code_interpreter","container":{"type":"auto"}},{"type":"function","name":"python","parameters":{}}]}`, "tools", 400},
+		{"background mode", body(`"background":true`), "background", 400},
+		{"a forged container id", `{"model":"gpt-test","input":"x","tools":[{"type":"function","name":"f"},{"type":"code_interpreter","container":"cntr_forged"}]}`, "tools[1].container", 404},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, resp := h.post(tt.body, "k")
+			if status != tt.status || gjson.GetBytes(resp, "error.param").String() != tt.param || gjson.GetBytes(resp, "error.type").String() != "invalid_request_error" {
+				t.Errorf("answer = %d %s; want %d with param %s", status, resp, tt.status, tt.param)
+			}
+		})
+	}
+	if n := len(h.up.Requests()); n != 0 {
+		t.Errorf("upstream got %d requests; want 0", n)
+	}
+}
+
+func TestContainerReuseAndOwner(t *testing.T) {
+	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
+	h.up.Enqueue(
+		upstreamtest.Turn{Items: []upstreamtest.Item{call("secret = 41")}},
+		upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("Stored.")}},
+	)
+	status, resp := h.post(body(""), "alice")
+	if status != 200 {
+		t.Fatalf("first: %d %s", status, resp)
+	}
+	cid := gjson.GetBytes(resp, "output.0.container_id").String()
+	tools := `"tools":[{"type":"code_interpreter","container":"` + cid + `"}]`
+
+	t.Run("another owner gets 404", func(t *testing.T) {
+		status, resp := h.post(`{"model":"gpt-test","input":"x",`+tools+`}`, "mallory")
+		if status != 404 || !strings.Contains(gjson.GetBytes(resp, "error.message").String(), cid) {
+			t.Errorf("answer = %d %s; want 404 naming the container", status, resp)
+		}
+	})
+	t.Run("the owner keeps its state", func(t *testing.T) {
+		h.up.Enqueue(
+			upstreamtest.Turn{Items: []upstreamtest.Item{call("secret + 1")}},
+			upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("42.")}},
+		)
+		status, resp := h.post(`{"model":"gpt-test","input":"x",`+tools+`}`, "alice")
+		if status != 200 || gjson.GetBytes(resp, "output.0.container_id").String() != cid {
+			t.Fatalf("answer = %d %s", status, resp)
+		}
+		reqs := h.up.Requests()
+		if got := fcOutputs(reqs[len(reqs)-1]); len(got) != 1 || got[0] != "42" {
+			t.Errorf("model saw %q; want 42", got)
+		}
+	})
+}
+
+func TestSandboxUnavailable(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(map[bool]string{false: "json", true: "stream"}[stream], func(t *testing.T) {
+			h := newHarness(t, noSandbox())
+			h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{call("1")}})
+			extra := ""
+			if stream {
+				extra = `"stream":true`
+			}
+			status, raw := h.post(body(extra), "k")
+			if strings.Contains(string(raw), `"function_call"`) || strings.Contains(string(raw), `"python"`) {
+				t.Errorf("the stand-in call leaked: %s", raw)
+			}
+			if !stream {
+				if status != 502 || gjson.GetBytes(raw, "error.code").String() != "sandbox_unavailable" {
+					t.Errorf("answer = %d %s", status, raw)
+				}
+				return
+			}
+			checkStream(t, raw)
+			evs := parseSSE(t, raw)
+			n := len(evs)
+			if n < 2 || evs[n-2].Name != "error" || gjson.GetBytes(evs[n-2].Data, "error.code").String() != "sandbox_unavailable" || evs[n-1].Name != "response.failed" {
+				t.Errorf("stream ends with %v", eventTypes(evs))
+			}
+			if c := gjson.GetBytes(finalResponse(t, evs), "error.code").String(); c != "sandbox_unavailable" {
+				t.Errorf("response.failed error code = %q", c)
+			}
+		})
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	h := newHarness(t)
+	h.up.Enqueue(calls("1/0"), text("failed"))
+	if status, resp := h.post(body(""), "k"); status != 200 {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	h.up.Enqueue(upstreamtest.Turn{Error: upstreamtest.APIError(500, "", "down", "")})
+	h.post(body(""), "k")
+
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := mf.GetName()
+			for _, l := range m.GetLabel() {
+				key += "{" + l.GetName() + "=" + l.GetValue() + "}"
+			}
+			switch {
+			case m.GetCounter() != nil:
+				got[key] = m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				got[key+"_count"] = float64(m.GetHistogram().GetSampleCount())
+				got[key+"_sum"] = m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	for key, want := range map[string]float64{
+		"ciproxy_intercept_requests_total{outcome=completed}":           1,
+		"ciproxy_intercept_requests_total{outcome=upstream_error}":      1,
+		"ciproxy_intercept_code_executions_total{status=failed}":        1,
+		"ciproxy_intercept_code_execution_seconds{status=failed}_count": 1,
+		"ciproxy_intercept_iterations_count":                            1,
+		"ciproxy_intercept_iterations_sum":                              2,
+	} {
+		if got[key] != want {
+			t.Errorf("%s = %v; want %v", key, got[key], want)
+		}
+	}
+}
+
+// panickingPoster answers its first call from a recording, then panics: a fault injected to
+// prove the engine releases the sandbox (which then holds a container) and answers.
+type panickingPoster struct {
+	first *cannedPoster
+	calls int
+}
+
+func (p *panickingPoster) Post(ctx context.Context, path string, body []byte, h http.Header) (*http.Response, config.Deployment, error) {
+	p.calls++
+	if p.calls == 1 {
+		return p.first.Post(ctx, path, body, h)
+	}
+	panic("injected fault")
+}
+
+func TestPanicReleasesTheSandbox(t *testing.T) {
+	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 0 }))
+	w := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+	p := &panickingPoster{first: &cannedPoster{bodies: [][]byte{record(t, false, calls("x = 1"))}}}
+	h.eng.serve(w, r, h.cfg, p, []byte(body("")), "k")
+	if p.calls != 2 {
+		t.Fatalf("upstream calls = %d; want 2", p.calls)
+	}
+	if w.Code != 500 || gjson.GetBytes(w.Body.Bytes(), "error.type").String() != "server_error" || strings.Contains(w.Body.String(), "injected") {
+		t.Errorf("answer = %d %s; want a generic 500", w.Code, w.Body.String())
+	}
+	waitFor(t, "the container to be released", func() bool { return h.sess.Live() == 0 })
+}

@@ -1,0 +1,171 @@
+package intercept
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"reflect"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/tidwall/sjson"
+
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/intercept/streamcheck"
+	"github.com/ciproxy/ciproxy/internal/upstream"
+	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
+)
+
+// checkStream validates a client stream against OpenAI's rules and returns its report.
+func checkStream(t *testing.T, raw []byte) streamcheck.Report {
+	t.Helper()
+	rep, err := streamcheck.Check(raw)
+	if err != nil {
+		t.Fatalf("stream check: %v\n%s", err, raw)
+	}
+	return rep
+}
+
+var volatile = regexp.MustCompile(`((ci|msg|rs|fc)_[0-9a-f]{48}|call_[A-Za-z0-9]+|cntr_[A-Za-z0-9_\-]+)`)
+
+// normalized returns resp with the ids and times the proxy mints replaced, for comparison.
+func normalized(t *testing.T, resp []byte) any {
+	t.Helper()
+	resp, _ = sjson.SetBytes(resp, "id", "resp_X")
+	resp, _ = sjson.SetBytes(resp, "created_at", 0)
+	resp, _ = sjson.DeleteBytes(resp, "completed_at")
+	resp = volatile.ReplaceAll(resp, []byte("X"))
+	var v any
+	if err := json.Unmarshal(resp, &v); err != nil {
+		t.Fatalf("response is not JSON: %v: %s", err, resp)
+	}
+	return v
+}
+
+func TestStreamAndJSONGiveTheSameResponse(t *testing.T) {
+	u := &upstreamtest.Usage{InputTokens: 10, OutputTokens: 5}
+	tests := []struct {
+		name  string
+		extra string
+		turns []upstreamtest.Turn
+	}{
+		{"text only", "", []upstreamtest.Turn{{Items: []upstreamtest.Item{upstreamtest.Text("hi")}, Usage: u}}},
+		{"one call", `"include":["code_interpreter_call.outputs"]`, []upstreamtest.Turn{{Items: []upstreamtest.Item{call("print(3)")}, Usage: u}, {Items: []upstreamtest.Item{upstreamtest.Text("3")}, Usage: u}}},
+		{"reasoning, parallel calls, outputs null", `"reasoning":{"effort":"low"}`, []upstreamtest.Turn{
+			{Items: []upstreamtest.Item{upstreamtest.Reasoning("think"), call("a = 1"), call("a + 1")}, Usage: u},
+			{Items: []upstreamtest.Item{upstreamtest.Reasoning(""), upstreamtest.Text("2")}, Usage: u}}},
+		{"unparseable call", "", []upstreamtest.Turn{{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", `{"code":"print(1)`)}, Usage: u}, {Items: []upstreamtest.Item{upstreamtest.Text("oops")}, Usage: u}}},
+		{"a client function", "", []upstreamtest.Turn{{Items: []upstreamtest.Item{call("1"), upstreamtest.FunctionCall("get_weather", `{"city":"Oslo"}`)}, Usage: u}}},
+		{"incomplete", "", []upstreamtest.Turn{{Items: []upstreamtest.Item{upstreamtest.Text("long")}, Usage: u, Incomplete: "max_output_tokens"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got [2]any
+			for i, stream := range []bool{false, true} {
+				h := newHarness(t)
+				h.up.Enqueue(tt.turns...)
+				extra := tt.extra
+				if stream {
+					if extra != "" {
+						extra += ","
+					}
+					extra += `"stream":true`
+				}
+				b := `{"model":"gpt-test","input":"go","tools":[{"type":"code_interpreter","container":{"type":"auto"}},` + weatherTool + `]`
+				if extra != "" {
+					b += "," + extra
+				}
+				status, raw := h.post(b+"}", "k")
+				if status != 200 {
+					t.Fatalf("stream=%v: status %d: %s", stream, status, raw)
+				}
+				resp := raw
+				if stream {
+					resp = checkStream(t, raw).Response
+				}
+				got[i] = normalized(t, resp)
+			}
+			if !reflect.DeepEqual(got[0], got[1]) {
+				j0, _ := json.Marshal(got[0])
+				j1, _ := json.Marshal(got[1])
+				t.Errorf("JSON and stream differ:\njson:   %s\nstream: %s", j0, j1)
+			}
+		})
+	}
+}
+
+func TestClientDisconnect(t *testing.T) {
+	idle0 := withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 0 })
+
+	t.Run("during an execution the sandbox is released", func(t *testing.T) {
+		h := newHarness(t, idle0)
+		h.up.Enqueue(calls("import time; time.sleep(60)"))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		resp := h.do(ctx, body(`"stream":true`), "k")
+		readUntil(t, resp.Body, "response.code_interpreter_call.interpreting")
+		if n := h.sess.Live(); n != 1 {
+			t.Fatalf("live containers during the run = %d; want 1", n)
+		}
+		cancel()
+		resp.Body.Close()
+		waitFor(t, "the container to be deleted", func() bool { return h.sess.Live() == 0 })
+		if n := len(h.up.Requests()); n != 1 {
+			t.Errorf("upstream calls = %d; want 1 (no follow-up after the client left)", n)
+		}
+	})
+
+	t.Run("during an upstream call the upstream is cancelled", func(t *testing.T) {
+		h := newHarness(t, idle0)
+		upstreamGone := make(chan struct{})
+		h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("hello world")}, BeforeEvent: func(ctx context.Context, seq int, typ string) error {
+			if seq == 4 {
+				<-ctx.Done()
+				close(upstreamGone)
+				return ctx.Err()
+			}
+			return nil
+		}})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		resp := h.do(ctx, body(`"stream":true`), "k")
+		readUntil(t, resp.Body, "response.output_item.added")
+		cancel()
+		resp.Body.Close()
+		select {
+		case <-upstreamGone:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the upstream call was not cancelled")
+		}
+		waitFor(t, "the auto container to be released", func() bool { return h.sess.Live() == 0 })
+	})
+}
+
+// readUntil reads client events until one of type typ.
+func readUntil(t *testing.T, r io.Reader, typ string) {
+	t.Helper()
+	rd := upstream.NewSSEReader(r)
+	for {
+		ev, err := rd.Next()
+		if errors.Is(err, io.EOF) || err != nil {
+			t.Fatalf("stream ended before %s: %v", typ, err)
+		}
+		if ev.Name == typ {
+			return
+		}
+	}
+}
+
+// waitFor polls cond until it holds or 15 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition, not waiting for an event
+	}
+}

@@ -1,0 +1,246 @@
+package intercept
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tidwall/gjson"
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
+	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
+	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/upstream"
+	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
+)
+
+// sharedProvider is one local sandbox provider for the whole package's tests, so its warm pool
+// serves every test instead of each test paying kernel start-ups.
+var sharedProvider *local.Provider
+
+func TestMain(m *testing.M) {
+	p, err := local.New(local.Options{Tool: "local", PoolSize: 2})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "local.New:", err)
+		os.Exit(1)
+	}
+	sharedProvider = p
+	code := m.Run()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	_ = p.Close(ctx)
+	cancel()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// harness is an Engine wired to a scripted upstream and a real local sandbox, served over HTTP
+// the way the router calls it.
+type harness struct {
+	t     *testing.T
+	up    *upstreamtest.Server
+	cfg   *config.Config
+	eng   *Engine
+	sess  *sandbox.Sessions
+	prov  *local.Provider
+	srv   *httptest.Server
+	store *MemoryStore
+	reg   *prometheus.Registry
+	e2b   *e2btest.Server // set by withE2B: the sandbox tool is e2b, emulated
+}
+
+// withE2B serves the sandbox tool through the e2b client against the e2b emulator (which runs
+// code in the local sandbox).
+func withE2B() harnessOpt { return func(h *harness) { h.e2b = e2btest.New(sharedProvider) } }
+
+type harnessOpt func(*harness)
+
+func withConfig(f func(*config.Config)) harnessOpt { return func(h *harness) { f(h.cfg) } }
+
+// noSandbox builds the harness without a sandbox tool registered under the configured name.
+func noSandbox() harnessOpt {
+	return func(h *harness) { h.cfg.Interception.SandboxToolName = "missing" }
+}
+
+func newHarness(t *testing.T, opts ...harnessOpt) *harness {
+	t.Helper()
+	h := &harness{t: t, up: upstreamtest.New(t), reg: prometheus.NewRegistry()}
+	h.cfg = &config.Config{
+		Callbacks:    []string{"code_interpreter_interception"},
+		SandboxTools: []config.SandboxTool{{Name: "local", Provider: "local"}},
+		Interception: config.Interception{
+			Enabled: true, SandboxToolName: "local", FunctionName: "python", MaxIterations: 20,
+			ExecutionTimeout: 20 * time.Second, ModelOutputLimit: 16384, ContainerIdleTimeout: 10 * time.Minute,
+		},
+		Models: []config.Deployment{{ModelName: "gpt-test", Provider: "openai", UpstreamModel: "gpt-up", APIBase: h.up.URL()}},
+	}
+	for _, o := range opts {
+		o(h)
+	}
+	prov := sharedProvider
+	h.prov = prov
+	entry := sandbox.RegistryEntry{Name: "local", Provider: prov, Backend: "local"}
+	if h.e2b != nil {
+		ep, err := e2b.New(e2b.Options{APIKey: h.e2b.APIKey(), APIBase: h.e2b.URL(), SandboxURL: h.e2b.SandboxURL(), HTTPClient: h.e2b.Client(), Tool: "local"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		entry = sandbox.RegistryEntry{Name: "local", Provider: ep, Backend: "e2b"}
+	}
+	reg, err := sandbox.NewRegistry(nil, entry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.sess = sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	h.store = NewMemoryStore(time.Hour, nil)
+	h.eng = New(Options{Sessions: h.sess, Store: h.store, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
+	client := upstream.NewClient(upstream.ClientOptions{})
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		caller := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		target := client.Target(h.cfg.Deployments(gjson.GetBytes(body, "model").String()))
+		if !h.eng.ServeResponses(w, r, h.cfg, target, "openai", body, caller) {
+			w.WriteHeader(299) // pass-through would follow
+		}
+	}))
+	t.Cleanup(func() {
+		h.srv.CloseClientConnections()
+		h.srv.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = h.sess.Close(ctx)
+		if h.e2b != nil {
+			h.e2b.Close()
+		}
+		client.CloseIdleConnections()
+	})
+	return h
+}
+
+// post sends body to the engine as caller and returns the status and the whole body.
+func (h *harness) post(body, caller string) (int, []byte) {
+	h.t.Helper()
+	resp := h.do(context.Background(), body, caller)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatalf("reading the answer: %v", err)
+	}
+	return resp.StatusCode, b
+}
+
+func (h *harness) do(ctx context.Context, body, caller string) *http.Response {
+	h.t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/responses", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if caller != "" {
+		req.Header.Set("Authorization", "Bearer "+caller)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatalf("POST: %v", err)
+	}
+	return resp
+}
+
+// sseEvent is one parsed client event.
+type sseEvent struct {
+	Name string
+	Data []byte
+}
+
+func parseSSE(t *testing.T, b []byte) []sseEvent {
+	t.Helper()
+	rd := upstream.NewSSEReader(bytes.NewReader(b))
+	var out []sseEvent
+	for {
+		ev, err := rd.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("parsing the stream: %v", err)
+		}
+		out = append(out, sseEvent{ev.Name, ev.Data})
+	}
+}
+
+// finalResponse returns the response of the stream's terminal event.
+func finalResponse(t *testing.T, evs []sseEvent) []byte {
+	t.Helper()
+	if len(evs) == 0 {
+		t.Fatal("empty stream")
+	}
+	last := evs[len(evs)-1]
+	return []byte(gjson.GetBytes(last.Data, "response").Raw)
+}
+
+// fcOutputs returns the function_call_output texts in an upstream request's input.
+func fcOutputs(r upstreamtest.Request) []string {
+	var out []string
+	for _, it := range r.InputItems("function_call_output") {
+		out = append(out, gjson.GetBytes(it, "output").String())
+	}
+	return out
+}
+
+func call(code string) upstreamtest.Item {
+	args, _ := json.Marshal(map[string]string{"code": code})
+	return upstreamtest.FunctionCall("python", string(args))
+}
+
+func body(extra string) string {
+	b := `{"model":"gpt-test","input":"compute","tools":[{"type":"code_interpreter","container":{"type":"auto"}}]`
+	if extra != "" {
+		b += "," + extra
+	}
+	return b + "}"
+}
+
+func types(resp []byte) []string {
+	var out []string
+	gjson.GetBytes(resp, "output").ForEach(func(_, it gjson.Result) bool {
+		out = append(out, it.Get("type").String())
+		return true
+	})
+	return out
+}
+
+// container creates a container owned by caller, kept for later requests, and returns its id.
+// Tests that do not need a fresh sandbox per request share one: kernel start-ups dominate.
+func (h *harness) container(caller string) string {
+	h.t.Helper()
+	ctx := context.Background()
+	c, err := h.sess.Create(ctx, "local", caller, sandbox.CreateOptions{}, 10*time.Minute)
+	if err != nil {
+		h.t.Fatalf("Create: %v", err)
+	}
+	h.sess.Release(ctx, c, 10*time.Minute)
+	return c.ID()
+}
+
+// bodyIn is body with the code_interpreter tool bound to container cid.
+func bodyIn(cid, extra string) string {
+	b := `{"model":"gpt-test","input":"compute","tools":[{"type":"code_interpreter","container":"` + cid + `"}]`
+	if extra != "" {
+		b += "," + extra
+	}
+	return b + "}"
+}

@@ -1,0 +1,127 @@
+package intercept
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Store remembers what the proxy needs to continue a conversation that it intercepted: which
+// upstream response a client-visible response id stands for, which container it used, and the
+// code_interpreter_call items it minted. Implementations are safe for concurrent use. The
+// in-memory store is the default; a shared store lets several replicas serve one conversation.
+type Store interface {
+	// Response returns the record stored under a response id minted by this proxy.
+	Response(ctx context.Context, id string) (StoredResponse, bool)
+	// Call returns the record of a code_interpreter_call item ("ci_...") minted by this proxy.
+	Call(ctx context.Context, id string) (StoredCall, bool)
+	// Put stores one finished response and its calls.
+	Put(ctx context.Context, id string, r StoredResponse, calls map[string]StoredCall)
+}
+
+// StoredResponse is what a client-visible response id maps to.
+type StoredResponse struct {
+	// Owner is the caller (hash of its key) that created the response; only it may continue.
+	Owner string
+	// UpstreamID is the id of the last upstream response of the loop.
+	UpstreamID string
+	// ContainerID is the cntr_ id of the container the response used ("" if none).
+	ContainerID string
+	// Pending holds function_call_output items answering stand-in calls in the last upstream
+	// response. They are sent before the client's input when the conversation continues from
+	// UpstreamID (the response ended with a client function call beside ours).
+	Pending [][]byte
+}
+
+// StoredCall is what the upstream saw of one code execution.
+type StoredCall struct {
+	Owner  string
+	CallID string // the upstream's call_id
+	Code   string
+	Output string // the function_call_output text the model was given
+}
+
+// MemoryStore is the default Store: entries in memory, dropped after a TTL.
+type MemoryStore struct {
+	ttl time.Duration
+	now func() time.Time
+
+	mu        sync.Mutex
+	responses map[string]storedEntry[StoredResponse]
+	calls     map[string]storedEntry[StoredCall]
+	puts      int
+}
+
+type storedEntry[T any] struct {
+	v       T
+	expires time.Time
+}
+
+// NewMemoryStore returns a MemoryStore keeping entries for ttl (default 24h when ttl <= 0). now
+// is the clock (nil: time.Now).
+func NewMemoryStore(ttl time.Duration, now func() time.Time) *MemoryStore {
+	if ttl <= 0 {
+		ttl = 24 * time.Hour
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &MemoryStore{ttl: ttl, now: now, responses: map[string]storedEntry[StoredResponse]{}, calls: map[string]storedEntry[StoredCall]{}}
+}
+
+var _ Store = (*MemoryStore)(nil)
+
+// Response implements [Store.Response].
+func (s *MemoryStore) Response(_ context.Context, id string) (StoredResponse, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.responses[id]
+	if !ok || !s.now().Before(e.expires) {
+		return StoredResponse{}, false
+	}
+	return e.v, true
+}
+
+// Call implements [Store.Call].
+func (s *MemoryStore) Call(_ context.Context, id string) (StoredCall, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.calls[id]
+	if !ok || !s.now().Before(e.expires) {
+		return StoredCall{}, false
+	}
+	return e.v, true
+}
+
+// Put implements [Store.Put]. Every 256 puts it sweeps expired entries, so memory stays bounded
+// by the traffic of one TTL.
+func (s *MemoryStore) Put(_ context.Context, id string, r StoredResponse, calls map[string]StoredCall) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	exp := now.Add(s.ttl)
+	s.responses[id] = storedEntry[StoredResponse]{v: r, expires: exp}
+	for k, c := range calls {
+		s.calls[k] = storedEntry[StoredCall]{v: c, expires: exp}
+	}
+	s.puts++
+	if s.puts%256 == 0 {
+		for k, e := range s.responses {
+			if !now.Before(e.expires) {
+				delete(s.responses, k)
+			}
+		}
+		for k, e := range s.calls {
+			if !now.Before(e.expires) {
+				delete(s.calls, k)
+			}
+		}
+	}
+}
+
+// Len returns the number of stored responses and calls (expired ones included until swept).
+func (s *MemoryStore) Len() (responses, calls int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.responses), len(s.calls)
+}

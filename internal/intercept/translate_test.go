@@ -1,0 +1,157 @@
+package intercept
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+)
+
+var containerIDs = regexp.MustCompile(`cntr_[A-Za-z0-9_\-]+`)
+
+// TestTranslateGolden replays testdata/translate/<case>.upstream.sse (one upstream stream per
+// loop iteration, separated by a ": next upstream call" comment) through the loop, with code
+// running in the local sandbox, and compares the client stream with <case>.client.sse. Response
+// and item ids are made predictable; container ids are replaced by cntr_X. Run with -update to
+// regenerate the client streams.
+func TestTranslateGolden(t *testing.T) {
+	ups, _ := filepath.Glob("testdata/translate/*.upstream.sse")
+	if len(ups) == 0 {
+		t.Fatal("no golden cases")
+	}
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: sharedProvider, Backend: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	defer sess.Close(context.Background())
+	e := New(Options{Sessions: sess})
+	ic := config.Interception{Enabled: true, FunctionName: "python", MaxIterations: 20, ExecutionTimeout: 20 * time.Second, ModelOutputLimit: 16384, ContainerIdleTimeout: time.Minute}
+	// One container serves every case: kernel start-ups dominate the test's time.
+	c, err := sess.Create(context.Background(), "local", "golden", sandbox.CreateOptions{}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess.Release(context.Background(), c, time.Minute)
+
+	for _, up := range ups {
+		name := strings.TrimSuffix(up, ".upstream.sse")
+		t.Run(filepath.Base(name), func(t *testing.T) {
+			raw, err := os.ReadFile(up)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var bodies [][]byte
+			for _, part := range strings.Split(string(raw), ": next upstream call\n\n") {
+				bodies = append(bodies, []byte(part))
+			}
+			client := []byte(`{"model":"gpt-test","input":"x","stream":true,"include":["code_interpreter_call.outputs"],"tools":[{"type":"code_interpreter","container":"` + c.ID() + `"}]}`)
+			req, aerr := parseRequest(client, ic, lookup{ctx: context.Background()})
+			if aerr != nil {
+				t.Fatal(aerr)
+			}
+			w := httptest.NewRecorder()
+			rend := newSSERenderer(w, zap.NewNop())
+			r := &run{e: e, ic: ic, tool: "local", target: &cannedPoster{bodies: bodies, stream: true}, caller: "golden",
+				req: req, hdr: http.Header{}, emit: rend.emit, stored: map[string]StoredCall{}}
+			ctx := context.Background()
+			r.tr = newTranslator(req, "resp_golden", 0, func() (string, error) { return r.containerID(ctx) })
+			n := 0
+			r.tr.mint = func(prefix string) string { n++; return fmt.Sprintf("%sgolden%d", prefix, n) }
+			if aerr := r.startContainer(ctx); aerr != nil {
+				t.Fatal(aerr)
+			}
+			err = r.loop(ctx)
+			r.releaseContainer(ctx)
+			if err != nil {
+				t.Fatalf("loop: %v", err)
+			}
+			got := containerIDs.ReplaceAll(w.Body.Bytes(), []byte("cntr_X"))
+			checkStream(t, got)
+			golden := name + ".client.sse"
+			if *update {
+				if err := os.WriteFile(golden, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run with -update)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("%s differs; got:\n%s", golden, got)
+			}
+		})
+	}
+}
+
+func TestTranslatorLenientUpstreams(t *testing.T) {
+	fc := `{"id":"fc_1","type":"function_call","status":"in_progress","arguments":"","call_id":"call_1","name":"python"}`
+	fcDone := `{"id":"fc_1","type":"function_call","status":"completed","arguments":"{\"code\":\"1+1\"}","call_id":"call_1","name":"python"}`
+	tests := []struct {
+		name   string
+		events []string
+	}{
+		{"no output_item.done: the final response finishes the call", []string{
+			`{"type":"response.output_item.added","output_index":0,"item":` + fc + `}`,
+			`{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"{\"code\":\"1+"}`,
+			`{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"1\"}"}`,
+			`{"type":"response.completed","response":{"id":"up_1","status":"completed","output":[` + fcDone + `]}}`,
+		}},
+		{"deltas named by output_index only", []string{
+			`{"type":"response.output_item.added","output_index":0,"item":` + fc + `}`,
+			`{"type":"response.function_call_arguments.delta","output_index":0,"delta":"{\"code\":\"1+1\"}"}`,
+			`{"type":"response.output_item.done","output_index":0,"item":` + fcDone + `}`,
+			`{"type":"response.completed","response":{"id":"up_1","status":"completed","output":[` + fcDone + `]}}`,
+		}},
+		{"no added event and no deltas", []string{
+			`{"type":"response.output_item.done","output_index":0,"item":` + fcDone + `}`,
+			`{"type":"response.completed","response":{"id":"up_1","status":"completed","output":[` + fcDone + `]}}`,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Interception{}, lookup{ctx: context.Background()})
+			if aerr != nil {
+				t.Fatal(aerr)
+			}
+			tr := newTranslator(req, "resp_t", 1, func() (string, error) { return "cntr_t", nil })
+			tr.begin()
+			var code strings.Builder
+			for _, ev := range tt.events {
+				evs, err := tr.upstream([]byte(ev))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range evs {
+					if strings.Contains(string(e.Data), `"python"`) {
+						t.Errorf("the stand-in leaked: %s", e.Data)
+					}
+					if e.Type == "response.code_interpreter_call_code.delta" {
+						code.WriteString(gjsonString(e.Data, "delta"))
+					}
+				}
+			}
+			p := tr.pending()
+			if !tr.ended() || len(p) != 1 || p[0].code != "1+1" || p[0].callID != "call_1" || code.String() != "1+1" {
+				t.Fatalf("ended %v, pending %d, deltas %q", tr.ended(), len(p), code.String())
+			}
+		})
+	}
+}
+
+func gjsonString(data []byte, path string) string { return gjson.GetBytes(data, path).String() }
