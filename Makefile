@@ -2,7 +2,7 @@
 CONFIG ?= config.example.yaml
 GO ?= go
 
-.PHONY: run test vet bench fuzz deps build
+.PHONY: run test vet bench fuzz deps build chaos
 
 build:
 	$(GO) build -o bin/proxy ./cmd/proxy
@@ -35,3 +35,10 @@ fuzz:
 			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 		done; \
 	done
+
+# Fault injection over 1000 intercepted requests (clients leaving, upstream errors and hangs, cut
+# streams, failing sandboxes, config reloads), then leak accounting and a clean shutdown.
+# CIPROXY_CHAOS_SEED=n replays a run.
+chaos:
+	scripts/deps.sh
+	CIPROXY_CHAOS_N=1000 $(GO) test -race -run '^TestChaos$$' -count=1 -timeout 40m -v ./cmd/proxy/
