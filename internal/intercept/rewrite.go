@@ -109,6 +109,9 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*request, *ap
 		fn = "python"
 	}
 	root := gjson.ParseBytes(body)
+	if !gjson.ValidBytes(body) || !root.IsObject() {
+		return nil, apierror.BadRequest("The request body must be a JSON object.", "", "")
+	}
 	r := &request{
 		raw:    body,
 		fn:     fn,
