@@ -1,0 +1,359 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+const testKey = "sk-master-test"
+
+// syncBuffer is a bytes.Buffer that the proxy's logger and the test may use at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// upstreamServer answers every request with the model it was asked for; a request whose body
+// contains "hold" waits until release is closed.
+type upstreamServer struct {
+	*httptest.Server
+	held    chan struct{} // receives one value per held request that arrived
+	release chan struct{}
+}
+
+func newUpstreamServer(t *testing.T) *upstreamServer {
+	t.Helper()
+	u := &upstreamServer{held: make(chan struct{}, 16), release: make(chan struct{})}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if bytes.Contains(body, []byte("hold")) {
+			u.held <- struct{}{}
+			select {
+			case <-u.release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"object":"chat.completion","path":%q,"body":%q}`, r.URL.Path, body)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// writeConfig writes the configuration atomically (temp file + rename, as editors and
+// Kubernetes do) and returns its path.
+func writeConfig(t *testing.T, dir, content string) string {
+	t.Helper()
+	path := filepath.Join(dir, "config.yaml")
+	tmp, err := os.CreateTemp(dir, ".config-*.tmp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tmp.WriteString(content); err != nil {
+		t.Fatal(err)
+	}
+	if err := tmp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func configYAML(upstreamURL string, models ...string) string {
+	var b strings.Builder
+	b.WriteString("model_list:\n")
+	for _, m := range models {
+		fmt.Fprintf(&b, "  - model_name: %s\n    litellm_params: {model: openai/%s-up, api_base: %s/v1, api_key: sk-upstream}\n", m, m, upstreamURL)
+	}
+	b.WriteString(`sandbox_tools:
+  - sandbox_tool_name: local
+    litellm_params: {sandbox_provider: local, pool_size: 0}
+general_settings:
+  master_key: ` + testKey + `
+  shutdown_grace: 20s
+`)
+	return b.String()
+}
+
+// running is a proxy started through run().
+type running struct {
+	url    string
+	stderr *syncBuffer
+	cancel context.CancelFunc
+	exit   chan int
+}
+
+func start(t *testing.T, args ...string) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{stderr: &syncBuffer{}, cancel: cancel, exit: make(chan int, 1)}
+	addr := make(chan net.Addr, 1)
+	go func() {
+		r.exit <- run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0"}, args...), io.Discard, r.stderr, func(a net.Addr) { addr <- a })
+	}()
+	select {
+	case a := <-addr:
+		r.url = "http://" + a.String()
+	case code := <-r.exit:
+		t.Fatalf("run exited with %d before listening: %s", code, r.stderr)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("run did not start listening: %s", r.stderr)
+	}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.exit:
+		case <-time.After(30 * time.Second):
+			t.Errorf("run did not return after cancel")
+		}
+	})
+	return r
+}
+
+// post sends a chat completion for model and returns the status and body.
+func (r *running) post(model, extra string) (int, string, error) {
+	req, _ := http.NewRequest(http.MethodPost, r.url+"/v1/chat/completions", strings.NewReader(`{"model":"`+model+`","messages":[]`+extra+`}`))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+func (r *running) metrics(t *testing.T) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, r.url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for an event
+	}
+}
+
+func TestHotReload(t *testing.T) {
+	up := newUpstreamServer(t)
+	dir := t.TempDir()
+	path := writeConfig(t, dir, configYAML(up.URL, "gpt-a"))
+	p := start(t, "--config", path)
+
+	if status, body, err := p.post("gpt-a", ""); err != nil || status != http.StatusOK || !strings.Contains(body, "gpt-a-up") {
+		t.Fatalf("gpt-a before reload = %d %s %v", status, body, err)
+	}
+	if status, body, _ := p.post("gpt-b", ""); status != http.StatusBadRequest || !strings.Contains(body, "model_not_found") {
+		t.Fatalf("gpt-b before reload = %d %s; want 400 model_not_found", status, body)
+	}
+
+	// A request in flight across the reload, and a steady stream of requests during it.
+	held := make(chan error, 1)
+	go func() {
+		status, body, err := p.post("gpt-a", `,"note":"hold"`)
+		if err == nil && status != http.StatusOK {
+			err = fmt.Errorf("held request = %d %s", status, body)
+		}
+		held <- err
+	}()
+	<-up.held
+	stop := make(chan struct{})
+	var steadyFailures atomic.Int64
+	var steady sync.WaitGroup
+	steady.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if status, _, err := p.post("gpt-a", ""); err != nil || status != http.StatusOK {
+				steadyFailures.Add(1)
+			}
+		}
+	})
+
+	writeConfig(t, dir, configYAML(up.URL, "gpt-a", "gpt-b"))
+	eventually(t, "gpt-b is served", func() bool {
+		status, _, _ := p.post("gpt-b", "")
+		return status == http.StatusOK
+	})
+	if status, body, _ := p.post("gpt-b", ""); !strings.Contains(body, "gpt-b-up") {
+		t.Errorf("gpt-b after reload = %d %s; want its upstream model", status, body)
+	}
+	// The new model list is live before OnReload has rebuilt the sandbox tools and counted.
+	eventually(t, "the reload is counted as a success", func() bool {
+		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="success"} 1`)
+	})
+
+	// A bad edit is rejected: both models keep working.
+	writeConfig(t, dir, configYAML(up.URL, "gpt-a")+"unknown_section: {}\n")
+	eventually(t, "the bad edit is counted", func() bool {
+		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="failure"} 1`)
+	})
+	for _, m := range []string{"gpt-a", "gpt-b"} {
+		if status, body, err := p.post(m, ""); err != nil || status != http.StatusOK {
+			t.Errorf("%s after a bad edit = %d %s %v; want the last good config", m, status, body, err)
+		}
+	}
+	if !strings.Contains(p.stderr.String(), "unknown_section") {
+		t.Errorf("the log does not say why the edit was rejected:\n%s", p.stderr)
+	}
+
+	close(stop)
+	steady.Wait()
+	close(up.release)
+	if err := <-held; err != nil {
+		t.Errorf("request in flight during reloads: %v", err)
+	}
+	if n := steadyFailures.Load(); n != 0 {
+		t.Errorf("%d requests failed during reloads", n)
+	}
+	if strings.Contains(p.stderr.String(), testKey) || strings.Contains(p.stderr.String(), "sk-upstream") {
+		t.Errorf("a key reached the log")
+	}
+}
+
+func TestGracefulShutdown(t *testing.T) {
+	up := newUpstreamServer(t)
+	path := writeConfig(t, t.TempDir(), configYAML(up.URL, "gpt-a"))
+	p := start(t, "--config", path)
+
+	type result struct {
+		status int
+		body   string
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		status, body, err := p.post("gpt-a", `,"note":"hold"`)
+		done <- result{status, body, err}
+	}()
+	<-up.held
+	p.cancel() // what SIGTERM does in main
+
+	// New connections are refused once the listener is closed.
+	eventually(t, "the listener is closed", func() bool {
+		c, err := net.Dial("tcp", strings.TrimPrefix(p.url, "http://"))
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	select {
+	case code := <-p.exit:
+		t.Fatalf("run returned %d with a request in flight", code)
+	default:
+	}
+	close(up.release)
+	res := <-done
+	if res.err != nil || res.status != http.StatusOK || !strings.Contains(res.body, "gpt-a-up") {
+		t.Errorf("in-flight request = %d %q %v; want it completed", res.status, res.body, res.err)
+	}
+	select {
+	case code := <-p.exit:
+		if code != 0 {
+			t.Errorf("run = %d; want 0 after a graceful shutdown", code)
+		}
+		p.exit <- code // for the cleanup
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return after the last request")
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	dir := t.TempDir()
+	good := writeConfig(t, dir, `model_list:
+  - model_name: m
+    litellm_params: {model: openai/m, api_key: sk-x}
+`)
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("model_list:\n  - model_name: m\n    litellm_params: {model: openai/m, colour: blue}\ngeneral_settings:\n  shutdown_grace: soon\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	brokenSandbox := filepath.Join(dir, "broken.yaml")
+	if err := os.WriteFile(brokenSandbox, []byte("sandbox_tools:\n  - sandbox_tool_name: local\n    litellm_params: {sandbox_provider: local, python: /nonexistent/python3, pool_size: 0}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name       string
+		args       []string
+		wantCode   int
+		wantStdout []string
+		wantStderr []string
+	}{
+		{"version", []string{"--version"}, 0, []string{"ciproxy dev"}, nil},
+		{"check passes and prints warnings", []string{"--check", "--config", good}, 0, []string{"warning: ", "master_key", good + ": OK"}, nil},
+		{"check lists every problem with its line", []string{"--check", "--config", bad}, 1, nil, []string{bad + ":3:", "colour", bad + ":5:", "shutdown_grace"}},
+		{"start refuses an invalid file", []string{"--config", bad}, 1, nil, []string{bad + ":3:"}},
+		{"start refuses a missing file", []string{"--config", filepath.Join(dir, "none.yaml")}, 1, nil, []string{"none.yaml"}},
+		{"config is required", nil, 2, nil, []string{"--config is required"}},
+		{"bad log format", []string{"--config", good, "--log-format", "xml"}, 2, nil, []string{"--log-format"}},
+		{"a sandbox that cannot work here stops the start", []string{"--config", brokenSandbox, "--port", "0", "--host", "127.0.0.1"}, 1, nil, []string{"nonexistent"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr syncBuffer
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			code := run(ctx, tc.args, &stdout, &stderr, func(net.Addr) {
+				t.Error("the proxy started listening")
+				cancel()
+			})
+			if code != tc.wantCode {
+				t.Errorf("run(%v) = %d; want %d\nstdout: %s\nstderr: %s", tc.args, code, tc.wantCode, stdout.String(), stderr.String())
+			}
+			for _, w := range tc.wantStdout {
+				if !strings.Contains(stdout.String(), w) {
+					t.Errorf("stdout lacks %q:\n%s", w, stdout.String())
+				}
+			}
+			for _, w := range tc.wantStderr {
+				if !strings.Contains(stderr.String(), w) {
+					t.Errorf("stderr lacks %q:\n%s", w, stderr.String())
+				}
+			}
+		})
+	}
+}

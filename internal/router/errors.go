@@ -1,0 +1,59 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"go.uber.org/zap"
+
+	"github.com/ciproxy/ciproxy/internal/apierror"
+)
+
+// handlerFunc is a handler that reports failure by returning an error instead of writing it.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// handle adapts h to http.Handler. A returned error is written in one place: an *apierror.Error in
+// its chain is sent as it is (its cause only logged); anything else becomes a generic 500 whose
+// details reach the log only. When the response has already started, nothing more can be sent
+// honestly, so the error is logged instead. A request whose client went away is not an error.
+func (s *server) handle(h handlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ww := wrapWriter(w)
+		err := h(ww, r)
+		if err == nil {
+			return
+		}
+		if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+			return // the client left; the access log records 499
+		}
+		e := apierror.From(err)
+		fields := []zap.Field{
+			zap.String("request_id", RequestID(r.Context())),
+			zap.String("path", r.URL.Path),
+			zap.Int("status", e.Status),
+		}
+		if ww.started() {
+			s.log.Error("error after the response started", append(fields, zap.Error(err))...)
+			return
+		}
+		if e.Err != nil || e.Status >= 500 {
+			s.log.Warn("request failed", append(fields, zap.Error(err))...)
+		}
+		apierror.Write(ww, e)
+	}
+}
+
+// notFound answers an unknown path in OpenAI's shape.
+func notFound(w http.ResponseWriter, r *http.Request) error {
+	return apierror.NotFound("Invalid URL ("+r.Method+" "+r.URL.Path+")", "")
+}
+
+// methodNotAllowed answers a known path with a method it does not serve.
+func methodNotAllowed(w http.ResponseWriter, r *http.Request) error {
+	return &apierror.Error{
+		Status:  http.StatusMethodNotAllowed,
+		Message: "Method " + r.Method + " is not allowed for " + r.URL.Path + ".",
+		Type:    "invalid_request_error",
+	}
+}

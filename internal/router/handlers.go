@@ -1,0 +1,190 @@
+package router
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/upstream"
+)
+
+// healthz reports that the process is alive; it checks nothing else.
+func healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// readyz reports whether the proxy can serve: a configuration is loaded and Options.Ready agrees.
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	if configFrom(r.Context()) == nil || (s.ready != nil && !s.ready()) {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// resolved is a request whose body is read and whose model maps to deployments.
+type resolved struct {
+	cfg    *config.Config
+	body   []byte
+	model  string
+	deps   []config.Deployment // in the order to try
+	target *upstream.Target
+}
+
+// resolve reads the body, checks that it is a JSON object naming a configured model, and orders
+// that model's deployments.
+func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, error) {
+	cfg := configFrom(r.Context())
+	if cfg == nil {
+		return nil, notReady()
+	}
+	body, err := readBody(w, r, s.bodyTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() {
+		return nil, apierror.BadRequest("We could not parse the JSON body of your request. The API expects a JSON object.", "", "")
+	}
+	m := gjson.GetBytes(body, "model")
+	if m.Type != gjson.String || m.Str == "" {
+		return nil, apierror.BadRequest("you must provide a model parameter", "model", "")
+	}
+	deps := cfg.Deployments(m.Str)
+	if len(deps) == 0 {
+		return nil, apierror.BadRequest("The model '"+m.Str+"' does not exist or you do not have access to it.", "model", "model_not_found")
+	}
+	deps = s.balancer.Order(deps)
+	annotate(r.Context(), m.Str, deploymentName(deps[0]))
+	return &resolved{cfg: cfg, body: body, model: m.Str, deps: deps, target: s.client.Target(deps)}, nil
+}
+
+// responses serves POST /v1/responses: the interceptor first, pass-through otherwise.
+func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
+	req, err := s.resolve(w, r)
+	if err != nil {
+		return err
+	}
+	if s.interceptor != nil &&
+		s.interceptor.ServeResponses(w, r, req.cfg, req.target, req.deps[0].Provider, req.body, Caller(r.Context())) {
+		return nil
+	}
+	req.target.Proxy(w, r, req.body)
+	return nil
+}
+
+// modelPassthrough serves the endpoints that name a model in their body (chat completions,
+// completions, embeddings): the body goes to the model's deployments unchanged but for "model".
+func (s *server) modelPassthrough(w http.ResponseWriter, r *http.Request) error {
+	req, err := s.resolve(w, r)
+	if err != nil {
+		return err
+	}
+	req.target.Proxy(w, r, req.body)
+	return nil
+}
+
+// byID serves the stored-response endpoints (GET and DELETE /v1/responses/{id}, its input_items
+// and cancel). The request names no model, so it goes to the first deployment in model_list: with
+// several upstreams, stored responses are only reachable on that one.
+func (s *server) byID(w http.ResponseWriter, r *http.Request) error {
+	cfg := configFrom(r.Context())
+	if cfg == nil {
+		return notReady()
+	}
+	if len(cfg.Models) == 0 {
+		return apierror.NotFound("No response found with id '"+chi.URLParam(r, "id")+"': no upstream is configured in model_list.", "")
+	}
+	body, err := readBody(w, r, s.bodyTimeout)
+	if err != nil {
+		return err
+	}
+	dep := cfg.Models[0]
+	annotate(r.Context(), "", deploymentName(dep))
+	s.client.Target([]config.Deployment{dep}).Proxy(w, r, body)
+	return nil
+}
+
+// modelObject is one entry of GET /v1/models.
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// models serves GET /v1/models: one entry per distinct model_name, in file order.
+func (s *server) models(w http.ResponseWriter, r *http.Request) error {
+	cfg := configFrom(r.Context())
+	if cfg == nil {
+		return notReady()
+	}
+	seen := make(map[string]bool, len(cfg.Models))
+	data := make([]modelObject, 0, len(cfg.Models))
+	for _, d := range cfg.Models {
+		if seen[d.ModelName] {
+			continue
+		}
+		seen[d.ModelName] = true
+		data = append(data, s.modelObject(d))
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string        `json:"object"`
+		Data   []modelObject `json:"data"`
+	}{"list", data})
+	return nil
+}
+
+// model serves GET /v1/models/{model}, where the model name may contain slashes.
+func (s *server) model(w http.ResponseWriter, r *http.Request) error {
+	cfg := configFrom(r.Context())
+	if cfg == nil {
+		return notReady()
+	}
+	name := chi.URLParam(r, "*")
+	if u, err := url.PathUnescape(name); err == nil {
+		name = u
+	}
+	deps := cfg.Deployments(name)
+	if len(deps) == 0 {
+		return &apierror.Error{Status: http.StatusNotFound, Message: "The model '" + name + "' does not exist or you do not have access to it.", Type: "invalid_request_error", Param: "model", Code: "model_not_found"}
+	}
+	writeJSON(w, http.StatusOK, s.modelObject(deps[0]))
+	return nil
+}
+
+func (s *server) modelObject(d config.Deployment) modelObject {
+	owner := d.Provider
+	if owner == "" {
+		owner = "openai"
+	}
+	// The file has no creation time; the router's start time is stable for the process.
+	return modelObject{ID: d.ModelName, Object: "model", Created: s.started.Unix(), OwnedBy: owner}
+}
+
+// deploymentName identifies a deployment in logs without its key: provider/model and line.
+func deploymentName(d config.Deployment) string {
+	name := d.Provider + "/" + d.UpstreamModel
+	if d.Line > 0 {
+		name += "@line" + strconv.Itoa(d.Line)
+	}
+	return name
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Only the router's own types are marshalled here; failing is a programming error.
+		panic(err)
+	}
+	b = append(b, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}

@@ -1,0 +1,153 @@
+// Package router is ciproxy's HTTP front: chi routes and middleware, the /v1 handlers, health,
+// readiness and metrics endpoints, and the one place where errors become OpenAI-shaped responses.
+package router
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/upstream"
+)
+
+// Interceptor runs OpenAI's code_interpreter tool in the proxy. ServeResponses is called for every
+// POST /v1/responses after authentication, body read and model resolution; it returns false, having
+// written nothing, when the request is not for it, and pass-through follows.
+type Interceptor interface {
+	ServeResponses(w http.ResponseWriter, r *http.Request, cfg *config.Config, target *upstream.Target, provider string, body []byte, caller string) bool
+}
+
+// Options configures New. Store, Client and Balancer are required; New panics without them.
+type Options struct {
+	// Store holds the live configuration; each request loads one snapshot from it.
+	Store *config.Store
+	// Client sends requests upstream.
+	Client *upstream.Client
+	// Balancer orders a model's deployments for each request.
+	Balancer *upstream.Balancer
+	// Interceptor is offered every POST /v1/responses first. Nil: pass-through only.
+	Interceptor Interceptor
+	// Logger receives the access log and error details. Nil: no logging.
+	Logger *zap.Logger
+	// Registry is where the router's metrics are registered and what /metrics serves.
+	// Nil: a private registry (metrics are still counted, and /metrics serves them).
+	Registry *prometheus.Registry
+	// Metrics, when set, is used instead of creating the router's metrics on Registry, so that the
+	// caller can count config reloads on the same collectors (see NewMetrics).
+	Metrics *Metrics
+	// Ready reports whether the proxy can serve (/readyz). Nil: ready once a config is loaded.
+	Ready func() bool
+	// BodyReadTimeout bounds how long reading a request body may take. Zero: 60s.
+	BodyReadTimeout time.Duration
+	// Now is the clock. Nil: time.Now.
+	Now func() time.Time
+}
+
+// server holds what the handlers share. It is immutable after New.
+type server struct {
+	store       *config.Store
+	client      *upstream.Client
+	balancer    *upstream.Balancer
+	interceptor Interceptor
+	log         *zap.Logger
+	metrics     *Metrics
+	ready       func() bool
+	bodyTimeout time.Duration
+	now         func() time.Time
+	started     time.Time
+}
+
+// New returns the proxy's HTTP handler. Every route is served both with and without the /v1 prefix.
+func New(opts Options) http.Handler {
+	if opts.Store == nil || opts.Client == nil || opts.Balancer == nil {
+		panic("router.New: Store, Client and Balancer are required")
+	}
+	s := &server{
+		store:       opts.Store,
+		client:      opts.Client,
+		balancer:    opts.Balancer,
+		interceptor: opts.Interceptor,
+		log:         opts.Logger,
+		metrics:     opts.Metrics,
+		ready:       opts.Ready,
+		bodyTimeout: opts.BodyReadTimeout,
+		now:         opts.Now,
+	}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.bodyTimeout <= 0 {
+		s.bodyTimeout = 60 * time.Second
+	}
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if s.metrics == nil {
+		s.metrics = NewMetrics(reg)
+	}
+	s.started = s.now()
+
+	r := chi.NewRouter()
+	r.Use(requestID, accessLog(s.log), s.metrics.middleware, recoverer(s.log), s.snapshot)
+	r.NotFound(s.handle(notFound))
+	r.MethodNotAllowed(s.handle(methodNotAllowed))
+
+	// No timeout middleware anywhere: most routes may stream, and a stream ends by client
+	// cancellation or the upstream. The server's ReadHeaderTimeout and the body read deadline
+	// bound what a slow client can hold.
+	r.Get("/healthz", healthz)
+	r.Get("/readyz", s.readyz)
+	r.With(auth).Method(http.MethodGet, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+
+	r.Route("/v1", func(v chi.Router) {
+		v.Use(auth, bodyLimit)
+		v.NotFound(s.handle(notFound))
+		v.MethodNotAllowed(s.handle(methodNotAllowed))
+		s.api(v)
+	})
+	r.Group(func(g chi.Router) {
+		g.Use(auth, bodyLimit)
+		s.api(g)
+	})
+	return r
+}
+
+// api registers the OpenAI routes on r, relative to the API root.
+func (s *server) api(r chi.Router) {
+	r.Post("/responses", s.handle(s.responses))
+	r.Get("/responses/{id}", s.handle(s.byID))
+	r.Delete("/responses/{id}", s.handle(s.byID))
+	r.Get("/responses/{id}/input_items", s.handle(s.byID))
+	r.Post("/responses/{id}/cancel", s.handle(s.byID))
+	r.Post("/chat/completions", s.handle(s.modelPassthrough))
+	r.Post("/completions", s.handle(s.modelPassthrough))
+	r.Post("/embeddings", s.handle(s.modelPassthrough))
+	r.Get("/models", s.handle(s.models))
+	r.Get("/models/*", s.handle(s.model)) // a wildcard: model names may contain "/"
+}
+
+type ctxKeyConfig struct{}
+
+// snapshot loads the configuration once for the request; everything below reads that snapshot.
+func (s *server) snapshot(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cfg := s.store.Load()
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKeyConfig{}, cfg)))
+	})
+}
+
+// configFrom returns the request's configuration snapshot, or nil when none is loaded.
+func configFrom(ctx context.Context) *config.Config {
+	c, _ := ctx.Value(ctxKeyConfig{}).(*config.Config)
+	return c
+}

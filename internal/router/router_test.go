@@ -1,0 +1,366 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/upstream"
+)
+
+func TestRequestValidation(t *testing.T) {
+	up := newUpstream(t, nil)
+	p := newProxy(t, testConfig(up.URL+"/v1"))
+	cases := []struct {
+		name      string
+		body      string
+		wantParam string
+		wantCode  string
+		wantMsg   string
+	}{
+		{"malformed JSON", `{"model":"gpt-test",`, "", "", "parse the JSON body"},
+		{"JSON that is not an object", `["gpt-test"]`, "", "", "parse the JSON body"},
+		{"empty body", ``, "", "", "parse the JSON body"},
+		{"missing model", `{"input":"hi"}`, "model", "", "you must provide a model parameter"},
+		{"model that is not a string", `{"model":42}`, "model", "", "you must provide a model parameter"},
+		{"empty model", `{"model":""}`, "model", "", "you must provide a model parameter"},
+		{"unknown model", `{"model":"gpt-nope"}`, "model", "model_not_found", "The model 'gpt-nope' does not exist or you do not have access to it."},
+	}
+	for _, path := range []string{"/v1/responses", "/chat/completions", "/v1/completions", "/embeddings"} {
+		for _, tc := range cases {
+			t.Run(path+"/"+tc.name, func(t *testing.T) {
+				req, _ := http.NewRequest(http.MethodPost, p.URL+path, strings.NewReader(tc.body))
+				resp, err := p.Client().Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				var buf bytes.Buffer
+				_, _ = buf.ReadFrom(resp.Body)
+				if resp.StatusCode != http.StatusBadRequest {
+					t.Fatalf("POST %s %s = %d %s; want 400", path, tc.body, resp.StatusCode, buf.Bytes())
+				}
+				msg, typ, param, code := decodeError(t, buf.Bytes())
+				if typ != "invalid_request_error" || param != tc.wantParam || code != tc.wantCode || !strings.Contains(msg, tc.wantMsg) {
+					t.Errorf("error = %s; want type invalid_request_error, param %q, code %q, message containing %q", buf.Bytes(), tc.wantParam, tc.wantCode, tc.wantMsg)
+				}
+			})
+		}
+	}
+	if n := len(up.requests()); n != 0 {
+		t.Errorf("upstream got %d requests for invalid ones", n)
+	}
+}
+
+func TestPathForms(t *testing.T) {
+	up := newUpstream(t, nil)
+	p := newProxy(t, testConfig(up.URL+"/v1"))
+	model := `{"model":"gpt-test","input":"hi"}`
+	cases := []struct {
+		method, path, body string
+		wantUpstream       string
+	}{
+		{http.MethodPost, "/responses", model, "/v1/responses"},
+		{http.MethodGet, "/responses/resp_123", "", "/v1/responses/resp_123"},
+		{http.MethodDelete, "/responses/resp_123", "", "/v1/responses/resp_123"},
+		{http.MethodGet, "/responses/resp_123/input_items", "", "/v1/responses/resp_123/input_items"},
+		{http.MethodPost, "/responses/resp_123/cancel", "", "/v1/responses/resp_123/cancel"},
+		{http.MethodPost, "/chat/completions", model, "/v1/chat/completions"},
+		{http.MethodPost, "/completions", model, "/v1/completions"},
+		{http.MethodPost, "/embeddings", model, "/v1/embeddings"},
+	}
+	for _, prefix := range []string{"/v1", ""} {
+		for _, tc := range cases {
+			t.Run(tc.method+" "+prefix+tc.path, func(t *testing.T) {
+				before := len(up.requests())
+				status, _, body := p.do(t, tc.method, prefix+tc.path, tc.body, "Authorization", "Bearer client-key")
+				if status != http.StatusOK {
+					t.Fatalf("%s %s = %d %s; want 200", tc.method, prefix+tc.path, status, body)
+				}
+				reqs := up.requests()
+				if len(reqs) != before+1 {
+					t.Fatalf("upstream got %d requests; want 1", len(reqs)-before)
+				}
+				got := reqs[len(reqs)-1]
+				if got.Method != tc.method || got.Path != tc.wantUpstream {
+					t.Errorf("upstream saw %s %s; want %s %s", got.Method, got.Path, tc.method, tc.wantUpstream)
+				}
+				if a := got.Header.Get("Authorization"); a != "Bearer sk-upstream-secret" {
+					t.Errorf("upstream Authorization = %q; want the deployment's key, never the client's", a)
+				}
+				if tc.body != "" {
+					if m := gjson.GetBytes(got.Body, "model").Str; m != "gpt-test-upstream" {
+						t.Errorf("upstream model = %q; want gpt-test-upstream", m)
+					}
+					if in := gjson.GetBytes(got.Body, "input").Str; in != "hi" {
+						t.Errorf("upstream input = %q; want the client's bytes kept", in)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestByIDWithoutDeployments(t *testing.T) {
+	p := newProxy(t, &config.Config{General: config.General{MaxRequestBodySize: 1 << 20}})
+	for _, tc := range []struct{ method, path string }{
+		{http.MethodGet, "/v1/responses/resp_1"},
+		{http.MethodDelete, "/responses/resp_1"},
+		{http.MethodGet, "/v1/responses/resp_1/input_items"},
+		{http.MethodPost, "/v1/responses/resp_1/cancel"},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			status, _, body := p.do(t, tc.method, tc.path, "")
+			if status != http.StatusNotFound {
+				t.Fatalf("%s %s = %d %s; want 404", tc.method, tc.path, status, body)
+			}
+			if msg, _, _, _ := decodeError(t, body); !strings.Contains(msg, "model_list") {
+				t.Errorf("message %q should say that no upstream is configured", msg)
+			}
+		})
+	}
+}
+
+func TestModels(t *testing.T) {
+	p := newProxy(t, testConfig("http://127.0.0.1:1/v1", func(c *config.Config) {
+		c.Models = []config.Deployment{
+			deployment("gpt-b", "http://127.0.0.1:1/v1"),
+			deployment("gpt-a", "http://127.0.0.1:1/v1"),
+			deployment("gpt-b", "http://127.0.0.2:1/v1"),
+			{ModelName: "Qwen/Qwen3-8B", Provider: "hosted_vllm", UpstreamModel: "qwen", APIBase: "http://127.0.0.1:1/v1"},
+		}
+	}))
+	for _, path := range []string{"/v1/models", "/models"} {
+		t.Run(path, func(t *testing.T) {
+			status, h, body := p.do(t, http.MethodGet, path, "")
+			if status != http.StatusOK || !strings.HasPrefix(h.Get("Content-Type"), "application/json") {
+				t.Fatalf("GET %s = %d %s %s", path, status, h.Get("Content-Type"), body)
+			}
+			var list struct {
+				Object string `json:"object"`
+				Data   []struct {
+					ID      *string `json:"id"`
+					Object  *string `json:"object"`
+					Created *int64  `json:"created"`
+					OwnedBy *string `json:"owned_by"`
+				} `json:"data"`
+			}
+			if err := json.Unmarshal(body, &list); err != nil {
+				t.Fatal(err)
+			}
+			if list.Object != "list" {
+				t.Errorf("object = %q; want list", list.Object)
+			}
+			var ids []string
+			for _, m := range list.Data {
+				if m.ID == nil || m.Object == nil || *m.Object != "model" || m.Created == nil || *m.Created <= 0 || m.OwnedBy == nil {
+					t.Fatalf("model entry incomplete in %s", body)
+				}
+				ids = append(ids, *m.ID)
+			}
+			if got, want := strings.Join(ids, ","), "gpt-b,gpt-a,Qwen/Qwen3-8B"; got != want {
+				t.Errorf("ids = %s; want %s (one per model_name, file order)", got, want)
+			}
+			if *list.Data[2].OwnedBy != "hosted_vllm" {
+				t.Errorf("owned_by = %q; want the provider", *list.Data[2].OwnedBy)
+			}
+		})
+	}
+	t.Run("retrieve one model", func(t *testing.T) {
+		status, _, body := p.do(t, http.MethodGet, "/v1/models/gpt-a", "")
+		if status != http.StatusOK || gjson.GetBytes(body, "id").Str != "gpt-a" || gjson.GetBytes(body, "object").Str != "model" {
+			t.Errorf("GET /v1/models/gpt-a = %d %s", status, body)
+		}
+	})
+	t.Run("retrieve a model whose name has a slash", func(t *testing.T) {
+		status, _, body := p.do(t, http.MethodGet, "/models/Qwen/Qwen3-8B", "")
+		if status != http.StatusOK || gjson.GetBytes(body, "id").Str != "Qwen/Qwen3-8B" || gjson.GetBytes(body, "owned_by").Str != "hosted_vllm" {
+			t.Errorf("GET /models/Qwen/Qwen3-8B = %d %s", status, body)
+		}
+	})
+	t.Run("retrieve an unknown model", func(t *testing.T) {
+		status, _, body := p.do(t, http.MethodGet, "/models/gpt-x", "")
+		if _, _, _, code := decodeError(t, body); status != http.StatusNotFound || code != "model_not_found" {
+			t.Errorf("GET /models/gpt-x = %d %s; want 404 model_not_found", status, body)
+		}
+	})
+}
+
+func TestUnknownRoutes(t *testing.T) {
+	p := newProxy(t, testConfig("http://127.0.0.1:1/v1"))
+	cases := []struct {
+		method, path string
+		want         int
+	}{
+		{http.MethodGet, "/v1/nothing", http.StatusNotFound},
+		{http.MethodPost, "/v1/responses/resp_1/extra/parts", http.StatusNotFound},
+		{http.MethodGet, "/nothing", http.StatusNotFound},
+		{http.MethodPut, "/v1/responses", http.StatusMethodNotAllowed},
+		{http.MethodGet, "/v1/chat/completions", http.StatusMethodNotAllowed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			status, _, body := p.do(t, tc.method, tc.path, "")
+			if status != tc.want {
+				t.Fatalf("%s %s = %d %s; want %d", tc.method, tc.path, status, body, tc.want)
+			}
+			decodeError(t, body)
+		})
+	}
+}
+
+func TestUpstreamErrors(t *testing.T) {
+	quota := `{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "7")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = w.Write([]byte(quota))
+	})
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadBase := "http://" + closed.Addr().String() + "/v1"
+	closed.Close()
+
+	p := newProxy(t, testConfig(up.URL+"/v1", func(c *config.Config) {
+		c.Models = append(c.Models,
+			deployment("gpt-dead", deadBase),
+			config.Deployment{ModelName: "gpt-noenv", Provider: "openai", UpstreamModel: "x", APIBase: up.URL + "/v1", MissingEnv: "MY_UNSET_OPENAI_KEY"},
+		)
+	}))
+
+	t.Run("upstream status and body are kept", func(t *testing.T) {
+		for _, path := range []string{"/v1/responses", "/v1/chat/completions"} {
+			status, h, body := p.do(t, http.MethodPost, path, `{"model":"gpt-test"}`)
+			if status != http.StatusTooManyRequests || string(bytes.TrimSpace(body)) != quota || h.Get("Retry-After") != "7" {
+				t.Errorf("POST %s = %d %s (Retry-After %q); want 429 with the upstream's body and headers", path, status, body, h.Get("Retry-After"))
+			}
+		}
+	})
+	t.Run("unreachable upstream is a 502", func(t *testing.T) {
+		status, _, body := p.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"gpt-dead"}`)
+		if status != http.StatusBadGateway {
+			t.Fatalf("status = %d %s; want 502", status, body)
+		}
+		msg, _, _, _ := decodeError(t, body)
+		if strings.Contains(msg, "sk-upstream-secret") {
+			t.Errorf("502 message leaks the upstream key: %q", msg)
+		}
+	})
+	t.Run("deployment with a missing variable names it", func(t *testing.T) {
+		before := len(up.requests())
+		status, _, body := p.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"gpt-noenv"}`)
+		if status < 400 {
+			t.Fatalf("status = %d %s; want an error", status, body)
+		}
+		if msg, _, _, _ := decodeError(t, body); !strings.Contains(msg, "MY_UNSET_OPENAI_KEY") {
+			t.Errorf("message %q should name the missing variable", msg)
+		}
+		if len(up.requests()) != before {
+			t.Errorf("a deployment with a missing key must not call upstream")
+		}
+	})
+}
+
+func TestReadiness(t *testing.T) {
+	var ready atomic.Bool
+	p := newProxy(t, testConfig("http://127.0.0.1:1/v1"), func(o *Options) { o.Ready = ready.Load })
+	empty := newProxy(t, nil)
+	cases := []struct {
+		name  string
+		p     *proxy
+		ready bool
+		path  string
+		want  int
+	}{
+		{"healthz is 200 while not ready", p, false, "/healthz", http.StatusOK},
+		{"readyz is 503 while Ready is false", p, false, "/readyz", http.StatusServiceUnavailable},
+		{"readyz is 200 once Ready is true", p, true, "/readyz", http.StatusOK},
+		{"readyz is 503 without a configuration", empty, true, "/readyz", http.StatusServiceUnavailable},
+		{"API is 503 without a configuration", empty, true, "/v1/models", http.StatusServiceUnavailable},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ready.Store(tc.ready)
+			if status, _, body := tc.p.do(t, http.MethodGet, tc.path, ""); status != tc.want {
+				t.Errorf("GET %s = %d %s; want %d", tc.path, status, body, tc.want)
+			}
+		})
+	}
+}
+
+// interceptCall is what one ServeResponses call received.
+type interceptCall struct {
+	cfg      *config.Config
+	target   *upstream.Target
+	provider string
+	body     string
+	caller   string
+}
+
+// recordingInterceptor claims requests whose input is "intercept me" and records its arguments.
+type recordingInterceptor struct {
+	mu    sync.Mutex
+	calls []interceptCall
+}
+
+func (ri *recordingInterceptor) ServeResponses(w http.ResponseWriter, r *http.Request, cfg *config.Config, target *upstream.Target, provider string, body []byte, caller string) bool {
+	ri.mu.Lock()
+	ri.calls = append(ri.calls, interceptCall{cfg, target, provider, string(body), caller})
+	ri.mu.Unlock()
+	if gjson.GetBytes(body, "input").Str != "intercept me" {
+		return false
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"object":"response","intercepted":true}`))
+	return true
+}
+
+func (ri *recordingInterceptor) recorded() []interceptCall {
+	ri.mu.Lock()
+	defer ri.mu.Unlock()
+	return append([]interceptCall(nil), ri.calls...)
+}
+
+func TestInterceptor(t *testing.T) {
+	up := newUpstream(t, nil)
+	ri := &recordingInterceptor{}
+	cfg := testConfig(up.URL + "/v1")
+	p := newProxy(t, cfg, func(o *Options) { o.Interceptor = ri })
+
+	body := `{"model":"gpt-test","input":"intercept me"}`
+	status, _, got := p.do(t, http.MethodPost, "/v1/responses", body, "Authorization", "Bearer abc")
+	if status != http.StatusOK || !gjson.GetBytes(got, "intercepted").Bool() {
+		t.Fatalf("claimed request = %d %s; want the interceptor's answer", status, got)
+	}
+	calls := ri.recorded()
+	if len(calls) != 1 {
+		t.Fatalf("interceptor called %d times; want 1", len(calls))
+	}
+	if c := calls[0]; c.cfg != cfg || c.target == nil || c.provider != "openai" || c.body != body || c.caller != "ba7816bf8f01cfea414140de5dae2223" {
+		t.Errorf("interceptor got cfg %p target %v provider %q body %q caller %q", c.cfg, c.target, c.provider, c.body, c.caller)
+	}
+	if n := len(up.requests()); n != 0 {
+		t.Errorf("upstream got %d requests for a claimed one", n)
+	}
+
+	status, _, got = p.do(t, http.MethodPost, "/responses", `{"model":"gpt-test","input":"not for you"}`)
+	calls = ri.recorded()
+	if status != http.StatusOK || gjson.GetBytes(got, "path").Str != "/v1/responses" || len(calls) != 2 || calls[1].caller != "" {
+		t.Errorf("declined request = %d %s; want the pass-through answer and an empty caller", status, got)
+	}
+	status, _, _ = p.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"gpt-test","input":"intercept me"}`)
+	if n := len(ri.recorded()); status != http.StatusOK || n != 2 {
+		t.Errorf("chat completions = %d, interceptor calls %d; only /responses may reach the interceptor", status, n)
+	}
+}
