@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -180,8 +181,12 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 		opts.Lifetime = max(idle, minLifetime) + keepAliveMargin
 	}
 	start := time.Now()
-	h, err := ent.Provider.Create(ctx, opts)
+	h, err := s.createDetached(ctx, ent, opts)
 	s.m.observe(opCreate, tool, start, err)
+	if errors.Is(err, errAbandoned) {
+		// The background create owns ent's reference now and deletes what it creates.
+		return nil, ctx.Err()
+	}
 	if err != nil {
 		relErr := ent.release(context.WithoutCancel(ctx))
 		if relErr != nil {
@@ -563,4 +568,66 @@ func (c *Container) Run(ctx context.Context, code string, opts RunOptions) (Resu
 		s.dropGone(ctx, c)
 	}
 	return res, err
+}
+
+// createTimeout bounds a backend create that runs detached from its caller.
+const createTimeout = 2 * time.Minute
+
+// errAbandoned marks a create whose caller left before the backend answered.
+var errAbandoned = errors.New("sandbox: create abandoned by its caller")
+
+// createDetached runs the backend's Create detached from ctx's cancellation. A backend such as e2b
+// finishes a create even when its client goes away, and a sandbox whose id never reached us could
+// only be left to run until its backend timeout. When ctx ends first, createDetached returns
+// errAbandoned at once; the create goes on in the background, deletes the sandbox it gets, and
+// releases ent. Close waits for it.
+func (s *Sessions) createDetached(ctx context.Context, ent *providerEntry, opts CreateOptions) (Handle, error) {
+	type result struct {
+		h   Handle
+		err error
+	}
+	const (
+		waiting = iota
+		delivered
+		abandoned
+	)
+	var state atomic.Int32
+	out := make(chan result, 1)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return Handle{}, fmt.Errorf("%w: shutting down", ErrUnavailable)
+	}
+	s.deletes.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.deletes.Done()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+		defer cancel()
+		h, err := ent.Provider.Create(cctx, opts)
+		if state.CompareAndSwap(waiting, delivered) {
+			out <- result{h, err}
+			return
+		}
+		if err == nil {
+			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
+			if derr := ent.Provider.Delete(dctx, h); derr != nil {
+				s.log.Warn("deleting a sandbox whose request left during its creation", zap.String("sandbox", h.ID), zap.Error(derr))
+			}
+			dcancel()
+		}
+		if err := ent.release(context.WithoutCancel(ctx)); err != nil {
+			s.log.Warn("closing retired sandbox tool", zap.Error(err))
+		}
+	}()
+	select {
+	case r := <-out:
+		return r.h, r.err
+	case <-ctx.Done():
+		if state.CompareAndSwap(waiting, abandoned) {
+			return Handle{}, errAbandoned
+		}
+		r := <-out
+		return r.h, r.err
+	}
 }

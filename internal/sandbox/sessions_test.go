@@ -35,11 +35,15 @@ type recProvider struct {
 	gate        chan struct{} // when non-nil, Run waits for it to be closed
 	started     chan struct{} // when non-nil, Run sends on it once running
 	deleteStart chan struct{} // when non-nil, Delete waits for it to be closed
+	createGate  chan struct{} // when non-nil, Create waits for it to be closed, ignoring ctx (as e2b does)
 }
 
 func newRecProvider() *recProvider { return &recProvider{live: map[string]bool{}} }
 
 func (p *recProvider) Create(_ context.Context, opts CreateOptions) (Handle, error) {
+	if p.createGate != nil {
+		<-p.createGate
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lastCreate = opts
@@ -756,4 +760,31 @@ func metricValue(t *testing.T, c prometheus.Metric) float64 {
 	}
 	t.Fatalf("metric is neither a gauge nor a counter")
 	return 0
+}
+
+// TestCreateAbandonedByCaller: a caller that leaves while the backend is still creating gets its
+// context's error at once, and the sandbox the backend finishes creating is deleted, not lost.
+func TestCreateAbandonedByCaller(t *testing.T) {
+	f := newFixture(t)
+	f.p.createGate = make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.s.Create(ctx, "py", "alice", CreateOptions{}, time.Minute)
+		errc <- err
+	}()
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Create() after the caller left: error = %v; want context.Canceled", err)
+	}
+	close(f.p.createGate) // the backend finishes the create it was asked for
+	if err := f.s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if live, creates, deletes, _ := f.p.stats(); creates != 1 || deletes != 1 || live != 0 {
+		t.Errorf("provider live=%d creates=%d deletes=%d; want 0, 1, 1", live, creates, deletes)
+	}
+	if got := f.s.Live(); got != 0 {
+		t.Errorf("Sessions.Live() = %d; want 0", got)
+	}
 }

@@ -1,0 +1,73 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
+)
+
+// TestNodeOpenAIClient runs test/node/responses.test.mjs, which drives the proxy with the official
+// openai npm package (responses.create and responses.stream), against a proxy whose scripted model
+// runs print(6 * 7) and then answers. It needs node and test/node/node_modules (scripts/deps.sh);
+// it runs when CIPROXY_CLIENT_TESTS=1 (make test), and then their absence is a failure.
+func TestNodeOpenAIClient(t *testing.T) {
+	if os.Getenv("CIPROXY_CLIENT_TESTS") != "1" {
+		t.Skip("the Node client test runs with CIPROXY_CLIENT_TESTS=1 (make test), after scripts/deps.sh installed test/node")
+	}
+	t.Parallel()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("CIPROXY_CLIENT_TESTS=1 but node is not installed (scripts/deps.sh installs it): %v", err)
+	}
+	dir := filepath.Join(repoRoot, "test", "node")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
+		t.Fatalf("CIPROXY_CLIENT_TESTS=1 but the openai npm package is not installed; run scripts/deps.sh: %v", err)
+	}
+
+	up := upstreamtest.New(t)
+	up.Script(func(req upstreamtest.Request) upstreamtest.Turn {
+		if n := len(req.History); n > 0 && itemType(req.History[n-1]) == "function_call_output" {
+			return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("6 times 7 is 42.")}, Usage: answerUsage}
+		}
+		return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", `{"code":"print(6 * 7)"}`)}, Usage: callUsage}
+	})
+	p := startProxy(t, setup{Upstream: up.URL(), MasterKey: "sk-node-master"}.yaml())
+
+	c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(c, node, "--test", "--test-reporter=spec", "responses.test.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(),
+		"CIPROXY_BASE_URL="+p.URL+"/v1",
+		"CIPROXY_MODEL="+clientModel,
+		"CIPROXY_API_KEY=sk-node-master",
+	)
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test responses.test.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("the Node client test failed: %v", err)
+	}
+
+	// Both tests ran through the proxy: two client requests, each two upstream iterations.
+	reqs := up.Requests()
+	if len(reqs) != 4 {
+		t.Errorf("the upstream got %d requests, want 4 (two per client request)", len(reqs))
+	}
+	streamed := 0
+	for _, r := range reqs {
+		var stream bool
+		_ = json.Unmarshal(r.Fields["stream"], &stream)
+		if stream {
+			streamed++
+		}
+	}
+	if streamed == 0 {
+		t.Error("no upstream request was streamed: responses.stream did not stream end to end")
+	}
+}
