@@ -242,6 +242,9 @@ func (r *run) complete(ctx context.Context, pending [][]byte) error {
 			default:
 			}
 		}
+		if r.req.store {
+			sr.Body = ev.Response
+		}
 		r.e.store.Put(ctx, r.tr.id, sr, r.stored)
 	}
 	return r.emit(ev)

@@ -17,6 +17,8 @@ type Store interface {
 	Call(ctx context.Context, id string) (StoredCall, bool)
 	// Put stores one finished response and its calls.
 	Put(ctx context.Context, id string, r StoredResponse, calls map[string]StoredCall)
+	// Delete forgets a response (DELETE /v1/responses/{id}); its calls stay for stateless replay.
+	Delete(ctx context.Context, id string)
 }
 
 // StoredResponse is what a client-visible response id maps to.
@@ -31,6 +33,9 @@ type StoredResponse struct {
 	// response. They are sent before the client's input when the conversation continues from
 	// UpstreamID (the response ended with a client function call beside ours).
 	Pending [][]byte
+	// Body is the final Response as the client received it, kept when the request had store
+	// true, for GET /v1/responses/{id}. Nil when it was not kept.
+	Body []byte
 }
 
 // StoredCall is what the upstream saw of one code execution.
@@ -41,10 +46,14 @@ type StoredCall struct {
 	Output string // the function_call_output text the model was given
 }
 
-// MemoryStore is the default Store: entries in memory, dropped after a TTL.
+// MemoryStore is the default Store: entries in memory, dropped after a TTL. Response bodies are
+// kept up to a byte budget (MaxBodyBytes); past it, a response is remembered without its body.
 type MemoryStore struct {
 	ttl time.Duration
 	now func() time.Time
+	// bodyBudget bounds the bytes of stored response bodies.
+	bodyBudget int
+	bodyBytes  int
 
 	mu        sync.Mutex
 	responses map[string]storedEntry[StoredResponse]
@@ -66,8 +75,11 @@ func NewMemoryStore(ttl time.Duration, now func() time.Time) *MemoryStore {
 	if now == nil {
 		now = time.Now
 	}
-	return &MemoryStore{ttl: ttl, now: now, responses: map[string]storedEntry[StoredResponse]{}, calls: map[string]storedEntry[StoredCall]{}}
+	return &MemoryStore{ttl: ttl, now: now, bodyBudget: MaxBodyBytes, responses: map[string]storedEntry[StoredResponse]{}, calls: map[string]storedEntry[StoredCall]{}}
 }
+
+// MaxBodyBytes is the MemoryStore's budget for stored response bodies.
+const MaxBodyBytes = 256 << 20
 
 var _ Store = (*MemoryStore)(nil)
 
@@ -100,21 +112,49 @@ func (s *MemoryStore) Put(_ context.Context, id string, r StoredResponse, calls 
 	defer s.mu.Unlock()
 	now := s.now()
 	exp := now.Add(s.ttl)
+	if s.bodyBytes+len(r.Body) > s.bodyBudget {
+		s.sweepLocked(now)
+	}
+	if s.bodyBytes+len(r.Body) > s.bodyBudget {
+		r.Body = nil
+	}
+	s.forgetLocked(id)
+	s.bodyBytes += len(r.Body)
 	s.responses[id] = storedEntry[StoredResponse]{v: r, expires: exp}
 	for k, c := range calls {
 		s.calls[k] = storedEntry[StoredCall]{v: c, expires: exp}
 	}
 	s.puts++
 	if s.puts%256 == 0 {
-		for k, e := range s.responses {
-			if !now.Before(e.expires) {
-				delete(s.responses, k)
-			}
+		s.sweepLocked(now)
+	}
+}
+
+// Delete implements [Store.Delete].
+func (s *MemoryStore) Delete(_ context.Context, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.forgetLocked(id)
+}
+
+// forgetLocked drops a response and gives its body's bytes back to the budget.
+func (s *MemoryStore) forgetLocked(id string) {
+	if e, ok := s.responses[id]; ok {
+		s.bodyBytes -= len(e.v.Body)
+		delete(s.responses, id)
+	}
+}
+
+// sweepLocked drops expired entries.
+func (s *MemoryStore) sweepLocked(now time.Time) {
+	for k, e := range s.responses {
+		if !now.Before(e.expires) {
+			s.forgetLocked(k)
 		}
-		for k, e := range s.calls {
-			if !now.Before(e.expires) {
-				delete(s.calls, k)
-			}
+	}
+	for k, e := range s.calls {
+		if !now.Before(e.expires) {
+			delete(s.calls, k)
 		}
 	}
 }

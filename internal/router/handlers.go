@@ -89,6 +89,15 @@ func (s *server) modelPassthrough(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
+// storedResponse serves GET and DELETE /v1/responses/{id}: the interceptor answers for the ids it
+// minted; every other id goes to byID.
+func (s *server) storedResponse(w http.ResponseWriter, r *http.Request) error {
+	if s.interceptor != nil && s.interceptor.ServeStored(w, r, chi.URLParam(r, "id"), Caller(r.Context())) {
+		return nil
+	}
+	return s.byID(w, r)
+}
+
 // byID serves the stored-response endpoints (GET and DELETE /v1/responses/{id}, its input_items
 // and cancel). The request names no model, so it goes to the first deployment in model_list: with
 // several upstreams, stored responses are only reachable on that one.

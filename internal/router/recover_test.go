@@ -17,6 +17,8 @@ type panicking struct {
 	partial bool
 }
 
+func (panicking) ServeStored(http.ResponseWriter, *http.Request, string, string) bool { return false }
+
 func (p panicking) ServeResponses(w http.ResponseWriter, _ *http.Request, _ *config.Config, _ *upstream.Target, _ string, _ []byte, _ string) bool {
 	if p.partial {
 		w.Header().Set("Content-Type", "text/event-stream")

@@ -19,8 +19,13 @@ import (
 // Interceptor runs OpenAI's code_interpreter tool in the proxy. ServeResponses is called for every
 // POST /v1/responses after authentication, body read and model resolution; it returns false, having
 // written nothing, when the request is not for it, and pass-through follows.
+//
+// ServeStored is called for GET and DELETE /v1/responses/{id} before pass-through: it answers for
+// the response ids it minted (the upstream has never heard of them) and returns false, having
+// written nothing, for any other id.
 type Interceptor interface {
 	ServeResponses(w http.ResponseWriter, r *http.Request, cfg *config.Config, target *upstream.Target, provider string, body []byte, caller string) bool
+	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) bool
 }
 
 // Options configures New. Store, Client and Balancer are required; New panics without them.
@@ -125,8 +130,8 @@ func New(opts Options) http.Handler {
 // api registers the OpenAI routes on r, relative to the API root.
 func (s *server) api(r chi.Router) {
 	r.Post("/responses", s.handle(s.responses))
-	r.Get("/responses/{id}", s.handle(s.byID))
-	r.Delete("/responses/{id}", s.handle(s.byID))
+	r.Get("/responses/{id}", s.handle(s.storedResponse))
+	r.Delete("/responses/{id}", s.handle(s.storedResponse))
 	r.Get("/responses/{id}/input_items", s.handle(s.byID))
 	r.Post("/responses/{id}/cancel", s.handle(s.byID))
 	r.Post("/chat/completions", s.handle(s.modelPassthrough))

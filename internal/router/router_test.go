@@ -326,6 +326,16 @@ func (ri *recordingInterceptor) ServeResponses(w http.ResponseWriter, r *http.Re
 	return true
 }
 
+// ServeStored claims the id "resp_ours" and lets every other id pass through.
+func (ri *recordingInterceptor) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) bool {
+	if id != "resp_ours" {
+		return false
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"id":"resp_ours","stored":true,"method":"` + r.Method + `","caller":"` + caller + `"}`))
+	return true
+}
+
 func (ri *recordingInterceptor) recorded() []interceptCall {
 	ri.mu.Lock()
 	defer ri.mu.Unlock()
@@ -362,5 +372,19 @@ func TestInterceptor(t *testing.T) {
 	status, _, _ = p.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"gpt-test","input":"intercept me"}`)
 	if n := len(ri.recorded()); status != http.StatusOK || n != 2 {
 		t.Errorf("chat completions = %d, interceptor calls %d; only /responses may reach the interceptor", status, n)
+	}
+
+	// Stored responses: the interceptor answers for its own ids, the upstream for the others.
+	for _, method := range []string{http.MethodGet, http.MethodDelete} {
+		status, _, got = p.do(t, method, "/v1/responses/resp_ours", "", "Authorization", "Bearer abc")
+		if status != http.StatusOK || !gjson.GetBytes(got, "stored").Bool() || gjson.GetBytes(got, "method").Str != method ||
+			gjson.GetBytes(got, "caller").Str != "ba7816bf8f01cfea414140de5dae2223" {
+			t.Errorf("%s /v1/responses/resp_ours = %d %s; want the interceptor's answer with the caller", method, status, got)
+		}
+	}
+	before := len(up.requests())
+	status, _, got = p.do(t, http.MethodGet, "/v1/responses/resp_theirs", "")
+	if status != http.StatusOK || gjson.GetBytes(got, "path").Str != "/v1/responses/resp_theirs" || len(up.requests()) != before+1 {
+		t.Errorf("GET /v1/responses/resp_theirs = %d %s; want it passed through", status, got)
 	}
 }

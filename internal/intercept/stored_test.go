@@ -1,0 +1,50 @@
+package intercept
+
+import (
+	"bytes"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
+
+// TestStoredResponses: GET /v1/responses/{id} returns the Response an intercepted request got,
+// only to its owner and only when it was stored; DELETE forgets it; other ids are not ours.
+func TestStoredResponses(t *testing.T) {
+	h := newHarness(t)
+	cid := h.container("alice")
+	h.up.Enqueue(calls("6 * 7"), text("42."))
+	status, resp := h.post(bodyIn(cid, ""), "alice")
+	if status != http.StatusOK {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	id := gjson.GetBytes(resp, "id").String()
+
+	serve := func(method, id, caller string) (bool, int, []byte) {
+		rec := httptest.NewRecorder()
+		ok := h.eng.ServeStored(rec, httptest.NewRequest(method, "/v1/responses/"+id, nil), id, caller)
+		return ok, rec.Code, rec.Body.Bytes()
+	}
+	if ok, code, got := serve(http.MethodGet, id, "alice"); !ok || code != http.StatusOK || !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(resp)) {
+		t.Errorf("GET own response = %v %d %s; want the response the client received:\n%s", ok, code, got, resp)
+	}
+	if ok, code, got := serve(http.MethodGet, id, "mallory"); !ok || code != http.StatusNotFound {
+		t.Errorf("GET another caller's response = %v %d %s; want 404", ok, code, got)
+	}
+	if ok, _, _ := serve(http.MethodGet, "resp_upstreams", "alice"); ok {
+		t.Error("ServeStored claimed an id the proxy did not mint")
+	}
+	if ok, code, got := serve(http.MethodDelete, id, "alice"); !ok || code != http.StatusOK || !gjson.GetBytes(got, "deleted").Bool() {
+		t.Errorf("DELETE own response = %v %d %s; want deleted", ok, code, got)
+	}
+	if ok, _, _ := serve(http.MethodGet, id, "alice"); ok {
+		t.Error("a deleted response is still served")
+	}
+
+	h.up.Enqueue(calls("1"), text("One."))
+	_, resp = h.post(bodyIn(cid, `"store":false`), "alice")
+	if ok, code, _ := serve(http.MethodGet, gjson.GetBytes(resp, "id").String(), "alice"); !ok || code != http.StatusNotFound {
+		t.Errorf("GET a store:false response = %v %d; want 404", ok, code)
+	}
+}
