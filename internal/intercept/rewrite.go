@@ -71,6 +71,9 @@ type request struct {
 	input       [][]byte // the client's input items, translated for the upstream
 }
 
+// validMemoryLimits are the values OpenAI's ContainerMemoryLimit allows.
+var validMemoryLimits = map[string]bool{"1g": true, "4g": true, "16g": true, "64g": true}
+
 // containerSpec is the code_interpreter tool's container.
 type containerSpec struct {
 	id          string // "cntr_..." when the tool names one
@@ -145,11 +148,24 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*request, *ap
 			seen = true
 			r.container.toolIndex = int(k.Int())
 			c := t.Get("container")
-			switch c.Type {
-			case gjson.String:
+			param := "tools[" + k.String() + "].container"
+			switch {
+			case !c.Exists(), c.Type == gjson.Null:
+				// No container: an auto one, as the most lenient reading of a required field.
+			case c.Type == gjson.String:
 				r.container.id = c.String()
-			case gjson.JSON:
-				r.container.memoryLimit = c.Get("memory_limit").String()
+			case c.IsObject() && c.Get("type").String() == "auto":
+				switch ml := c.Get("memory_limit"); {
+				case !ml.Exists(), ml.Type == gjson.Null:
+				case ml.Type == gjson.String && validMemoryLimits[ml.String()]:
+					r.container.memoryLimit = ml.String()
+				default:
+					bad = apierror.BadRequest("Invalid value for '"+param+".memory_limit': expected one of '1g', '4g', '16g', '64g'.", param+".memory_limit", "invalid_value")
+					return false
+				}
+			default:
+				bad = apierror.BadRequest("Invalid value for '"+param+"': expected a container id or {\"type\": \"auto\"}.", param, "invalid_value")
+				return false
 			}
 			tools = appendElem(tools, standInTool(fn))
 		case (typ == "function" || typ == "custom") && t.Get("name").String() == fn:

@@ -67,3 +67,37 @@ func TestRewriteGolden(t *testing.T) {
 		})
 	}
 }
+
+// TestContainerValidation: a container that is neither an id nor {"type":"auto"}, or a memory
+// limit OpenAI does not offer, is a 400 naming the field.
+func TestContainerValidation(t *testing.T) {
+	for _, tc := range []struct {
+		name, container string
+		param           string // "" when accepted
+	}{
+		{"auto", `{"type":"auto"}`, ""},
+		{"auto with memory", `{"type":"auto","memory_limit":"4g"}`, ""},
+		{"auto with null memory", `{"type":"auto","memory_limit":null}`, ""},
+		{"id", `"cntr_abc"`, ""},
+		{"absent", ``, ""},
+		{"array", `["auto"]`, "tools[0].container"},
+		{"number", `4`, "tools[0].container"},
+		{"unknown type", `{"type":"manual"}`, "tools[0].container"},
+		{"bad memory", `{"type":"auto","memory_limit":"3g"}`, "tools[0].container.memory_limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tool := `{"type":"code_interpreter"}`
+			if tc.container != "" {
+				tool = `{"type":"code_interpreter","container":` + tc.container + `}`
+			}
+			body := []byte(`{"model":"m","input":"x","tools":[` + tool + `]}`)
+			_, aerr := parseRequest(body, config.Interception{FunctionName: "python"}, lookup{ctx: context.Background(), store: NewMemoryStore(0, nil)})
+			switch {
+			case tc.param == "" && aerr != nil:
+				t.Errorf("parseRequest(%s) = %v; want accepted", tc.container, aerr)
+			case tc.param != "" && (aerr == nil || aerr.Status != 400 || aerr.Param != tc.param):
+				t.Errorf("parseRequest(%s) = %v; want a 400 with param %s", tc.container, aerr, tc.param)
+			}
+		})
+	}
+}
