@@ -83,6 +83,10 @@ func newProvider(t config.SandboxTool, log *zap.Logger) (sandbox.Provider, error
 	tlog := log.With(zap.String("sandbox_tool", t.Name))
 	switch t.Provider {
 	case "local":
+		pool := t.PoolSize
+		if pool == 0 {
+			pool = -1 // the config's 0 means no warm pool; local.Options' 0 means its default
+		}
 		return local.New(local.Options{
 			Python:       t.Python,
 			WorkDir:      t.WorkDir,
@@ -91,7 +95,7 @@ func newProvider(t config.SandboxTool, log *zap.Logger) (sandbox.Provider, error
 			MaxFileSize:  t.MaxFileSizeBytes,
 			MaxDiskSize:  t.MaxDiskSizeBytes,
 			MaxProcesses: t.MaxProcesses,
-			PoolSize:     t.PoolSize,
+			PoolSize:     pool,
 			Tool:         t.Name,
 			Logger:       tlog,
 		})
