@@ -20,11 +20,11 @@ test:
 	$(GO) vet ./...
 	CIPROXY_CLIENT_TESTS=1 $(GO) test -race -count=1 -timeout 20m ./...
 
-# Benchmarks: Go benchmarks of every package, then the pass-through load comparison.
+# Benchmarks: every Go benchmark (one package at a time), the pass-through comparison and the load
+# steps; prints them and writes docs/benchmarks.md. Run it on an otherwise idle machine.
 bench:
 	scripts/deps.sh
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./...
-	$(GO) run ./bench/passthrough
+	$(GO) run ./bench/report
 
 # Runs each fuzz target for FUZZTIME (default 20s).
 FUZZTIME ?= 20s

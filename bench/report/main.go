@@ -1,0 +1,323 @@
+// Command report runs every benchmark of the repository and writes docs/benchmarks.md: the
+// machine, the method, each figure, and each figure's ratio to its baseline measured in the same
+// run where there is one. Run it from the module root on an otherwise idle machine:
+//
+//	go run ./bench/report [-out docs/benchmarks.md] [-benchtime 2s] [-load-time 150s]
+//
+// The Go benchmarks run one package at a time (so they do not compete for the CPUs), then the
+// programs under bench/ (pass-through comparison, load steps) run with their defaults.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// suite is one `go test -bench` invocation.
+type suite struct {
+	title   string
+	pkg     string
+	bench   string
+	time    string // -benchtime; "" for the default flag
+	method  string
+	results []bench
+	out     string
+	err     error
+}
+
+// bench is one benchmark line.
+type bench struct {
+	name    string
+	n       int64
+	metrics map[string]float64 // unit -> value ("ns/op", "B/op", "allocs/op", "MB/s", custom)
+	units   []string           // in printed order
+}
+
+// program is one `go run` of a benchmark program.
+type program struct {
+	title, pkg, method string
+	args               []string
+	out                string
+	err                error
+	took               time.Duration
+}
+
+// ratio compares one benchmark figure with its baseline from the same run.
+type ratio struct {
+	what, base, sub, unit, meaning string
+}
+
+func main() {
+	out := flag.String("out", "docs/benchmarks.md", "the report to write")
+	benchtime := flag.String("benchtime", "2s", "-benchtime of the fast Go benchmarks")
+	loadTime := flag.String("load-time", "150s", "time budget of bench/load")
+	flag.Parse()
+
+	suites := []*suite{
+		{title: "Pass-through in process (internal/upstream)", pkg: "./internal/upstream", bench: ".", time: *benchtime,
+			method: "`Target.Proxy` behind an httptest server versus the same upstream called directly, one request at a time over loopback: a JSON answer, and a 20-event SSE stream flushed per event. Also the SSE reader alone and the surgical model rewrite of a request body."},
+		{title: "Interception engine (internal/intercept)", pkg: "./internal/intercept", bench: ".", time: *benchtime,
+			method: "The engine's own cost with an upstream and a sandbox that answer at once (recorded upstream bodies, an instant sandbox provider): `Iteration` is one request of 5 upstream calls (4 run code, 1 answers), reported per iteration; `StreamEvent` is a text answer of many deltas translated, numbered and written to the client, reported per event."},
+		{title: "Code argument decoder (internal/intercept/argstream)", pkg: "./internal/intercept/argstream", bench: ".", time: *benchtime,
+			method: "Decoding the `code` field out of streamed function-call arguments (16 KiB of code with escapes and multi-byte text) fed in chunks of 4 bytes, 64 bytes, or all at once."},
+		{title: "Execution decoder (internal/sandbox)", pkg: "./internal/sandbox", bench: "DecodeExecution", time: *benchtime,
+			method: "`sandbox.DecodeExecution` on NDJSON transcripts of the code-interpreter protocol: a short print-and-result, 100 stdout chunks, one 512 KiB figure."},
+		{title: "Local sandbox start (internal/sandbox/local)", pkg: "./internal/sandbox/local", bench: "Start", time: "5x",
+			method: "Create to the first result of `1 + 1`: cold (bubblewrap and the Python kernel start, pre-imports included) versus warm (a kernel taken from the warm pool). 5 iterations each: every cold start is about a second."},
+		{title: "Local sandbox round trip (internal/sandbox/local)", pkg: "./internal/sandbox/local", bench: "RoundTrip", time: *benchtime,
+			method: "One execution of `1 + 1` in a started kernel: the local backend's floor per execution."},
+		{title: "e2b client overhead (internal/sandbox/e2b)", pkg: "./internal/sandbox/e2b", bench: ".", time: *benchtime,
+			method: "The same cell in the same local kernel, through the e2b client and the e2b emulator (HTTP, NDJSON re-encoding and decoding) versus calling the local provider directly."},
+	}
+	programs := []*program{
+		{title: "Pass-through, whole proxy (bench/passthrough)", pkg: "./bench/passthrough",
+			method: "The proxy binary against a direct call to the same upstream; see its own output for the method."},
+		{title: "Load (bench/load)", pkg: "./bench/load", args: []string{"-time", *loadTime},
+			method: "The proxy binary as a child process (temp config, the local tool then the e2b tool through the emulator, a scripted upstream in this process answering at once, all on loopback). At each step N: N concurrent streaming intercepted sessions (the model runs 3 cells in a fresh sandbox, deleted when the session ends) and N concurrent pass-through streams, started back to back for 5 s. Latencies are whole requests (to `response.completed`). RSS is the proxy process alone (the sandboxes are separate processes); goroutines from its `/metrics`. N doubles until a step has an error or the time budget (split between the tools) would be overrun. The load generator runs on the same 2 cores. Session throughput is bounded by sandbox starts: every session takes a fresh kernel (see the cold start above; the warm pool only hides the first few), so past the saturation point latency grows with N while sessions/s stays flat, and pass-through latency shows the CPU the starting kernels take from the proxy."},
+	}
+
+	start := time.Now()
+	for _, s := range suites {
+		args := []string{"test", "-run", "^$", "-bench", s.bench, "-benchmem", "-count", "1"}
+		if s.time != "" {
+			args = append(args, "-benchtime", s.time)
+		}
+		args = append(args, s.pkg)
+		fmt.Fprintf(os.Stderr, "report: go %s\n", strings.Join(args, " "))
+		s.out, s.err = runCmd("go", args...)
+		s.results = parseBench(s.out)
+	}
+	for _, p := range programs {
+		if _, err := os.Stat(strings.TrimPrefix(p.pkg, "./")); err != nil {
+			p.err = fmt.Errorf("not in this checkout")
+			continue
+		}
+		args := append([]string{"run", p.pkg}, p.args...)
+		fmt.Fprintf(os.Stderr, "report: go %s\n", strings.Join(args, " "))
+		t0 := time.Now()
+		p.out, p.err = runCmd("go", args...)
+		p.took = time.Since(t0)
+	}
+
+	ratios := []ratio{
+		{"pass-through JSON", "BenchmarkProxyJSON/direct", "BenchmarkProxyJSON/proxy", "ns/op", "proxy / direct time per request"},
+		{"pass-through SSE, 20 events", "BenchmarkProxySSE20/direct", "BenchmarkProxySSE20/proxy", "ns/op", "proxy / direct time per stream"},
+		{"local sandbox start", "BenchmarkWarmStart", "BenchmarkColdStart", "ns/op", "cold / warm time to first result (what the warm pool saves)"},
+		{"e2b execution", "BenchmarkRunDirect", "BenchmarkRunViaEmulator", "ns/op", "via e2b client and emulator / direct"},
+		{"argument decoder, 4-byte chunks", "BenchmarkDecoder/chunk=", "BenchmarkDecoder/chunk=4", "ns/op", "4-byte chunks / one chunk (baseline: the largest chunk size)"},
+		{"argument decoder, 64-byte chunks", "BenchmarkDecoder/chunk=", "BenchmarkDecoder/chunk=64", "ns/op", "64-byte chunks / one chunk"},
+		{"engine iteration, streaming", "BenchmarkIteration/json", "BenchmarkIteration/stream", "ns/iteration", "stream / JSON rendering per iteration"},
+		{"engine per streamed event vs SSE reading", "BenchmarkSSEReader", "BenchmarkStreamEvent", "ns/event", "engine ns per event / SSE reader ns per event (the reader alone: 20 events per op)"},
+	}
+
+	var doc bytes.Buffer
+	w := func(format string, a ...any) { fmt.Fprintf(&doc, format, a...) }
+	w("# Benchmarks\n\n")
+	w("Generated by `go run ./bench/report` on %s (%s in all). Every figure below comes from that one run, on the machine described; ratios compare figures measured in the same run. Rerun the command to refresh this file; figures move by several percent between runs on a shared 2-core machine, so read ratios, not digits.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), time.Since(start).Round(time.Second))
+	w("## Machine\n\n%s\n", machine())
+	w("## Ratios to baselines\n\n| what | ratio | meaning | figure | baseline |\n|---|---|---|---|---|\n")
+	for _, r := range ratios {
+		base, sub, ok := r.values(suites)
+		if !ok {
+			w("| %s | n/a | %s | (not measured) | |\n", r.what, r.meaning)
+			continue
+		}
+		w("| %s | %.3g× | %s | %s | %s |\n", r.what, sub/base, r.meaning, human(sub, r.unit), human(base, r.unit))
+	}
+	w("\n")
+	for _, s := range suites {
+		w("## %s\n\n%s\n\n", s.title, s.method)
+		w("`go test -run '^$' -bench '%s' -benchmem", s.bench)
+		if s.time != "" {
+			w(" -benchtime %s", s.time)
+		}
+		w(" %s`\n\n", s.pkg)
+		if s.err != nil && len(s.results) == 0 {
+			w("Not measured: %v\n\n```\n%s\n```\n\n", s.err, tailLines(s.out, 15))
+			continue
+		}
+		w("| benchmark | iterations | time/op | other |\n|---|---|---|---|\n")
+		for _, b := range s.results {
+			var other []string
+			for _, u := range b.units {
+				if u != "ns/op" {
+					other = append(other, fmt.Sprintf("%s %s", trim(b.metrics[u]), u))
+				}
+			}
+			w("| %s | %d | %s | %s |\n", strings.TrimPrefix(b.name, "Benchmark"), b.n, human(b.metrics["ns/op"], "ns/op"), strings.Join(other, ", "))
+		}
+		w("\n")
+	}
+	for _, p := range programs {
+		w("## %s\n\n%s\n\n`go run %s %s`", p.title, p.method, p.pkg, strings.Join(p.args, " "))
+		if p.took > 0 {
+			w(" (took %s)", p.took.Round(time.Second))
+		}
+		w("\n\n")
+		if p.err != nil {
+			w("Not measured: %v\n\n", p.err)
+			if p.out == "" {
+				continue
+			}
+		}
+		w("```\n%s\n```\n\n", strings.TrimSpace(p.out))
+	}
+	if err := os.WriteFile(*out, doc.Bytes(), 0o644); err != nil {
+		fmt.Fprintf(os.Stderr, "report: %v\n", err)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "report: wrote %s\n", *out)
+}
+
+// values finds the two figures of a ratio. A base ending in "=" means the largest chunk size of
+// that family (the sub-benchmark with the highest number after "=").
+func (r ratio) values(suites []*suite) (base, sub float64, ok bool) {
+	find := func(name string) (bench, bool) {
+		var best bench
+		found := false
+		bestN := -1
+		for _, s := range suites {
+			for _, b := range s.results {
+				if strings.HasSuffix(name, "=") && strings.HasPrefix(b.name, name) {
+					n, _ := strconv.Atoi(strings.TrimPrefix(b.name, name))
+					if n > bestN {
+						best, bestN, found = b, n, true
+					}
+				} else if b.name == name {
+					return b, true
+				}
+			}
+		}
+		return best, found
+	}
+	bb, ok1 := find(r.base)
+	sb, ok2 := find(r.sub)
+	if !ok1 || !ok2 {
+		return 0, 0, false
+	}
+	sub, ok2 = sb.metrics[r.unit]
+	if !ok2 {
+		return 0, 0, false
+	}
+	base, ok1 = bb.metrics[r.unit]
+	if !ok1 && r.unit == "ns/event" {
+		// The SSE reader benchmark reads 20 events per op.
+		base, ok1 = bb.metrics["ns/op"]
+		base /= 20
+	}
+	return base, sub, ok1 && base > 0
+}
+
+var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.*)$`)
+
+func parseBench(out string) []bench {
+	var res []bench
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		m := benchLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		n, _ := strconv.ParseInt(m[2], 10, 64)
+		b := bench{name: m[1], n: n, metrics: map[string]float64{}}
+		f := strings.Fields(m[3])
+		for i := 0; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err != nil {
+				break
+			}
+			b.metrics[f[i+1]] = v
+			b.units = append(b.units, f[i+1])
+		}
+		res = append(res, b)
+	}
+	return res
+}
+
+func runCmd(name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	var buf bytes.Buffer
+	cmd.Stdout = io.MultiWriter(&buf, os.Stderr)
+	cmd.Stderr = io.MultiWriter(&buf, os.Stderr)
+	err := cmd.Run()
+	return buf.String(), err
+}
+
+func machine() string {
+	var b strings.Builder
+	model := "unknown"
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.SplitSeq(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	mem := "unknown"
+	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for line := range strings.SplitSeq(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+				mem = fmt.Sprintf("%.1f GiB", kb/(1<<20))
+			}
+		}
+	}
+	goVersion, _ := runQuiet("go", "version")
+	kernel, _ := runQuiet("uname", "-sr")
+	py, _ := runQuiet("/usr/bin/python3", "--version")
+	bw, _ := runQuiet("bwrap", "--version")
+	fmt.Fprintf(&b, "- CPUs: %d (`nproc`), %s\n", runtime.NumCPU(), model)
+	fmt.Fprintf(&b, "- Memory: %s\n", mem)
+	fmt.Fprintf(&b, "- OS: %s, %s/%s\n", strings.TrimSpace(kernel), runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(&b, "- Go: %s\n", strings.TrimSpace(goVersion))
+	fmt.Fprintf(&b, "- Sandbox: %s, %s\n", strings.TrimSpace(bw), strings.TrimSpace(py))
+	return b.String()
+}
+
+func runQuiet(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	return string(out), err
+}
+
+func human(v float64, unit string) string {
+	if !strings.HasPrefix(unit, "ns/") {
+		return trim(v) + " " + unit
+	}
+	per := strings.TrimPrefix(unit, "ns/")
+	switch {
+	case v >= 1e9:
+		return fmt.Sprintf("%.2f s/%s", v/1e9, per)
+	case v >= 1e6:
+		return fmt.Sprintf("%.2f ms/%s", v/1e6, per)
+	case v >= 1e3:
+		return fmt.Sprintf("%.2f µs/%s", v/1e3, per)
+	}
+	return fmt.Sprintf("%.0f ns/%s", v, per)
+}
+
+func trim(v float64) string {
+	if v == float64(int64(v)) {
+		return strconv.FormatInt(int64(v), 10)
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
+}
+
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
