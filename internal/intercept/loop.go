@@ -63,10 +63,12 @@ type run struct {
 
 // containerFuture is the request's container, opened or being created.
 type containerFuture struct {
-	done   chan struct{}
-	cancel context.CancelFunc
-	c      runner
-	err    error
+	done    chan struct{}
+	cancel  context.CancelFunc
+	c       runner
+	err     error
+	created bool // this request created the sandbox (it is not the client's already)
+	shown   bool // its id reached the client (in an item) or the response store
 }
 
 // get waits for the container.
@@ -110,6 +112,7 @@ func (r *run) startContainer(ctx context.Context) *apierror.Error {
 			}
 		}
 		f.c, f.err = r.e.sessions.Create(cctx, r.tool, r.caller, sandbox.CreateOptions{MemoryLimit: r.req.container.memoryLimit}, r.ic.ContainerIdleTimeout)
+		f.created = f.err == nil
 	}()
 	return nil
 }
@@ -124,11 +127,14 @@ func (r *run) containerID(ctx context.Context) (string, error) {
 		r.e.m.sandboxErr.WithLabelValues("create").Inc()
 		return "", sandboxUnavailable(err)
 	}
+	r.cont.shown = true
 	return c.ID(), nil
 }
 
 // releaseContainer ends the request's use of its container, on every path. A creation still in
-// progress is cancelled (nothing needs it any more) and waited for, so nothing is lost.
+// progress is cancelled (nothing needs it any more) and waited for, so nothing is lost. A sandbox
+// this request created but whose id never reached anyone (the request failed before any code
+// ran) is deleted at once: nobody could ever reuse it.
 func (r *run) releaseContainer(ctx context.Context) {
 	f := r.cont
 	if f == nil {
@@ -139,7 +145,11 @@ func (r *run) releaseContainer(ctx context.Context) {
 	if f.c != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		r.e.sessions.Release(rctx, f.c, r.ic.ContainerIdleTimeout)
+		idle := r.ic.ContainerIdleTimeout
+		if f.created && !f.shown {
+			idle = 0
+		}
+		r.e.sessions.Release(rctx, f.c, idle)
 	}
 }
 
@@ -180,7 +190,7 @@ func (r *run) loop(ctx context.Context) error {
 		}
 		// An incomplete response (max_output_tokens, content filter) or a call made with tools
 		// off ends the loop: its calls are shown, not run.
-		stop := none || r.tr.finalType == "response.incomplete" || gjson.GetBytes(r.tr.final, "status").String() == "incomplete"
+		stop := none || r.req.noCode || r.tr.finalType == "response.incomplete" || gjson.GetBytes(r.tr.final, "status").String() == "incomplete"
 		outputs := make([][]byte, 0, len(calls))
 		for _, s := range calls {
 			var ex execution
@@ -238,6 +248,7 @@ func (r *run) complete(ctx context.Context, pending [][]byte) error {
 			case <-f.done:
 				if f.c != nil {
 					sr.ContainerID = f.c.ID()
+					f.shown = true
 				}
 			default:
 			}

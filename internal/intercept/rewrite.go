@@ -57,6 +57,10 @@ type request struct {
 	// an unstored turn showed reasoning items (nil when the proxy never adds it).
 	includeEncrypted []byte
 	maxToolCalls     int // max_tool_calls; 0: no limit from the request
+	// noCode: the client's tool_choice rules code_interpreter out ("none", or allowed_tools
+	// without it). A model that calls the stand-in anyway (servers that ignore tool_choice) gets
+	// its calls shown, never run.
+	noCode bool
 
 	container     containerSpec
 	prevContainer string // container of the previous response in a chain, reused while it lives
@@ -124,6 +128,10 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*request, *ap
 	if root.Get("background").Bool() {
 		return nil, apierror.BadRequest("Background mode is not supported together with the code_interpreter tool.", "background", "")
 	}
+	if c := root.Get("conversation"); c.Exists() && c.Type != gjson.Null {
+		// Each upstream call of the loop would append the conversation's items again.
+		return nil, apierror.BadRequest("Conversations are not supported together with the code_interpreter tool on this server; use previous_response_id or send the items in input.", "conversation", "")
+	}
 	r.model = rawOf(root.Get("model"))
 	r.tools = rawOf(root.Get("tools"))
 	r.toolChoice = rawOf(root.Get("tool_choice"))
@@ -182,6 +190,7 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*request, *ap
 	tools = append(tools, ']')
 
 	r.toolChoiceFirst, r.toolChoiceLater = rewriteToolChoice(root.Get("tool_choice"), fn)
+	r.noCode = excludesCode(root.Get("tool_choice"))
 
 	// include: outputs are the proxy's business; encrypted reasoning is asked for when the
 	// conversation is not stored upstream and the request configures reasoning (a sign of a
@@ -251,6 +260,23 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*request, *ap
 	}
 	r.base = base
 	return r, nil
+}
+
+// excludesCode reports whether tool_choice rules code_interpreter out: "none", or an allowed_tools
+// list without it.
+func excludesCode(tc gjson.Result) bool {
+	switch {
+	case tc.Type == gjson.String:
+		return tc.String() == "none"
+	case tc.Get("type").String() == "allowed_tools":
+		found := false
+		tc.Get("tools").ForEach(func(_, t gjson.Result) bool {
+			found = t.Get("type").String() == "code_interpreter"
+			return !found
+		})
+		return !found
+	}
+	return false
 }
 
 // rewriteToolChoice maps the client's tool_choice for the first upstream call and for the calls

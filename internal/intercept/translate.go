@@ -358,7 +358,9 @@ func (t *translator) clientCalls() bool {
 	for _, s := range t.slots {
 		if s != nil && !s.ours && s.upItem != nil {
 			switch gjson.GetBytes(s.upItem, "type").String() {
-			case "function_call", "custom_tool_call":
+			case "function_call", "custom_tool_call", "computer_call", "local_shell_call", "shell_call",
+				"apply_patch_call", "mcp_approval_request":
+				// Items only the client can answer: continuing without its output would be refused.
 				return true
 			}
 		}
