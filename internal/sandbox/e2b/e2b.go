@@ -115,11 +115,18 @@ func New(opts Options) (*Provider, error) {
 			return nil, fmt.Errorf("e2b: sandbox url: %w", err)
 		}
 	}
-	p := &Provider{opts: opts, apiBase: apiBase, client: opts.HTTPClient, log: opts.Logger}
-	if p.client == nil {
+	p := &Provider{opts: opts, apiBase: apiBase, log: opts.Logger}
+	if opts.HTTPClient == nil {
 		p.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 		p.ownHTTP = true
+	} else {
+		c := *opts.HTTPClient
+		p.client = &c
 	}
+	// Never follow a redirect: the sandbox's own code can answer on the data plane, and a redirect
+	// would send its code, the access token (or, on the control plane, the API key) wherever it
+	// points, inside the proxy's network.
+	p.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	if p.log == nil {
 		p.log = zap.NewNop()
 	}

@@ -255,6 +255,9 @@ func (b *box) killReason() string {
 	return ""
 }
 
+// sendTimeout bounds writing one request to the kernel.
+const sendTimeout = 10 * time.Second
+
 // send writes one request line to the kernel.
 func (b *box) send(v any) error {
 	line, err := json.Marshal(v)
@@ -263,6 +266,10 @@ func (b *box) send(v any) error {
 	}
 	b.stdinMu.Lock()
 	defer b.stdinMu.Unlock()
+	// A kernel that stops reading its requests (the code replaced the reader) would block the
+	// write, and with it Run and interrupt: kill the sandbox, which makes the write fail.
+	t := time.AfterFunc(sendTimeout, func() { b.kill("the kernel stopped reading its requests; the sandbox was stopped") })
+	defer t.Stop()
 	_, err = b.stdin.Write(append(line, '\n'))
 	return err
 }
@@ -321,6 +328,10 @@ func (p *Provider) Run(ctx context.Context, h sandbox.Handle, code string, opts 
 	}
 
 	res, err := sandbox.DecodeExecution(pr, 0, opts.OnMessage)
+	// The decoder may stop before the kernel's real end of execution (a line the code forged on
+	// the protocol channel, or one that does not parse): the reader must not block on the pipe.
+	// It then drops the rest of this execution; watch still bounds it with the timeout.
+	pr.CloseWithError(errStopped)
 	if b.killReason() != "" {
 		<-b.done // a killed sandbox is gone before Run reports it
 	}
@@ -367,6 +378,13 @@ func (p *Provider) watch(ctx context.Context, b *box, ex *execution, pr *io.Pipe
 			}
 			timedOut.Store(true)
 			p.interrupt(b, ex)
+			// A kernel that never answered this execution leaves the reader no line to close
+			// the pipe with: close it when the sandbox is gone.
+			select {
+			case <-ex.ended:
+			case <-b.done:
+				pr.CloseWithError(errStopped)
+			}
 			return
 		case <-ctx.Done():
 			pr.CloseWithError(ctx.Err())
@@ -393,6 +411,9 @@ func (p *Provider) interrupt(b *box, ex *execution) {
 	}
 }
 
+// minEntrySize is what one directory entry counts for at least in the disk limit.
+const minEntrySize = 4096
+
 // diskOver reports whether the sandbox's working directory uses more than MaxDiskSize, and the
 // usage counted so far (the walk stops as soon as the limit is passed).
 func (p *Provider) diskOver(b *box) (bool, int64) {
@@ -406,10 +427,12 @@ func (p *Provider) diskOver(b *box) (bool, int64) {
 		if err != nil {
 			return nil
 		}
+		// Every entry counts at least one block, so that a flood of empty files (inodes) is
+		// limited too.
 		if st, ok := info.Sys().(*syscall.Stat_t); ok {
-			used += st.Blocks * 512
+			used += max(st.Blocks*512, minEntrySize)
 		} else {
-			used += info.Size()
+			used += max(info.Size(), minEntrySize)
 		}
 		if used > p.opts.MaxDiskSize {
 			return over

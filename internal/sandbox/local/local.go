@@ -37,6 +37,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,7 +169,7 @@ func New(opts Options) (*Provider, error) {
 	if err != nil {
 		return nil, errBwrapMissing
 	}
-	if err := os.MkdirAll(opts.WorkDir, 0o711); err != nil {
+	if err := privateDir(opts.WorkDir); err != nil {
 		return nil, fmt.Errorf("local sandbox: work dir: %w", err)
 	}
 	base, err := os.MkdirTemp(opts.WorkDir, "p-")
@@ -220,10 +221,28 @@ func (p *Provider) Create(ctx context.Context, opts sandbox.CreateOptions) (sand
 	p.mu.Unlock()
 	go func() {
 		defer p.wg.Done()
-		<-b.done
+		p.watchDisk(b)
 		p.forget(b)
 	}()
 	return sandbox.Handle{Backend: Backend, Tool: p.opts.Tool, ID: b.id}, nil
+}
+
+// watchDisk measures the working directory of a handed-out sandbox for its whole life, not only
+// while code runs (a background process keeps writing between executions), and stops the sandbox
+// when it goes over MaxDiskSize. It returns when the sandbox is gone.
+func (p *Provider) watchDisk(b *box) {
+	t := time.NewTicker(p.diskEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.done:
+			return
+		case <-t.C:
+			if over, size := p.diskOver(b); over {
+				b.kill(fmt.Sprintf("the working directory grew to %d bytes, over the %d-byte limit; the sandbox was stopped", size, p.opts.MaxDiskSize))
+			}
+		}
+	}
 }
 
 // takeWarm takes a live kernel from the pool, or returns nil, and asks for a refill.
@@ -481,3 +500,29 @@ func validID(id string) bool {
 
 // errStopped is the cause given when a sandbox dies during an execution.
 var errStopped = errors.New("the sandbox stopped during the execution")
+
+// privateDir makes sure dir exists, is a real directory (not a symlink), is owned by this process's
+// user and is writable by nobody else: in a shared /tmp, another user could otherwise create it
+// first and swap the sandboxes' kernel and files under the proxy.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	info, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	st, ok := info.Sys().(*syscall.Stat_t)
+	switch {
+	case !info.IsDir():
+		return fmt.Errorf("%s is not a directory (a symlink?); remove it or choose another work_dir", dir)
+	case ok && int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("%s belongs to another user (uid %d); remove it or choose another work_dir", dir, st.Uid)
+	case info.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("%s is writable by other users (mode %v); remove it or choose another work_dir", dir, info.Mode().Perm())
+	}
+	return nil
+}
