@@ -520,8 +520,13 @@ func (t *translator) patch(resp []byte, status string, output []byte, withUsage 
 	}
 	set("max_tool_calls", t.req.maxToolCallsRaw)
 	set("output", output)
-	if withUsage && t.usage.seen {
+	switch {
+	case withUsage && t.usage.seen:
 		set("usage", t.usage.json())
+	case !withUsage && gjson.GetBytes(resp, "usage").Exists():
+		// An in-progress response has no usage yet, even when its skeleton came from an
+		// upstream's finished (JSON) answer.
+		set("usage", []byte("null"))
 	}
 	return resp
 }

@@ -181,7 +181,9 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 		opts.Lifetime = max(idle, minLifetime) + keepAliveMargin
 	}
 	start := time.Now()
-	h, err := s.createDetached(ctx, ent, opts)
+	h, settled, err := s.createDetached(ctx, ent, opts)
+	// Close waits until this create is settled: registered below, or deleted.
+	defer settled()
 	s.m.observe(opCreate, tool, start, err)
 	if errors.Is(err, errAbandoned) {
 		// The background create owns ent's reference now and deletes what it creates.
@@ -580,8 +582,10 @@ var errAbandoned = errors.New("sandbox: create abandoned by its caller")
 // finishes a create even when its client goes away, and a sandbox whose id never reached us could
 // only be left to run until its backend timeout. When ctx ends first, createDetached returns
 // errAbandoned at once; the create goes on in the background, deletes the sandbox it gets, and
-// releases ent. Close waits for it.
-func (s *Sessions) createDetached(ctx context.Context, ent *providerEntry, opts CreateOptions) (Handle, error) {
+// releases ent. Close waits for it: when the caller got the result, until the caller calls the
+// returned func (once the sandbox is registered or deleted); otherwise until the background
+// create has deleted what it got.
+func (s *Sessions) createDetached(ctx context.Context, ent *providerEntry, opts CreateOptions) (Handle, func(), error) {
 	type result struct {
 		h   Handle
 		err error
@@ -596,19 +600,21 @@ func (s *Sessions) createDetached(ctx context.Context, ent *providerEntry, opts 
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return Handle{}, fmt.Errorf("%w: shutting down", ErrUnavailable)
+		return Handle{}, func() {}, fmt.Errorf("%w: shutting down", ErrUnavailable)
 	}
 	s.deletes.Add(1)
 	s.mu.Unlock()
+	var once sync.Once
+	settle := func() { once.Do(s.deletes.Done) }
 	go func() {
-		defer s.deletes.Done()
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
 		defer cancel()
 		h, err := ent.Provider.Create(cctx, opts)
 		if state.CompareAndSwap(waiting, delivered) {
-			out <- result{h, err}
+			out <- result{h, err} // the caller settles
 			return
 		}
+		defer settle()
 		if err == nil {
 			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
 			if derr := ent.Provider.Delete(dctx, h); derr != nil {
@@ -622,12 +628,12 @@ func (s *Sessions) createDetached(ctx context.Context, ent *providerEntry, opts 
 	}()
 	select {
 	case r := <-out:
-		return r.h, r.err
+		return r.h, settle, r.err
 	case <-ctx.Done():
 		if state.CompareAndSwap(waiting, abandoned) {
-			return Handle{}, errAbandoned
+			return Handle{}, func() {}, errAbandoned
 		}
 		r := <-out
-		return r.h, r.err
+		return r.h, settle, r.err
 	}
 }
