@@ -1,0 +1,54 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+)
+
+// DataDir is where a sandbox's files live, as in OpenAI's containers: code reads its inputs there
+// and what it writes there becomes container files.
+const DataDir = "/mnt/data"
+
+// ErrFileTooLarge: a file is larger than the caller allowed. Nothing was stored or returned.
+var ErrFileTooLarge = errors.New("file too large")
+
+// FileSystem moves files in and out of a sandbox's DataDir. Providers implement it beside Provider;
+// it is safe for concurrent use.
+//
+// Paths are relative to DataDir and slash-separated. Callers sanitise them first (no "..", no NUL,
+// no leading "/", no empty element); implementations refuse anything else all the same.
+//
+// Everything below DataDir was made by sandboxed code and is hostile: implementations never follow
+// a symbolic link, never open a device, FIFO or socket, and never count a hard link to a file
+// outside DataDir as the file's content. Such entries are skipped by ListFiles and are ErrNotFound
+// for ReadFile.
+type FileSystem interface {
+	// WriteFile creates or replaces the regular file at path (creating missing parent
+	// directories) with the content of r, at most max bytes: past max it fails with
+	// ErrFileTooLarge and leaves no partial file.
+	WriteFile(ctx context.Context, h Handle, path string, r io.Reader, max int64) error
+	// ReadFile copies the regular file at path into w and returns the bytes written. A file larger
+	// than max is ErrFileTooLarge before anything is written; a missing file, a link or a special
+	// file is ErrNotFound.
+	ReadFile(ctx context.Context, h Handle, path string, w io.Writer, max int64) (int64, error)
+	// ListFiles lists the regular files below DataDir, recursively, in no particular order. It
+	// stops after limit entries and reports Truncated; entries it cannot measure safely are
+	// skipped and counted in Skipped.
+	ListFiles(ctx context.Context, h Handle, limit int) (Listing, error)
+}
+
+// Listing is what ListFiles found.
+type Listing struct {
+	Files     []FileInfo
+	Truncated bool // more than limit entries exist
+	Skipped   int  // links, special files, and entries that could not be measured
+}
+
+// FileInfo describes one regular file below DataDir.
+type FileInfo struct {
+	Path    string // relative to DataDir, slash-separated
+	Size    int64
+	ModTime time.Time
+}
