@@ -26,6 +26,8 @@ const (
 	DefaultContainerIdleTimeout = 20 * time.Minute
 	DefaultMaxRequestBodySize   = 32 << 20
 	DefaultShutdownGrace        = 30 * time.Second
+	DefaultMaxFileUploadSize    = 512 << 20 // OpenAI's limit for one file
+	DefaultMaxFileStoragePerKey = 10 << 30
 
 	// DefaultSandboxToolName names the local sandbox tool that stands in when sandbox_tools is absent.
 	DefaultSandboxToolName = "local"
@@ -760,7 +762,8 @@ func (d *decoder) litellmSettings(n *yaml.Node, cfg *Config, tools map[string]in
 
 func (d *decoder) general(n *yaml.Node) General {
 	const path = "general_settings"
-	p := d.fields(n, path, path, []string{"master_key", "container_secret", "max_request_body_size", "shutdown_grace"}, nil)
+	p := d.fields(n, path, path, []string{"master_key", "container_secret", "max_request_body_size", "shutdown_grace",
+		"data_dir", "max_file_upload_size", "max_file_storage_per_key"}, nil)
 	var g General
 	mk := d.str(p, path, path, "master_key")
 	switch {
@@ -781,6 +784,9 @@ func (d *decoder) general(n *yaml.Node) General {
 	}
 	_, g.MaxRequestBodySize = d.size(p, path, path, "max_request_body_size", strconv.Itoa(DefaultMaxRequestBodySize))
 	g.ShutdownGrace = d.duration(p, path, path, "shutdown_grace", DefaultShutdownGrace, true)
+	g.DataDir = strings.TrimSpace(d.str(p, path, path, "data_dir").s)
+	_, g.MaxFileUploadSize = d.size(p, path, path, "max_file_upload_size", strconv.Itoa(DefaultMaxFileUploadSize))
+	_, g.MaxFileStoragePerKey = d.size(p, path, path, "max_file_storage_per_key", strconv.Itoa(DefaultMaxFileStoragePerKey))
 	return g
 }
 
