@@ -277,3 +277,16 @@ func (s *Store) Sweep(ctx context.Context) error {
 func (s *Store) logf(format string, args ...any) {
 	s.log.Warn(fmt.Sprintf(format, args...))
 }
+
+// DefaultDir is the data directory used when none is configured: /var/lib/ciproxy for root, else
+// ciproxy/ in the user's cache directory ($XDG_CACHE_HOME or ~/.cache).
+func DefaultDir() (string, error) {
+	if os.Geteuid() == 0 {
+		return "/var/lib/ciproxy", nil
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("embedded store: no default data directory (%w); set general_settings.data_dir", err)
+	}
+	return filepath.Join(cache, "ciproxy"), nil
+}
