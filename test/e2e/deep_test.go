@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
@@ -94,6 +96,28 @@ func TestDeeplyNestedJSON(t *testing.T) {
 				servesNext(t, path)
 			}
 		}
+	})
+
+	t.Run("client body sent chunked", func(t *testing.T) {
+		// No declared length: the body arrives in chunks and is read to the limit first.
+		body := io.MultiReader(strings.NewReader(`{"model":"`+clientModel+`","stream":true,`+ci+`,"input":`), bytes.NewReader(deep))
+		req, err := http.NewRequestWithContext(ctx(t, time.Minute), "POST", p.URL+"/v1/responses", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = -1
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("status %d, want 400: %.200s", resp.StatusCode, b)
+		}
+		apiError(t, b)
+		servesNext(t, "/v1/responses")
 	})
 
 	t.Run("upstream answer", func(t *testing.T) {
