@@ -8,8 +8,6 @@ cd "$(dirname "$0")/.."
 want=(bubblewrap python3 python3-numpy python3-pandas python3-matplotlib ca-certificates)
 if [[ "${1:-}" != run ]]; then
 	want+=(redis-server) # the replica tests start their own, on a free loopback port
-fi
-if [[ "${1:-}" != run ]]; then
 	command -v node >/dev/null 2>&1 || want+=(nodejs npm)
 fi
 
