@@ -59,7 +59,7 @@ type ChatRequest struct {
 
 	newID    func(prefix string) string
 	logprobs bool // the client included message.output_text.logprobs
-	echo     responseEcho
+	tmpl     responseTemplate
 }
 
 // responseEcho holds the request's values that a Response repeats, as raw JSON (nil when the
@@ -122,12 +122,12 @@ func NewChatRequest(body []byte, opts ChatOptions) (*ChatRequest, error) {
 	if newID == nil {
 		newID = newRandomID
 	}
-	r := &ChatRequest{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, echo: t.echo}
-	if _, err := r.response(responseState{status: "in_progress"}); err != nil {
-		// A value the Response repeats (reasoning, metadata) that cannot be encoded again.
+	tmpl, err := t.echo.template()
+	if err != nil {
+		// A value the Response repeats (metadata, reasoning) nested past what clients decode.
 		return nil, invalid("", "The request body could not be translated: "+err.Error())
 	}
-	return r, nil
+	return &ChatRequest{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, tmpl: tmpl}, nil
 }
 
 // chatTranslation is the state of one NewChatRequest call.
@@ -393,6 +393,10 @@ func (t *chatTranslation) field(key string, v gjson.Result) error {
 	default:
 		if chatOwned[key] {
 			return unsupported(key, "Unknown parameter: '"+key+"'. It is a Chat Completions parameter, not a Responses one.")
+		}
+		if !json.Valid([]byte(v.Raw)) {
+			// Valid for gjson but nested past what encoding/json (and most servers) accept.
+			return invalid(key, "Invalid value for '"+key+"': nested too deeply.")
 		}
 		for i, e := range t.extra {
 			if e.key == key {

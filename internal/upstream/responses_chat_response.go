@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -55,7 +56,10 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	if text := contentText(msg.Get("content")); text != "" {
 		p := outputPart{text: text}
 		if r.logprobs {
-			p.logprobs = logprobElems(nil, choice.Get("logprobs.content"))
+			var err error
+			if p.logprobs, err = logprobElems(nil, choice.Get("logprobs.content")); err != nil {
+				return nil, err
+			}
 		}
 		parts = append(parts, p)
 	}
@@ -75,7 +79,12 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 			err = shapeError(errors.New("a tool call without a function name"))
 			return false
 		}
-		c := callItem{id: r.newID("fc_"), callID: tc.Get("id").String(), name: name, args: argumentsText(fn.Get("arguments"))}
+		args, aerr := argumentsText(fn.Get("arguments"))
+		if aerr != nil {
+			err = aerr
+			return false
+		}
+		c := callItem{id: r.newID("fc_"), callID: tc.Get("id").String(), name: name, args: args}
 		if c.callID == "" {
 			c.callID = r.newID("call_")
 		}
@@ -105,15 +114,11 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	if createdAt == 0 {
 		createdAt = root.Get("created").Int()
 	}
-	out, err := r.response(responseState{
+	return r.appendResponse(nil, responseState{
 		id: id, createdAt: createdAt, status: status, incomplete: reason,
 		model: root.Get("model").String(), serviceTier: root.Get("service_tier"),
 		output: items, usage: chatUsage(root.Get("usage")),
-	})
-	if err != nil {
-		return nil, shapeError(err)
-	}
-	return out, nil
+	}), nil
 }
 
 type callItem struct{ id, callID, name, args string }
@@ -171,28 +176,40 @@ func contentText(c gjson.Result) string {
 }
 
 // argumentsText returns a tool call's arguments as the JSON text Responses carries: the string
-// itself, or the JSON of an object some servers send in its place.
-func argumentsText(a gjson.Result) string {
+// itself, or the compacted JSON of an object some servers send in its place.
+func argumentsText(a gjson.Result) (string, error) {
 	switch {
 	case a.Type == gjson.String:
-		return a.Str
+		return a.Str, nil
 	case a.IsObject(), a.IsArray():
-		return a.Raw
+		b, err := appendCompact(nil, a.Raw)
+		return string(b), err
 	}
-	return ""
+	return "", nil
 }
 
 // logprobElems appends the elements of a chat logprobs.content array (the same objects
-// Responses uses: token, logprob, bytes, top_logprobs) to dst, comma-separated.
-func logprobElems(dst []byte, content gjson.Result) []byte {
+// Responses uses: token, logprob, bytes, top_logprobs) to dst, comma-separated and compacted.
+func logprobElems(dst []byte, content gjson.Result) ([]byte, error) {
+	var err error
 	content.ForEach(func(_, lp gjson.Result) bool {
 		if len(dst) > 0 {
 			dst = append(dst, ',')
 		}
-		dst = append(dst, lp.Raw...)
-		return true
+		dst, err = appendCompact(dst, lp.Raw)
+		return err == nil
 	})
-	return dst
+	return dst, err
+}
+
+// appendCompact appends raw JSON without its spaces and line breaks (an event's data is one
+// line), failing where encoding/json would (nesting past its depth limit).
+func appendCompact(dst []byte, raw string) ([]byte, error) {
+	b := bytes.NewBuffer(dst)
+	if err := json.Compact(b, []byte(raw)); err != nil {
+		return dst, shapeError(err)
+	}
+	return b.Bytes(), nil
 }
 
 // chatUsage maps a chat usage object; nil when there is none.
@@ -200,20 +217,17 @@ func chatUsage(u gjson.Result) *responseUsage {
 	if !u.IsObject() {
 		return nil
 	}
-	out := &responseUsage{
-		InputTokens:  u.Get("prompt_tokens").Int(),
-		OutputTokens: u.Get("completion_tokens").Int(),
-	}
+	out := &responseUsage{input: u.Get("prompt_tokens").Int(), output: u.Get("completion_tokens").Int()}
 	if c := u.Get("prompt_tokens_details.cached_tokens"); c.Exists() {
-		out.InputTokensDetails.CachedTokens = c.Int()
+		out.cached = c.Int()
 	} else {
-		out.InputTokensDetails.CachedTokens = u.Get("prompt_cache_hit_tokens").Int() // DeepSeek
+		out.cached = u.Get("prompt_cache_hit_tokens").Int() // DeepSeek
 	}
-	out.OutputTokensDetails.ReasoningTokens = u.Get("completion_tokens_details.reasoning_tokens").Int()
+	out.reasoning = u.Get("completion_tokens_details.reasoning_tokens").Int()
 	if t := u.Get("total_tokens"); t.Exists() {
-		out.TotalTokens = t.Int()
+		out.total = t.Int()
 	} else {
-		out.TotalTokens = out.InputTokens + out.OutputTokens
+		out.total = out.input + out.output
 	}
 	return out
 }
@@ -222,59 +236,84 @@ func shapeError(cause error) error {
 	return apierror.BadGateway("The upstream's response could not be read.", "upstream_error", fmt.Errorf("%w: %w", ErrChatShape, cause))
 }
 
-// The Response object, in the key order of OpenAI's live traffic.
+// The Response object, in the key order of OpenAI's live traffic. It is rendered by appends
+// from segments prepared once per request (responseTemplate): a stream renders it three times
+// and encoding/json would compact every echoed value again each time.
 
-type responseObject struct {
-	ID                 string            `json:"id"`
-	Object             string            `json:"object"`
-	CreatedAt          int64             `json:"created_at"`
-	Status             string            `json:"status"`
-	Background         bool              `json:"background"`
-	Error              *responseError    `json:"error"`
-	IncompleteDetails  *incompleteDetail `json:"incomplete_details"`
-	Instructions       json.RawMessage   `json:"instructions"`
-	MaxOutputTokens    json.RawMessage   `json:"max_output_tokens"`
-	MaxToolCalls       json.RawMessage   `json:"max_tool_calls"`
-	Model              string            `json:"model"`
-	Output             []json.RawMessage `json:"output"`
-	ParallelToolCalls  json.RawMessage   `json:"parallel_tool_calls"`
-	PreviousResponseID json.RawMessage   `json:"previous_response_id"`
-	PromptCacheKey     json.RawMessage   `json:"prompt_cache_key"`
-	Reasoning          json.RawMessage   `json:"reasoning"`
-	SafetyIdentifier   json.RawMessage   `json:"safety_identifier"`
-	ServiceTier        json.RawMessage   `json:"service_tier"`
-	Store              json.RawMessage   `json:"store"`
-	Temperature        json.RawMessage   `json:"temperature"`
-	Text               json.RawMessage   `json:"text"`
-	ToolChoice         json.RawMessage   `json:"tool_choice"`
-	Tools              json.RawMessage   `json:"tools"`
-	TopLogprobs        json.RawMessage   `json:"top_logprobs"`
-	TopP               json.RawMessage   `json:"top_p"`
-	Truncation         json.RawMessage   `json:"truncation"`
-	Usage              *responseUsage    `json:"usage"`
-	User               json.RawMessage   `json:"user"`
-	Metadata           json.RawMessage   `json:"metadata"`
+// responseTemplate holds what every Response of one request repeats from the request, as
+// compacted JSON ready to append.
+type responseTemplate struct {
+	model                  string // the request's model, for an upstream that names none
+	seg1, seg2, seg3, seg4 []byte
+	tier                   []byte // the request's service_tier, or "auto"
 }
 
-type responseError struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
+// template compacts the echoed values (which also checks them against encoding/json's depth
+// limit, as clients decode them with such parsers).
+func (e *responseEcho) template() (responseTemplate, error) {
+	var t responseTemplate
+	var err error
+	field := func(dst []byte, key string, raw []byte, def string) []byte {
+		if err != nil {
+			return dst
+		}
+		dst = append(dst, '"')
+		dst = append(dst, key...)
+		dst = append(dst, `":`...)
+		if len(raw) == 0 {
+			return append(dst, def...)
+		}
+		var b bytes.Buffer
+		if err = json.Compact(&b, raw); err != nil {
+			err = fmt.Errorf("%s: %w", key, err)
+		}
+		return append(dst, b.Bytes()...)
+	}
+	t.model = gjson.ParseBytes(e.model).String()
+	t.seg1 = field(t.seg1, "instructions", e.instructions, "null")
+	t.seg1 = field(append(t.seg1, ','), "max_output_tokens", e.maxOutputTokens, "null")
+	t.seg1 = field(append(t.seg1, ','), "max_tool_calls", e.maxToolCalls, "null")
+	t.seg2 = field(t.seg2, "parallel_tool_calls", e.parallelToolCalls, "true")
+	t.seg2 = append(t.seg2, `,"previous_response_id":null,`...)
+	t.seg2 = field(t.seg2, "prompt_cache_key", e.promptCacheKey, "null")
+	t.seg2 = field(append(t.seg2, ','), "reasoning", e.reasoning, `{"effort":null,"summary":null}`)
+	t.seg2 = field(append(t.seg2, ','), "safety_identifier", e.safetyIdentifier, "null")
+	t.seg3 = field(t.seg3, "store", e.store, "true")
+	t.seg3 = field(append(t.seg3, ','), "temperature", e.temperature, "1.0")
+	t.seg3 = field(append(t.seg3, ','), "text", e.text, `{"format":{"type":"text"},"verbosity":"medium"}`)
+	t.seg3 = field(append(t.seg3, ','), "tool_choice", e.toolChoice, `"auto"`)
+	t.seg3 = field(append(t.seg3, ','), "tools", e.tools, "[]")
+	t.seg3 = field(append(t.seg3, ','), "top_logprobs", e.topLogprobs, "0")
+	t.seg3 = field(append(t.seg3, ','), "top_p", e.topP, "1.0")
+	t.seg3 = field(append(t.seg3, ','), "truncation", e.truncation, `"disabled"`)
+	t.seg4 = field(t.seg4, "user", e.user, "null")
+	t.seg4 = field(append(t.seg4, ','), "metadata", e.metadata, "{}")
+	t.tier = []byte(`"auto"`)
+	if len(e.serviceTier) > 0 {
+		t.tier = e.serviceTier // a string literal, already compact
+	}
+	return t, err
 }
 
-type incompleteDetail struct {
-	Reason string `json:"reason"`
-}
+type responseError struct{ code, message string }
 
+// responseUsage is token usage in the Responses API's terms.
 type responseUsage struct {
-	InputTokens        int64 `json:"input_tokens"`
-	InputTokensDetails struct {
-		CachedTokens int64 `json:"cached_tokens"`
-	} `json:"input_tokens_details"`
-	OutputTokens        int64 `json:"output_tokens"`
-	OutputTokensDetails struct {
-		ReasoningTokens int64 `json:"reasoning_tokens"`
-	} `json:"output_tokens_details"`
-	TotalTokens int64 `json:"total_tokens"`
+	input, cached, output, reasoning, total int64
+}
+
+func (u *responseUsage) appendJSON(dst []byte) []byte {
+	dst = append(dst, `{"input_tokens":`...)
+	dst = strconv.AppendInt(dst, u.input, 10)
+	dst = append(dst, `,"input_tokens_details":{"cached_tokens":`...)
+	dst = strconv.AppendInt(dst, u.cached, 10)
+	dst = append(dst, `},"output_tokens":`...)
+	dst = strconv.AppendInt(dst, u.output, 10)
+	dst = append(dst, `,"output_tokens_details":{"reasoning_tokens":`...)
+	dst = strconv.AppendInt(dst, u.reasoning, 10)
+	dst = append(dst, `},"total_tokens":`...)
+	dst = strconv.AppendInt(dst, u.total, 10)
+	return append(dst, '}')
 }
 
 // responseState is what differs between the Responses built for one request.
@@ -290,55 +329,67 @@ type responseState struct {
 	usage       *responseUsage
 }
 
-// response renders a Response object. It fails only on raw JSON that encoding/json refuses
-// (nested beyond its depth limit); NewChatRequest renders one first, so the request's parts
-// never do.
-func (r *ChatRequest) response(st responseState) ([]byte, error) {
-	e := &r.echo
-	o := responseObject{
-		ID: st.id, Object: "response", CreatedAt: st.createdAt, Status: st.status, Error: st.err,
-		Instructions:       orDefault(e.instructions, "null"),
-		MaxOutputTokens:    orDefault(e.maxOutputTokens, "null"),
-		MaxToolCalls:       orDefault(e.maxToolCalls, "null"),
-		Model:              st.model,
-		Output:             make([]json.RawMessage, len(st.output)),
-		ParallelToolCalls:  orDefault(e.parallelToolCalls, "true"),
-		PreviousResponseID: json.RawMessage("null"),
-		PromptCacheKey:     orDefault(e.promptCacheKey, "null"),
-		Reasoning:          orDefault(e.reasoning, `{"effort":null,"summary":null}`),
-		SafetyIdentifier:   orDefault(e.safetyIdentifier, "null"),
-		ServiceTier:        orDefault(e.serviceTier, `"auto"`),
-		Store:              orDefault(e.store, "true"),
-		Temperature:        orDefault(e.temperature, "1.0"),
-		Text:               orDefault(e.text, `{"format":{"type":"text"},"verbosity":"medium"}`),
-		ToolChoice:         orDefault(e.toolChoice, `"auto"`),
-		Tools:              orDefault(e.tools, "[]"),
-		TopLogprobs:        orDefault(e.topLogprobs, "0"),
-		TopP:               orDefault(e.topP, "1.0"),
-		Truncation:         orDefault(e.truncation, `"disabled"`),
-		Usage:              st.usage,
-		User:               orDefault(e.user, "null"),
-		Metadata:           orDefault(e.metadata, "{}"),
+// appendResponse appends the Response object in state st.
+func (r *ChatRequest) appendResponse(dst []byte, st responseState) []byte {
+	t := &r.tmpl
+	dst = append(dst, `{"id":`...)
+	dst = appendString(dst, st.id)
+	dst = append(dst, `,"object":"response","created_at":`...)
+	dst = strconv.AppendInt(dst, st.createdAt, 10)
+	dst = append(dst, `,"status":`...)
+	dst = appendString(dst, st.status)
+	dst = append(dst, `,"background":false,"error":`...)
+	if st.err != nil {
+		dst = append(dst, `{"code":`...)
+		dst = appendString(dst, st.err.code)
+		dst = append(dst, `,"message":`...)
+		dst = appendString(dst, st.err.message)
+		dst = append(dst, '}')
+	} else {
+		dst = append(dst, "null"...)
 	}
-	if o.Model == "" {
-		o.Model = gjson.ParseBytes(e.model).String()
-	}
-	if st.serviceTier.Type == gjson.String && st.serviceTier.Str != "" {
-		o.ServiceTier = json.RawMessage(st.serviceTier.Raw)
-	}
+	dst = append(dst, `,"incomplete_details":`...)
 	if st.incomplete != "" {
-		o.IncompleteDetails = &incompleteDetail{Reason: st.incomplete}
+		dst = append(dst, `{"reason":`...)
+		dst = appendString(dst, st.incomplete)
+		dst = append(dst, '}')
+	} else {
+		dst = append(dst, "null"...)
 	}
+	dst = append(dst, ',')
+	dst = append(dst, t.seg1...)
+	dst = append(dst, `,"model":`...)
+	model := st.model
+	if model == "" {
+		model = t.model
+	}
+	dst = appendString(dst, model)
+	dst = append(dst, `,"output":[`...)
 	for i, it := range st.output {
-		o.Output[i] = it
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, it...)
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(&o); err != nil {
-		return nil, err
+	dst = append(dst, "],"...)
+	dst = append(dst, t.seg2...)
+	dst = append(dst, `,"service_tier":`...)
+	if st.serviceTier.Type == gjson.String && st.serviceTier.Str != "" {
+		dst = appendString(dst, st.serviceTier.Str)
+	} else {
+		dst = append(dst, t.tier...)
 	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+	dst = append(dst, ',')
+	dst = append(dst, t.seg3...)
+	dst = append(dst, `,"usage":`...)
+	if st.usage != nil {
+		dst = st.usage.appendJSON(dst)
+	} else {
+		dst = append(dst, "null"...)
+	}
+	dst = append(dst, ',')
+	dst = append(dst, t.seg4...)
+	return append(dst, '}')
 }
 
 // Output items, shared by both renderings.

@@ -82,6 +82,7 @@ const (
 type streamItem struct {
 	kind   itemKind
 	id     string
+	idLit  []byte // id as a JSON string, for the events that name the item
 	index  int
 	opened bool // output_item.added was sent
 	sealed bool // no more deltas will come
@@ -137,7 +138,9 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 	if s.done {
 		return nil, nil
 	}
-	s.buf, s.out = nil, nil
+	// Most chunks give one event of about their own size; a fresh buffer each call, as the
+	// caller owns the events' data.
+	s.buf, s.out = make([]byte, 0, len(data)+256), make([]Event, 0, 2)
 	if d := bytes.TrimSpace(data); string(d) == "[DONE]" {
 		if !s.finished {
 			return s.fail(cutError())
@@ -152,33 +155,76 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 	if !root.IsObject() {
 		return s.fail(shapeError(errors.New("a chunk is not a JSON object")))
 	}
-	if isErrorObject(root) {
+	// One pass over the chunk's keys: every event of a long stream pays for this.
+	var choices, usage, errObj, object, created, model, tier gjson.Result
+	root.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "choices":
+			choices = v
+		case "usage":
+			usage = v
+		case "error":
+			errObj = v
+		case "object":
+			object = v
+		case "created":
+			created = v
+		case "model":
+			model = v
+		case "service_tier":
+			tier = v
+		}
+		return true
+	})
+	if present(errObj) || object.Str == "error" {
 		e := bodyError(root, http.StatusBadGateway)
 		e.Err = fmt.Errorf("%w: the upstream sent an error: %s", ErrChatStream, e.Message)
 		return s.fail(e)
 	}
 	if s.createdAt == 0 {
-		s.createdAt = root.Get("created").Int()
+		s.createdAt = created.Int()
 	}
 	if s.model == "" {
-		s.model = root.Get("model").String()
+		s.model = model.String()
 	}
-	if t := root.Get("service_tier"); t.Type == gjson.String {
-		s.tier = t
+	if tier.Type == gjson.String {
+		s.tier = tier
 	}
 	s.announce()
-	if u := root.Get("usage"); u.IsObject() {
-		s.usage = chatUsage(u) // in the last chunk, or (vLLM's continuous stats) in each
+	if usage.IsObject() {
+		s.usage = chatUsage(usage) // in the last chunk, or (vLLM's continuous stats) in each
 	}
-	choice := firstChoice(root)
-	if !choice.Exists() {
+	var delta, logprobs, finish gjson.Result
+	found := false
+	choices.ForEach(func(_, c gjson.Result) bool {
+		var index gjson.Result
+		c.ForEach(func(k, v gjson.Result) bool {
+			switch k.Str {
+			case "index":
+				index = v
+			case "delta":
+				delta = v
+			case "logprobs":
+				logprobs = v
+			case "finish_reason":
+				finish = v
+			}
+			return true
+		})
+		found = index.Int() == 0 // the only choice the translation asks for
+		if !found {
+			delta, logprobs, finish = gjson.Result{}, gjson.Result{}, gjson.Result{}
+		}
+		return !found
+	})
+	if !found {
 		return s.out, nil
 	}
-	if err := s.delta(choice.Get("delta"), choice.Get("logprobs.content")); err != nil {
+	if err := s.delta(delta, logprobs.Get("content")); err != nil {
 		return s.fail(err)
 	}
-	if fr := choice.Get("finish_reason"); fr.Type == gjson.String && fr.Str != "" && !s.finished {
-		if err := s.finishWith(fr.Str); err != nil {
+	if finish.Type == gjson.String && finish.Str != "" && !s.finished {
+		if err := s.finishWith(finish.Str); err != nil {
 			return s.fail(err)
 		}
 	}
@@ -238,7 +284,7 @@ func (s *ChatStream) Fail(err error) []Event {
 	s.buf = appendString(s.buf, msg)
 	s.buf = append(s.buf, `,"param":null}`...)
 	s.end("error")
-	s.responseEvent("response.failed", responseState{status: "failed", err: &responseError{Code: code, Message: msg}, output: s.doneItems()})
+	s.responseEvent("response.failed", responseState{status: "failed", err: &responseError{code: code, message: msg}, output: s.doneItems()})
 	s.done = true
 	if s.err == nil {
 		s.err = err
@@ -296,7 +342,9 @@ func (s *ChatStream) delta(d, logprobs gjson.Result) error {
 		if s.reasoning == nil || s.reasoning.sealed {
 			s.reasoning = s.newItem(reasoningItem)
 		}
-		s.addText(s.reasoning, reasoningPart, reasoning, gjson.Result{})
+		if err := s.addText(s.reasoning, reasoningPart, reasoning, gjson.Result{}); err != nil {
+			return err
+		}
 	}
 	if content.Exists() {
 		if s.message == nil || s.message.sealed {
@@ -306,13 +354,17 @@ func (s *ChatStream) delta(d, logprobs gjson.Result) error {
 		if s.r.logprobs {
 			lp = logprobs
 		}
-		s.addText(s.message, textPart, content, lp)
+		if err := s.addText(s.message, textPart, content, lp); err != nil {
+			return err
+		}
 	}
 	if refusal.Exists() {
 		if s.message == nil || s.message.sealed {
 			s.message = s.newItem(messageItem)
 		}
-		s.addText(s.message, refusalPart, refusal, gjson.Result{})
+		if err := s.addText(s.message, refusalPart, refusal, gjson.Result{}); err != nil {
+			return err
+		}
 	}
 	var err error
 	calls.ForEach(func(_, tc gjson.Result) bool {
@@ -341,6 +393,7 @@ func (s *ChatStream) newItem(kind itemKind) *streamItem {
 		prefix = "fc_"
 	}
 	it := &streamItem{kind: kind, id: s.r.newID(prefix), index: len(s.items)}
+	it.idLit = appendString(nil, it.id)
 	s.items = append(s.items, it)
 	s.pump()
 	return it
@@ -372,7 +425,7 @@ func (s *ChatStream) live(it *streamItem) bool {
 }
 
 // addText appends a text delta (v, a JSON string) to the item's current part of that kind.
-func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Result) {
+func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Result) error {
 	var p *streamPart
 	if n := len(it.parts); n > 0 && it.parts[n-1].kind == kind {
 		p = it.parts[n-1]
@@ -390,10 +443,13 @@ func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Re
 	p.text.WriteString(v.Str)
 	hasLP := logprobs.IsArray()
 	if hasLP {
-		p.logprobs = logprobElems(p.logprobs, logprobs)
+		var err error
+		if p.logprobs, err = logprobElems(p.logprobs, logprobs); err != nil {
+			return err
+		}
 	}
 	if !s.live(it) {
-		return
+		return nil
 	}
 	k := len(it.parts) - 1
 	if !p.opened {
@@ -405,10 +461,11 @@ func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Re
 		if hasLP {
 			lp = p.logprobs[p.lpSent:]
 		}
-		s.textDelta(it, k, p, []byte(v.Raw), lp)
+		s.textDelta(it, k, p, v.Raw, lp)
 		p.sent = p.text.Len()
 		p.lpSent = len(p.logprobs)
 	}
+	return nil
 }
 
 // toolCall applies one tool_calls[] delta.
@@ -416,19 +473,35 @@ func (s *ChatStream) toolCall(tc gjson.Result) error {
 	if !tc.IsObject() {
 		return shapeError(errors.New("a tool call delta is not an object"))
 	}
-	id := tc.Get("id").String()
+	var id, index, name, args gjson.Result
+	tc.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "id":
+			id = v
+		case "index":
+			index = v
+		case "function":
+			v.ForEach(func(k, v gjson.Result) bool {
+				switch k.Str {
+				case "name":
+					name = v
+				case "arguments":
+					args = v
+				}
+				return true
+			})
+		}
+		return true
+	})
 	idx := int64(0)
-	switch i := tc.Get("index"); {
-	case i.Type == gjson.Number:
-		idx = i.Int()
-	case s.lastCall >= 0 && (id == "" || id == s.calls[s.lastCall].callID):
+	switch {
+	case index.Type == gjson.Number:
+		idx = index.Int()
+	case s.lastCall >= 0 && (id.Str == "" || id.Str == s.calls[s.lastCall].callID):
 		idx = s.lastCall // no index: the call so far, unless a new id starts another
 	case s.lastCall >= 0:
 		idx = s.lastCall + 1
 	}
-	fn := tc.Get("function")
-	name := fn.Get("name").String()
-	args := fn.Get("arguments")
 	it := s.calls[idx]
 	if it == nil {
 		if s.finished {
@@ -438,11 +511,11 @@ func (s *ChatStream) toolCall(tc gjson.Result) error {
 		s.calls[idx] = it
 	}
 	s.lastCall = max(s.lastCall, idx)
-	if it.callID == "" && id != "" {
-		it.callID = id
+	if it.callID == "" && id.Type == gjson.String && id.Str != "" {
+		it.callID = id.Str
 	}
-	if it.name == "" && name != "" {
-		it.name = name
+	if it.name == "" && name.Type == gjson.String && name.Str != "" {
+		it.name = name.Str
 		s.pump()
 	}
 	piece := ""
@@ -450,7 +523,12 @@ func (s *ChatStream) toolCall(tc gjson.Result) error {
 	case args.Type == gjson.String:
 		piece = args.Str
 	case args.IsObject():
-		piece = args.Raw // a server that sends the arguments as an object, whole
+		// A server that sends the arguments as an object, whole.
+		b, err := appendCompact(nil, args.Raw)
+		if err != nil {
+			return err
+		}
+		piece = string(b)
 	}
 	if piece == "" {
 		return nil
@@ -464,9 +542,9 @@ func (s *ChatStream) toolCall(tc gjson.Result) error {
 	it.args.WriteString(piece)
 	if s.live(it) {
 		if args.Type == gjson.String {
-			s.argsDelta(it, []byte(args.Raw))
+			s.argsDelta(it, args.Raw)
 		} else {
-			s.argsDelta(it, appendString(nil, piece))
+			s.argsDelta(it, string(appendString(nil, piece)))
 		}
 		it.argsSent = it.args.Len()
 	}
@@ -529,7 +607,7 @@ func (s *ChatStream) open(it *streamItem) {
 	for k, p := range it.parts {
 		s.partAdded(it, k, p)
 		if p.sent < p.text.Len() {
-			s.textDelta(it, k, p, appendString(nil, p.text.String()[p.sent:]), p.logprobs[p.lpSent:])
+			s.textDelta(it, k, p, string(appendString(nil, p.text.String()[p.sent:])), p.logprobs[p.lpSent:])
 			p.sent, p.lpSent = p.text.Len(), len(p.logprobs)
 		}
 		if p.closed && k < len(it.parts)-1 {
@@ -537,7 +615,7 @@ func (s *ChatStream) open(it *streamItem) {
 		}
 	}
 	if it.kind == callItemKind && it.argsSent < it.args.Len() {
-		s.argsDelta(it, appendString(nil, it.args.String()[it.argsSent:]))
+		s.argsDelta(it, string(appendString(nil, it.args.String()[it.argsSent:])))
 		it.argsSent = it.args.Len()
 	}
 }
@@ -604,35 +682,24 @@ func (s *ChatStream) announce() {
 		return
 	}
 	s.announced = true
-	resp := s.render(responseState{status: "in_progress"})
-	s.wrap("response.created", resp)
-	s.wrap("response.in_progress", resp)
+	s.responseEvent("response.created", responseState{status: "in_progress"})
+	s.responseEvent("response.in_progress", responseState{status: "in_progress"})
 }
 
+// responseEvent sends {"type":typ,"sequence_number":n,"response":{...}} with the Response in
+// state st (the stream's id, created_at and model filled in).
 func (s *ChatStream) responseEvent(typ string, st responseState) {
-	s.wrap(typ, s.render(st))
-}
-
-// render renders the Response in state st, with the stream's id, created_at and model.
-func (s *ChatStream) render(st responseState) []byte {
 	st.id, st.createdAt, st.model, st.serviceTier = s.id, s.createdAt, s.model, s.tier
-	resp, err := s.r.response(st)
-	if err != nil {
-		// Only upstream logprobs nested past encoding/json's depth limit get here.
-		if s.err == nil {
-			s.err = shapeError(err)
-		}
-		st.output = nil
-		resp, _ = s.r.response(st)
+	size := 1024
+	for _, it := range st.output {
+		size += len(it)
 	}
-	return resp
-}
-
-// wrap sends {"type":typ,"sequence_number":n,"response":resp}.
-func (s *ChatStream) wrap(typ string, resp []byte) {
+	if cap(s.buf)-len(s.buf) < size {
+		s.buf = make([]byte, 0, size) // earlier events keep the old array; nothing points into the rest
+	}
 	s.begin(typ)
 	s.buf = append(s.buf, `,"response":`...)
-	s.buf = append(s.buf, resp...)
+	s.buf = s.r.appendResponse(s.buf, st)
 	s.end(typ)
 }
 
@@ -657,7 +724,7 @@ func (s *ChatStream) end(typ string) {
 
 func (s *ChatStream) itemRef(it *streamItem) {
 	s.buf = append(s.buf, `,"item_id":`...)
-	s.buf = appendString(s.buf, it.id)
+	s.buf = append(s.buf, it.idLit...)
 	s.buf = append(s.buf, `,"output_index":`...)
 	s.buf = appendInt(s.buf, it.index)
 }
@@ -689,7 +756,7 @@ func (s *ChatStream) partAdded(it *streamItem, k int, p *streamPart) {
 }
 
 // textDelta sends a delta; lit is the JSON string literal of the new text.
-func (s *ChatStream) textDelta(it *streamItem, k int, p *streamPart, lit, logprobs []byte) {
+func (s *ChatStream) textDelta(it *streamItem, k int, p *streamPart, lit string, logprobs []byte) {
 	typ := "response.output_text.delta"
 	switch p.kind {
 	case reasoningPart:
@@ -752,7 +819,7 @@ func (s *ChatStream) partDone(it *streamItem, k int, p *streamPart) {
 	s.end("response.content_part.done")
 }
 
-func (s *ChatStream) argsDelta(it *streamItem, lit []byte) {
+func (s *ChatStream) argsDelta(it *streamItem, lit string) {
 	s.begin("response.function_call_arguments.delta")
 	s.itemRef(it)
 	s.buf = append(s.buf, `,"delta":`...)
