@@ -77,7 +77,6 @@ var chatOwned = map[string]bool{
 	"messages": true, "functions": true, "function_call": true, "n": true, "max_tokens": true,
 	"max_completion_tokens": true, "response_format": true, "logprobs": true, "reasoning_effort": true,
 	"verbosity": true, "modalities": true, "audio": true, "prediction": true, "web_search_options": true,
-	"tool_call_id": true,
 }
 
 // NewChatRequest translates a Responses request body into a Chat Completions request; see

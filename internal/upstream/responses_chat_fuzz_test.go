@@ -69,8 +69,8 @@ func FuzzNewChatRequest(f *testing.F) {
 }
 
 // FuzzChatStream feeds any byte stream, read as server-sent events, to the stream translation.
-// It must not panic; its errors wrap ErrChatStream or ErrChatShape; and what it emits, ended by
-// Fail on an error, is always a valid Responses stream.
+// It must not panic; its errors wrap ErrChatStream or ErrChatShape; each event's data is JSON
+// on one line; and what it emits, ended by Fail on an error, is always a valid Responses stream.
 func FuzzChatStream(f *testing.F) {
 	cases, _ := filepath.Glob("testdata/responses_chat/*.chat.sse")
 	for _, c := range cases {
@@ -82,6 +82,7 @@ func FuzzChatStream(f *testing.F) {
 	}
 	f.Add([]byte("data: " + string(deeplyNested("choices", 12000)) + "\n\n"))
 	f.Add([]byte(`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":{"a":[1]}}}]},"finish_reason":"tool_calls"}]}` + "\n\n"))
+	f.Add([]byte("data: {\"choices\":[{\"index\":0,\n" + `data: "delta":{"content":"a"},"logprobs":{"content":[{"token":"a",` + "\ndata: " + `"logprob":0}]},"finish_reason":"stop"}]}` + "\n\n"))
 	req, err := NewChatRequest([]byte(`{"model":"m","input":"x","stream":true,"include":["message.output_text.logprobs"]}`), ChatOptions{NewID: counterIDs()})
 	if err != nil {
 		f.Fatal(err)
@@ -91,8 +92,8 @@ func FuzzChatStream(f *testing.F) {
 		var out bytes.Buffer
 		write := func(evs []Event) {
 			for _, ev := range evs {
-				if !json.Valid(ev.Data) {
-					t.Fatalf("event %s data %q is not JSON", ev.Name, clipBytes(ev.Data))
+				if !json.Valid(ev.Data) || bytes.ContainsAny(ev.Data, "\r\n") {
+					t.Fatalf("event %s data %q is not JSON on one line", ev.Name, clipBytes(ev.Data))
 				}
 				fmt.Fprintf(&out, "event: %s\ndata: %s\n\n", ev.Name, ev.Data)
 			}
