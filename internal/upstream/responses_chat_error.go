@@ -1,7 +1,8 @@
 package upstream
 
 // Responses ⇄ Chat Completions, errors: what chat servers answer when they refuse, in their own
-// shapes, mapped into OpenAI's {"error":{"message","type","param","code"}}.
+// shapes, mapped into OpenAI's {"error":{"message","type","param","code"}}; and the 400s of the
+// request translation.
 
 import (
 	"bytes"
@@ -195,4 +196,32 @@ func isSnakeCase(s string) bool {
 		}
 	}
 	return true
+}
+
+// Errors of the request translation: client-visible 400s naming the field.
+
+func unsupported(param, msg string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "unsupported_parameter", Message: msg, Err: ErrChatUnsupported}
+}
+
+func unsupportedValue(param, msg string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "unsupported_value", Message: msg, Err: ErrChatUnsupported}
+}
+
+func invalid(param, msg string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Message: msg, Err: ErrChatInvalid}
+}
+
+func invalidType(param, want string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "invalid_type",
+		Message: "Invalid type for '" + param + "': expected " + want + ".", Err: ErrChatInvalid}
+}
+
+func invalidValue(param, msg string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "invalid_value", Message: msg, Err: ErrChatInvalid}
+}
+
+func missing(param string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "missing_required_parameter",
+		Message: "Missing required parameter: '" + param + "'.", Err: ErrChatInvalid}
 }
