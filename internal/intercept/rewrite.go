@@ -11,6 +11,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 const (
@@ -95,7 +96,7 @@ type lookup struct {
 // wants reports whether a request is one the engine intercepts: the tools list holds a
 // code_interpreter tool.
 func wants(body []byte) bool {
-	if !gjson.ValidBytes(body) {
+	if !jsondepth.Valid(body) {
 		return false
 	}
 	found := false
@@ -116,7 +117,7 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*request, *ap
 		fn = "python"
 	}
 	root := gjson.ParseBytes(body)
-	if !gjson.ValidBytes(body) || !root.IsObject() {
+	if !jsondepth.Valid(body) || !root.IsObject() {
 		return nil, apierror.BadRequest("The request body must be a JSON object.", "", "")
 	}
 	r := &request{

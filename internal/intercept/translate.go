@@ -11,10 +11,15 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/ciproxy/ciproxy/internal/intercept/argstream"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 // errUpstreamShape marks an upstream event or response the translator cannot read.
 var errUpstreamShape = errors.New("unexpected upstream response")
+
+// errTooDeep is an upstream event or response nesting deeper than jsondepth.Max: read no further,
+// since gjson's validator recurses once per level (see package jsondepth).
+var errTooDeep = fmt.Errorf("%w: JSON nested deeper than %d levels", errUpstreamShape, jsondepth.Max)
 
 // translator turns the upstream's output, over every iteration of one request's loop, into the
 // client-visible events and Response: calls of the stand-in function become
@@ -88,6 +93,9 @@ func (t *translator) begin() {
 
 // upstream translates one upstream stream event into zero or more client events.
 func (t *translator) upstream(data []byte) ([]Event, error) {
+	if !jsondepth.Within(data, jsondepth.Max) {
+		return nil, errTooDeep
+	}
 	typ := gjson.GetBytes(data, "type").String()
 	switch typ {
 	case "response.created", "response.in_progress", "response.queued":
@@ -139,6 +147,9 @@ func (t *translator) upstream(data []byte) ([]Event, error) {
 
 // response feeds a complete (non-streaming) upstream Response through the same path as events.
 func (t *translator) response(body []byte) ([]Event, error) {
+	if !jsondepth.Within(body, jsondepth.Max) {
+		return nil, errTooDeep
+	}
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() || !root.Get("output").IsArray() {
 		return nil, fmt.Errorf("%w: no output in the response", errUpstreamShape)
@@ -486,7 +497,7 @@ func (t *translator) output() []byte {
 // id, the client's model, tools and tool_choice, the given status and output, and (when
 // withUsage) the usage summed over the loop.
 func (t *translator) patch(resp []byte, status string, output []byte, withUsage bool) []byte {
-	if !gjson.ValidBytes(resp) || !gjson.ParseBytes(resp).IsObject() {
+	if !jsondepth.Valid(resp) || !gjson.ParseBytes(resp).IsObject() {
 		resp = []byte(`{"id":"","object":"response","created_at":0,"status":"","error":null,"incomplete_details":null,"output":[],"usage":null}`)
 	}
 	set := func(path string, raw []byte) {

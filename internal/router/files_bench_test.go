@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
@@ -37,7 +38,7 @@ func benchFilesServer(b *testing.B) (*httptest.Server, []byte) {
 		c.General.MaxFileUploadSize = config.DefaultMaxFileUploadSize
 	})
 	srv := httptest.NewServer(New(Options{
-		Store:    config.NewStore(cfg),
+		Store:    snapshot.NewStore(&snapshot.Snapshot{Config: cfg}),
 		Client:   upstream.NewClient(upstream.ClientOptions{}),
 		Balancer: upstream.NewBalancer(),
 		Logger:   zap.NewNop(),
