@@ -470,12 +470,13 @@ func (s *server) fileContent(w http.ResponseWriter, r *http.Request) error {
 	h := w.Header()
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Content-Length", strconv.FormatInt(f.Bytes, 10))
-	h.Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": f.Filename}))
+	disposition := mime.FormatMediaType("attachment", map[string]string{"filename": f.Filename})
+	if disposition == "" {
+		disposition = "attachment" // a name mime cannot encode is still not sent raw
+	}
+	h.Set("Content-Disposition", disposition)
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
-	if r.Method == http.MethodHead {
-		return nil
-	}
 	if _, err := io.Copy(w, rc); err != nil {
 		// Headers are out: the only honest end is a cut connection, which the client sees as a
 		// body shorter than Content-Length.
