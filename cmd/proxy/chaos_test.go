@@ -301,8 +301,9 @@ func startChaos(t *testing.T, seed uint64) *chaos {
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancelRun = cancel
 	addr := make(chan net.Addr, 1)
+	dataDir := t.TempDir()
 	go func() {
-		h.runDone <- run(ctx, []string{"--config", h.cfgPath, "--host", "127.0.0.1", "--port", "0"},
+		h.runDone <- run(ctx, []string{"--config", h.cfgPath, "--host", "127.0.0.1", "--port", "0", "--data-dir", dataDir},
 			io.Discard, h.stderr, func(a net.Addr) { addr <- a })
 	}()
 	select {

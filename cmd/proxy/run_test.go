@@ -115,8 +115,9 @@ func start(t *testing.T, args ...string) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{stderr: &syncBuffer{}, cancel: cancel, exit: make(chan int, 1)}
 	addr := make(chan net.Addr, 1)
+	dataDir := t.TempDir() // a data directory of its own: one process per directory
 	go func() {
-		r.exit <- run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0"}, args...), io.Discard, r.stderr, func(a net.Addr) { addr <- a })
+		r.exit <- run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0", "--data-dir", dataDir}, args...), io.Discard, r.stderr, func(a net.Addr) { addr <- a })
 	}()
 	select {
 	case a := <-addr:

@@ -26,6 +26,8 @@ const (
 	DefaultContainerIdleTimeout = 20 * time.Minute
 	DefaultMaxRequestBodySize   = 32 << 20
 	DefaultShutdownGrace        = 30 * time.Second
+	DefaultMaxFileUploadSize    = 512 << 20 // OpenAI's limit for one file
+	DefaultMaxFileStoragePerKey = 10 << 30
 
 	// DefaultSandboxToolName names the sandbox tool that stands in when sandbox_tools is absent, and
 	// DefaultSandboxBackend is its backend, with that backend's defaults.
@@ -442,7 +444,8 @@ func (d *decoder) litellmSettings(n *yaml.Node, cfg *Config, tools map[string]in
 
 func (d *decoder) general(n *yaml.Node) General {
 	const path = "general_settings"
-	p := d.Map(n, path, path, []string{"master_key", "container_secret", "max_request_body_size", "shutdown_grace"}, nil)
+	p := d.Map(n, path, path, []string{"master_key", "container_secret", "max_request_body_size", "shutdown_grace",
+		"data_dir", "max_file_upload_size", "max_file_storage_per_key"}, nil)
 	var g General
 	mk := p.String("master_key")
 	switch {
@@ -463,6 +466,9 @@ func (d *decoder) general(n *yaml.Node) General {
 	}
 	g.MaxRequestBodySize, _ = p.Size("max_request_body_size", DefaultMaxRequestBodySize)
 	g.ShutdownGrace = p.Duration("shutdown_grace", DefaultShutdownGrace, true)
+	g.DataDir = strings.TrimSpace(p.String("data_dir").S)
+	g.MaxFileUploadSize, _ = p.Size("max_file_upload_size", DefaultMaxFileUploadSize)
+	g.MaxFileStoragePerKey, _ = p.Size("max_file_storage_per_key", DefaultMaxFileStoragePerKey)
 	return g
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
+	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -40,6 +41,8 @@ type Options struct {
 	Balancer *upstream.Balancer
 	// Interceptor is offered every POST /v1/responses first. Nil: pass-through only.
 	Interceptor Interceptor
+	// Files stores the Files API's files (/v1/files). Nil: the Files API is not served.
+	Files store.Files
 	// Logger receives the access log and error details. Nil: no logging.
 	Logger *zap.Logger
 	// Registry is where the router's metrics are registered and what /metrics serves.
@@ -62,6 +65,7 @@ type server struct {
 	client      *upstream.Client
 	balancer    *upstream.Balancer
 	interceptor Interceptor
+	files       store.Files
 	log         *zap.Logger
 	metrics     *Metrics
 	ready       func() bool
@@ -80,6 +84,7 @@ func New(opts Options) http.Handler {
 		client:      opts.Client,
 		balancer:    opts.Balancer,
 		interceptor: opts.Interceptor,
+		files:       opts.Files,
 		log:         opts.Logger,
 		metrics:     opts.Metrics,
 		ready:       opts.Ready,
@@ -115,6 +120,12 @@ func New(opts Options) http.Handler {
 	r.Get("/healthz", healthz)
 	r.Get("/readyz", s.readyz)
 	r.With(auth).Method(http.MethodGet, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if s.files != nil {
+		// Uploads are bounded by max_file_upload_size, not max_request_body_size, and streamed to
+		// the store, so they skip bodyLimit.
+		r.With(auth).Post("/v1/files", s.handle(s.createFile))
+		r.With(auth).Post("/files", s.handle(s.createFile))
+	}
 
 	r.Route("/v1", func(v chi.Router) {
 		v.Use(auth, bodyLimit)
@@ -141,6 +152,12 @@ func (s *server) api(r chi.Router) {
 	r.Post("/embeddings", s.handle(s.modelPassthrough))
 	r.Get("/models", s.handle(s.models))
 	r.Get("/models/*", s.handle(s.model)) // a wildcard: model names may contain "/"
+	if s.files != nil {
+		r.Get("/files", s.handle(s.listFiles))
+		r.Get("/files/{id}", s.handle(s.getFile))
+		r.Delete("/files/{id}", s.handle(s.deleteFile))
+		r.Get("/files/{id}/content", s.handle(s.fileContent))
+	}
 }
 
 // snapshot holds the configuration snapshot (config and sandbox registry) for the whole request;

@@ -107,7 +107,7 @@ func startProxy(t *testing.T, cfg string, env ...string) *proxy {
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(proxyBin, "--config", path, "--host", "127.0.0.1", "--port", "0")
+	cmd := exec.Command(proxyBin, "--config", path, "--host", "127.0.0.1", "--port", "0", "--data-dir", filepath.Join(t.TempDir(), "data"))
 	cmd.Env = append(os.Environ(), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
