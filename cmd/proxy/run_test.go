@@ -15,27 +15,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
 const testKey = "sk-master-test"
-
-// syncBuffer is a bytes.Buffer that the proxy's logger and the test may use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // upstreamServer answers every request with the model it was asked for; a request whose body
 // contains "hold" waits until release is closed.
@@ -105,7 +89,7 @@ general_settings:
 // running is a proxy started through run().
 type running struct {
 	url    string
-	stderr *syncBuffer
+	stderr *testutil.LockedBuffer
 	cancel context.CancelFunc
 	exit   chan int
 }
@@ -113,7 +97,7 @@ type running struct {
 func start(t *testing.T, args ...string) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{stderr: &syncBuffer{}, cancel: cancel, exit: make(chan int, 1)}
+	r := &running{stderr: &testutil.LockedBuffer{}, cancel: cancel, exit: make(chan int, 1)}
 	addr := make(chan net.Addr, 1)
 	go func() {
 		r.exit <- run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0"}, args...), io.Discard, r.stderr, func(a net.Addr) { addr <- a })
@@ -163,18 +147,6 @@ func (r *running) metrics(t *testing.T) string {
 	return string(b)
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for an event
-	}
-}
-
 func TestHotReload(t *testing.T) {
 	up := newUpstreamServer(t)
 	dir := t.TempDir()
@@ -215,7 +187,7 @@ func TestHotReload(t *testing.T) {
 	})
 
 	writeConfig(t, dir, configYAML(up.URL, "gpt-a", "gpt-b"))
-	eventually(t, "gpt-b is served", func() bool {
+	testutil.Eventually(t, "gpt-b is served", func() bool {
 		status, _, _ := p.post("gpt-b", "")
 		return status == http.StatusOK
 	})
@@ -223,13 +195,13 @@ func TestHotReload(t *testing.T) {
 		t.Errorf("gpt-b after reload = %d %s; want its upstream model", status, body)
 	}
 	// The new model list is live before OnReload has rebuilt the sandbox tools and counted.
-	eventually(t, "the reload is counted as a success", func() bool {
+	testutil.Eventually(t, "the reload is counted as a success", func() bool {
 		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="success"} 1`)
 	})
 
 	// A bad edit is rejected: both models keep working.
 	writeConfig(t, dir, configYAML(up.URL, "gpt-a")+"unknown_section: {}\n")
-	eventually(t, "the bad edit is counted", func() bool {
+	testutil.Eventually(t, "the bad edit is counted", func() bool {
 		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="failure"} 1`)
 	})
 	for _, m := range []string{"gpt-a", "gpt-b"} {
@@ -274,7 +246,7 @@ func TestGracefulShutdown(t *testing.T) {
 	p.cancel() // what SIGTERM does in main
 
 	// New connections are refused once the listener is closed.
-	eventually(t, "the listener is closed", func() bool {
+	testutil.Eventually(t, "the listener is closed", func() bool {
 		c, err := net.Dial("tcp", strings.TrimPrefix(p.url, "http://"))
 		if err == nil {
 			c.Close()
@@ -334,7 +306,7 @@ func TestCommandLine(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr syncBuffer
+			var stdout, stderr testutil.LockedBuffer
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			code := run(ctx, tc.args, &stdout, &stderr, func(net.Addr) {

@@ -13,7 +13,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
-	"github.com/ciproxy/ciproxy/internal/intercept/streamcheck"
+	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
