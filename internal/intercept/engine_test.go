@@ -10,6 +10,9 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -42,23 +45,18 @@ func TestApplies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := Applies(tt.cfg(), tt.provider, tt.body); got != tt.want {
-				t.Errorf("Applies = %v; want %v", got, tt.want)
+			if got := applies(tt.cfg(), tt.provider, tt.body); got != tt.want {
+				t.Errorf("applies = %v; want %v", got, tt.want)
 			}
 		})
 	}
 }
 
-func TestServeResponsesPassThroughWritesNothing(t *testing.T) {
+func TestHandlesLeavesOthersToPassThrough(t *testing.T) {
 	e := New(Options{})
 	cfg := &config.Config{Callbacks: []string{"code_interpreter_interception"}, Interception: config.Interception{Enabled: true}}
-	w := httptest.NewRecorder()
-	r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-	if e.ServeResponses(w, r, cfg, nil, "openai", []byte(`{"model":"m","input":"hi"}`), "") {
-		t.Fatal("ServeResponses = true for a request without code_interpreter")
-	}
-	if w.Body.Len() != 0 || len(w.Header()) != 0 || w.Code != 200 {
-		t.Errorf("something was written: %d %v %q", w.Code, w.Header(), w.Body.String())
+	if e.Handles(&Request{Config: cfg, Provider: "openai", Body: []byte(`{"model":"m","input":"hi"}`)}) {
+		t.Fatal("Handles = true for a request without code_interpreter")
 	}
 }
 
@@ -86,7 +84,7 @@ func TestClientErrors(t *testing.T) {
 }
 
 func TestContainerReuseAndOwner(t *testing.T) {
-	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
+	h := newHarness(t, withLocal(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
 	h.up.Enqueue(
 		upstreamtest.Turn{Items: []upstreamtest.Item{call("secret = 41")}},
 		upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("Stored.")}},
@@ -154,6 +152,9 @@ func TestSandboxUnavailable(t *testing.T) {
 
 func TestMetrics(t *testing.T) {
 	h := newHarness(t)
+	h.fake.setRun(func(context.Context, string) (sandbox.Result, error) {
+		return sandbox.Result{Error: &sandbox.ExecError{Name: "ZeroDivisionError", Value: "division by zero"}}, nil
+	})
 	h.up.Enqueue(calls("1/0"), text("failed"))
 	if status, resp := h.post(body(""), "k"); status != 200 {
 		t.Fatalf("status %d: %s", status, resp)
@@ -195,17 +196,17 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
-// panickingPoster answers its first call from a recording, then panics: a fault injected to
+// panickingUpstream answers its first call from a recording, then panics: a fault injected to
 // prove the engine releases the sandbox (which then holds a container) and answers.
-type panickingPoster struct {
-	first *cannedPoster
+type panickingUpstream struct {
+	first *cannedUpstream
 	calls int
 }
 
-func (p *panickingPoster) Post(ctx context.Context, path string, body []byte, h http.Header) (*http.Response, config.Deployment, error) {
+func (p *panickingUpstream) Responses(ctx context.Context, body []byte, h http.Header) (upstream.ResponseEvents, error) {
 	p.calls++
 	if p.calls == 1 {
-		return p.first.Post(ctx, path, body, h)
+		return p.first.Responses(ctx, body, h)
 	}
 	panic("injected fault")
 }
@@ -214,13 +215,13 @@ func TestPanicReleasesTheSandbox(t *testing.T) {
 	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 0 }))
 	w := httptest.NewRecorder()
 	r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-	p := &panickingPoster{first: &cannedPoster{bodies: [][]byte{record(t, false, calls("x = 1"))}}}
-	h.eng.serve(w, r, h.cfg, p, []byte(body("")), "k")
+	p := &panickingUpstream{first: &cannedUpstream{bodies: [][]byte{record(t, false, calls("x = 1"))}}}
+	serveLikeRouter(w, r, func() error { return h.eng.serve(w, r, h.cfg, p, []byte(body("")), "k", nil) })
 	if p.calls != 2 {
 		t.Fatalf("upstream calls = %d; want 2", p.calls)
 	}
 	if w.Code != 500 || gjson.GetBytes(w.Body.Bytes(), "error.type").String() != "server_error" || strings.Contains(w.Body.String(), "injected") {
 		t.Errorf("answer = %d %s; want a generic 500", w.Code, w.Body.String())
 	}
-	waitFor(t, "the container to be released", func() bool { return h.sess.Live() == 0 })
+	testutil.Eventually(t, "the container to be released", func() bool { return h.live() == 0 })
 }

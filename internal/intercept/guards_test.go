@@ -9,6 +9,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -28,14 +29,14 @@ func TestUnseenContainerIsDeleted(t *testing.T) {
 		status, resp := h.post(body(""), "alice")
 		done <- answer{status, resp}
 	}()
-	waitFor(t, "the early container", func() bool { return h.sess.Live() == 1 })
+	testutil.Eventually(t, "the early container", func() bool { return h.live() == 1 })
 	close(ready)
 	a := <-done
 	status, resp := a.status, a.resp
 	if status != http.StatusBadRequest {
 		t.Fatalf("status %d: %s", status, resp)
 	}
-	waitFor(t, "the unseen container to be deleted", func() bool { return h.sess.Live() == 0 })
+	testutil.Eventually(t, "the unseen container to be deleted", func() bool { return h.live() == 0 })
 }
 
 // TestToolChoiceNoneRunsNoCode: with tool_choice "none" (or allowed_tools without
@@ -55,6 +56,9 @@ func TestToolChoiceNoneRunsNoCode(t *testing.T) {
 			}
 			if n := len(h.up.Requests()) - before; n != 1 {
 				t.Errorf("%d upstream calls; want 1 (the loop stops)", n)
+			}
+			if ran := h.fake.Codes(); len(ran) != 0 {
+				t.Errorf("executed %q; want nothing run", ran)
 			}
 		})
 	}

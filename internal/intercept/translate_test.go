@@ -32,7 +32,7 @@ func TestTranslateGolden(t *testing.T) {
 	if len(ups) == 0 {
 		t.Fatal("no golden cases")
 	}
-	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: sharedProvider, Backend: "local"})
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: sandboxes.Provider(t), Backend: "local"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,12 +65,16 @@ func TestTranslateGolden(t *testing.T) {
 			}
 			w := httptest.NewRecorder()
 			rend := newSSERenderer(w, zap.NewNop())
-			r := &run{e: e, ic: ic, tool: "local", target: &cannedPoster{bodies: bodies, stream: true}, caller: "golden",
-				req: req, hdr: http.Header{}, emit: rend.emit, stored: map[string]StoredCall{}}
-			ctx := context.Background()
-			r.tr = newTranslator(req, "resp_golden", 0, func() (string, error) { return r.containerID(ctx) })
 			n := 0
-			r.tr.mint = func(prefix string) string { n++; return fmt.Sprintf("%sgolden%d", prefix, n) }
+			mint := func(prefix string) string {
+				if prefix == "resp_" {
+					return "resp_golden"
+				}
+				n++
+				return fmt.Sprintf("%sgolden%d", prefix, n)
+			}
+			r := e.newRun(ic, "local", &cannedUpstream{bodies: bodies, stream: true}, "golden", http.Header{}, req, rend.emit, mint)
+			ctx := context.Background()
 			if aerr := r.startContainer(ctx); aerr != nil {
 				t.Fatal(aerr)
 			}
@@ -129,26 +133,33 @@ func TestTranslatorLenientUpstreams(t *testing.T) {
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
-			tr := newTranslator(req, "resp_t", 1, func() (string, error) { return "cntr_t", nil })
-			tr.begin()
+			tr := newTranslator(req, "resp_t", 1, nil)
+			tr.begin(false)
 			var code strings.Builder
 			for _, ev := range tt.events {
-				evs, err := tr.upstream([]byte(ev))
+				if tr.needsContainer([]byte(ev)) {
+					tr.setContainer("cntr_t") // as the loop does, once the container is open
+				}
+				evs, err := tr.event([]byte(ev))
 				if err != nil {
 					t.Fatal(err)
 				}
 				for _, e := range evs {
-					if strings.Contains(string(e.Data), `"python"`) {
-						t.Errorf("the stand-in leaked: %s", e.Data)
+					data := e.appendJSON(nil, 0)
+					if strings.Contains(string(data), `"python"`) {
+						t.Errorf("the stand-in leaked: %s", data)
+					}
+					if strings.Contains(string(data), `"container_id":""`) {
+						t.Errorf("a call item without its container: %s", data)
 					}
 					if e.Type == "response.code_interpreter_call_code.delta" {
-						code.WriteString(gjsonString(e.Data, "delta"))
+						code.WriteString(gjsonString(data, "delta"))
 					}
 				}
 			}
-			p := tr.pending()
+			p := tr.calls()
 			if !tr.ended() || len(p) != 1 || p[0].code != "1+1" || p[0].callID != "call_1" || code.String() != "1+1" {
-				t.Fatalf("ended %v, pending %d, deltas %q", tr.ended(), len(p), code.String())
+				t.Fatalf("ended %v, calls %d, deltas %q", tr.ended(), len(p), code.String())
 			}
 		})
 	}
