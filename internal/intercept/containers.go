@@ -99,6 +99,13 @@ func (f *containerFuture) ready() (runner, bool) {
 func (r *run) startContainer(ctx context.Context) *apierror.Error {
 	f := &containerFuture{done: make(chan struct{})}
 	r.cont = f
+	if !r.req.code {
+		// No code_interpreter tool: no code runs, so no container is opened.
+		f.cancel = func() {}
+		f.err = errNoContainer
+		close(f.done)
+		return nil
+	}
 	if id := r.req.container.id; id != "" {
 		f.cancel = func() {}
 		f.c, f.err = r.e.sessions.Open(ctx, id, r.caller)
@@ -176,6 +183,9 @@ func (r *run) releaseContainer(ctx context.Context) {
 		r.e.sessions.Release(rctx, f.c, idle)
 	}
 }
+
+// errNoContainer is the container of a request without a code_interpreter tool.
+var errNoContainer = errors.New("the request has no code_interpreter tool")
 
 func sandboxUnavailable(err error) *apierror.Error {
 	return apierror.BadGateway("The code interpreter sandbox is unavailable.", "sandbox_unavailable", err)

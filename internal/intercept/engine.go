@@ -1,9 +1,24 @@
 // Package intercept runs OpenAI's code_interpreter tool on behalf of an upstream that only knows
-// function calling: it rewrites the request (rewrite.go), runs the agentic loop against the
-// upstream and a sandbox (loop.go), translates the upstream's output into code_interpreter_call
-// items and native events (translate.go), and renders them as one JSON Response
-// (render_json.go) or as the event stream (render_sse.go). Both renderings consume the same
-// events, so a stream's response.completed carries the Response the JSON path returns.
+// function calling. A request travels one pipeline, each stage in its own file:
+//
+//	request.go     the client's body, parsed once into a value (tools, tool_choice, include,
+//	               input, container); rewrite.go builds each upstream body from it
+//	loop.go        the agentic loop, the only stage with I/O: the upstream, through the
+//	               Responses seam (upstream.ResponsesAPI); the container (containers.go,
+//	               execution.go); the response store (store.go)
+//	translate.go   the pure translator: upstream events in, client events out, each call
+//	               ending with a typed outcome; response.go assembles the client's Response,
+//	               errors.go the error details, usage.go the summed usage, wire.go the
+//	               objects the proxy mints
+//	render_*.go    one event stream, rendered as server-sent events or as one JSON Response
+//
+// Both renderings consume the same events, so a stream's response.completed carries the Response
+// the JSON path returns. The wire shapes and event order the package relies on are described in
+// docs/wire-openai.md.
+//
+// The router hands each request over as a Request (Handles, ServeResponses) and writes any error
+// returned before the first byte; after it, failures end the stream with the error event and
+// response.failed.
 //
 // Decisions worth knowing:
 //

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
@@ -224,4 +225,72 @@ func TestPanicReleasesTheSandbox(t *testing.T) {
 		t.Errorf("answer = %d %s; want a generic 500", w.Code, w.Body.String())
 	}
 	testutil.Eventually(t, "the container to be released", func() bool { return h.live() == 0 })
+}
+
+// TestWithoutCodeInterpreter: a request without a code_interpreter tool, when a caller routes it
+// to the engine, is one upstream call passed on under a minted, stored id; no container is made,
+// and a client function named like the stand-in is the client's.
+func TestWithoutCodeInterpreter(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(map[bool]string{false: "json", true: "stream"}[stream], func(t *testing.T) {
+			h := newHarness(t)
+			h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", `{"code":"1"}`)}})
+			b := `{"model":"gpt-test","input":"x","tools":[{"type":"function","name":"python","parameters":{}}],"stream":` + map[bool]string{false: "false", true: "true"}[stream] + `}`
+			w := httptest.NewRecorder()
+			r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+			client := upstream.NewClient(upstream.ClientOptions{})
+			defer client.CloseIdleConnections()
+			api := client.Target(h.cfg.Deployments("gpt-test"))
+			if err := h.eng.serve(w, r, h.cfg, api, []byte(b), "k", nil); err != nil {
+				t.Fatalf("serve = %v", err)
+			}
+			resp := w.Body.Bytes()
+			if stream {
+				resp = checkStream(t, resp).Response
+			}
+			id := gjson.GetBytes(resp, "id").String()
+			if w.Code != http.StatusOK || !strings.HasPrefix(id, "resp_") || len(id) != len("resp_")+48 {
+				t.Fatalf("answer = %d %s; want 200 under a minted id", w.Code, resp)
+			}
+			if it := gjson.GetBytes(resp, "output.0"); it.Get("type").String() != "function_call" || it.Get("name").String() != "python" {
+				t.Errorf("output = %s; want the client's function call as it came", gjson.GetBytes(resp, "output").Raw)
+			}
+			if n := len(h.up.Requests()); n != 1 {
+				t.Errorf("upstream calls = %d; want 1", n)
+			}
+			if !h.eng.Minted(r.Context(), id) {
+				t.Error("the response id was not stored")
+			}
+			if h.fake.Created() != 0 || len(h.fake.Codes()) != 0 {
+				t.Errorf("containers created %d, code run %q; want none", h.fake.Created(), h.fake.Codes())
+			}
+		})
+	}
+}
+
+// TestMetricsOnASharedRegistry: a second engine on the same registry counts on the collectors the
+// registry serves, not on unregistered ones.
+func TestMetricsOnASharedRegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	first, second := New(Options{Metrics: reg}), New(Options{Metrics: reg})
+	second.m.requests.WithLabelValues("completed").Inc()
+	second.m.executions.WithLabelValues("failed").Inc()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			served[mf.GetName()] += m.GetCounter().GetValue()
+		}
+	}
+	for _, name := range []string{"ciproxy_intercept_requests_total", "ciproxy_intercept_code_executions_total"} {
+		if served[name] != 1 {
+			t.Errorf("%s served = %v; want 1", name, served[name])
+		}
+	}
+	if first.m.requests != second.m.requests {
+		t.Error("the engines count on different collectors")
+	}
 }

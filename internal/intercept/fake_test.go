@@ -83,6 +83,13 @@ func (f *fakeContainers) Live() int {
 	return len(f.boxes)
 }
 
+// Created returns how many containers were created.
+func (f *fakeContainers) Created() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n
+}
+
 // Codes returns the code of every execution so far.
 func (f *fakeContainers) Codes() []string {
 	f.mu.Lock()

@@ -25,7 +25,11 @@ type parsedRequest struct {
 	raw  []byte // the client's body; never modified
 	base []byte // raw with tools, include and previous_response_id rewritten
 
-	fn             string // the stand-in function's name
+	fn string // the stand-in function's name
+	// code: the request has a code_interpreter tool. Without one the loop runs no code and needs
+	// no container: one upstream call, its answer passed on under a minted id (the engine serves
+	// such requests only when its caller routes them to it).
+	code           bool
 	stream         bool
 	store          bool // store != false
 	includeOutputs bool // the client asked for code_interpreter_call.outputs
@@ -109,13 +113,14 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*parsedReques
 	r := &parsedRequest{
 		raw:    body,
 		fn:     fn,
+		code:   wants(body),
 		stream: root.Get("stream").Bool(),
 		store:  root.Get("store").Type != gjson.False,
 	}
-	if root.Get("background").Bool() {
+	if r.code && root.Get("background").Bool() {
 		return nil, apierror.BadRequest("Background mode is not supported together with the code_interpreter tool.", "background", "")
 	}
-	if c := root.Get("conversation"); c.Exists() && c.Type != gjson.Null {
+	if c := root.Get("conversation"); r.code && c.Exists() && c.Type != gjson.Null {
 		// Each upstream call of the loop would append the conversation's items again.
 		return nil, apierror.BadRequest("Conversations are not supported together with the code_interpreter tool on this server; use previous_response_id or send the items in input.", "conversation", "")
 	}
@@ -163,7 +168,7 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*parsedReques
 				return false
 			}
 			tools = appendElem(tools, standInTool(fn))
-		case (typ == "function" || typ == "custom") && t.Get("name").String() == fn:
+		case r.code && (typ == "function" || typ == "custom") && t.Get("name").String() == fn:
 			bad = apierror.BadRequest("The tool name '"+fn+"' is reserved for code_interpreter on this server; rename the function.", "tools", "")
 			return false
 		default:
@@ -176,8 +181,10 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*parsedReques
 	}
 	tools = append(tools, ']')
 
-	r.toolChoiceFirst, r.toolChoiceLater = rewriteToolChoice(root.Get("tool_choice"), fn)
-	r.noCode = excludesCode(root.Get("tool_choice"))
+	if r.code {
+		r.toolChoiceFirst, r.toolChoiceLater = rewriteToolChoice(root.Get("tool_choice"), fn)
+		r.noCode = excludesCode(root.Get("tool_choice"))
+	}
 
 	// include: outputs are the proxy's business; encrypted reasoning is asked for when the
 	// conversation is not stored upstream and the request configures reasoning (a sign of a

@@ -309,8 +309,10 @@ func (t *translator) slotAt(i int, upID string) *slot {
 	return s
 }
 
+// isOurs reports whether item calls the stand-in function. Without a code_interpreter tool in
+// the request, a function of that name is the client's own.
 func (t *translator) isOurs(item gjson.Result) bool {
-	return item.Get("type").String() == "function_call" && item.Get("name").String() == t.req.fn
+	return t.req.code && item.Get("type").String() == "function_call" && item.Get("name").String() == t.req.fn
 }
 
 func (t *translator) itemAdded(data []byte) []Event {
