@@ -55,7 +55,7 @@ func (t *translator) failed(detail []byte) Event {
 		e.Message = "The response failed."
 	}
 	resp, _ = sjson.SetRawBytes(resp, "error", marshal(e))
-	return newResponseEvent("response.failed", resp)
+	return newResponseEvent(outcomeFailed.eventType(), resp)
 }
 
 // output renders the client-visible output list. Items still in progress (a failure cut them

@@ -25,18 +25,15 @@ const (
 
 // terminalOutcome returns the outcome a terminal event type stands for.
 func terminalOutcome(typ string) (outcome, bool) {
-	switch typ {
-	case "response.completed":
-		return outcomeCompleted, true
-	case "response.incomplete":
-		return outcomeIncomplete, true
-	case "response.failed":
-		return outcomeFailed, true
+	for _, o := range []outcome{outcomeCompleted, outcomeIncomplete, outcomeFailed} {
+		if typ == o.eventType() {
+			return o, true
+		}
 	}
 	return outcomePending, false
 }
 
-// eventType is the client's terminal event for o.
+// eventType is the terminal event type for o, as the upstream sends it and the client gets it.
 func (o outcome) eventType() string {
 	switch o {
 	case outcomeIncomplete:
