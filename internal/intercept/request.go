@@ -11,6 +11,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 const (
@@ -86,7 +87,7 @@ type lookup struct {
 // wants reports whether a request is one the engine intercepts: the tools list holds a
 // code_interpreter tool.
 func wants(body []byte) bool {
-	if !gjson.ValidBytes(body) {
+	if !jsondepth.Valid(body) {
 		return false
 	}
 	found := false
@@ -107,7 +108,7 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*parsedReques
 		fn = config.DefaultFunctionName
 	}
 	root := gjson.ParseBytes(body)
-	if !gjson.ValidBytes(body) || !root.IsObject() {
+	if !jsondepth.Valid(body) || !root.IsObject() {
 		return nil, apierror.BadRequest("The request body must be a JSON object.", "", "")
 	}
 	r := &parsedRequest{

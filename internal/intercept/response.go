@@ -5,6 +5,8 @@ import (
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 // This file is the translator's last stage: the Response the client sees, patched from the
@@ -79,7 +81,7 @@ func (t *translator) output() []byte {
 // id, the client's model, tools and tool_choice, the given status and output, and (when
 // withUsage) the usage summed over the loop.
 func (t *translator) patch(resp []byte, status string, output []byte, withUsage bool) []byte {
-	if !gjson.ValidBytes(resp) || !gjson.ParseBytes(resp).IsObject() {
+	if !jsondepth.Valid(resp) || !gjson.ParseBytes(resp).IsObject() {
 		resp = marshal(emptyResponse{Object: "response", Output: []string{}})
 	}
 	set := func(path string, raw []byte) {

@@ -10,6 +10,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/ciproxy/ciproxy/internal/intercept/argstream"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -149,8 +150,8 @@ func (t *translator) setContainer(id string) { t.container = id }
 // needsContainer reports whether event would start a stand-in call while the container id is
 // not known yet: the loop must then wait for the container and hand its id over first.
 func (t *translator) needsContainer(data []byte) bool {
-	if t.container != "" {
-		return false
+	if t.container != "" || !jsondepth.Within(data, jsondepth.Max) {
+		return false // a too deep event is refused by event, before it starts anything
 	}
 	switch typ := gjson.GetBytes(data, "type").String(); typ {
 	case "response.output_item.added":
@@ -179,9 +180,18 @@ func (t *translator) startsCall(i int, item gjson.Result) bool {
 	return i < 0 || i >= len(t.slots) || t.slots[i] == nil || !t.slots[i].ours
 }
 
+// errTooDeep is an upstream event (or a non-streaming answer's Response, which arrives as one)
+// nesting deeper than jsondepth.Max: read no further, since gjson's validator recurses once per
+// level (see package jsondepth).
+var errTooDeep = fmt.Errorf("%w: JSON nested deeper than %d levels", upstream.ErrMalformed, jsondepth.Max)
+
 // event translates one upstream event into zero or more client events. An error wraps
-// upstream.ErrMalformed: the event cannot be read.
+// upstream.ErrMalformed: the event cannot be read. Every event's depth is bounded here, whichever
+// implementation of the Responses seam delivered it, before anything recursive sees it.
 func (t *translator) event(data []byte) ([]Event, error) {
+	if !jsondepth.Within(data, jsondepth.Max) {
+		return nil, errTooDeep
+	}
 	typ := gjson.GetBytes(data, "type").String()
 	if o, ok := terminalOutcome(typ); ok {
 		return t.terminal(o, data)

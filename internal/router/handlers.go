@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/intercept"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -49,6 +51,10 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 	if err != nil {
 		return nil, err
 	}
+	if !jsondepth.Within(body, jsondepth.Max) {
+		return nil, apierror.BadRequest(fmt.Sprintf("The JSON body of your request nests deeper than %d levels of arrays and objects.", jsondepth.Max), "", "")
+	}
+	// The depth is bounded now, so gjson's recursive validator is safe.
 	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() {
 		return nil, apierror.BadRequest("We could not parse the JSON body of your request. The API expects a JSON object.", "", "")
 	}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 // ResponsesAPI is an upstream that answers OpenAI Responses API requests: the seam between the
@@ -158,6 +160,9 @@ func (a *jsonAnswer) Next() ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(a.body, maxAnswerBody))
 	if err != nil {
 		return nil, err
+	}
+	if !jsondepth.Within(b, jsondepth.Max-1) { // its terminal event adds one level
+		return nil, fmt.Errorf("%w: JSON nested deeper than %d levels", ErrMalformed, jsondepth.Max)
 	}
 	root := gjson.ParseBytes(b)
 	if !root.IsObject() || !root.Get("output").IsArray() {
