@@ -104,7 +104,7 @@ func BenchmarkIteration(b *testing.B) {
 				p := &cannedUpstream{bodies: [][]byte{c, c, c, c, t}, stream: stream}
 				w := httptest.NewRecorder()
 				r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-				_ = e.serve(w, r, cfg, p, reqBody, "bench", nil)
+				_ = e.ServeResponses(w, r, &Request{Config: cfg, Upstream: p, Body: reqBody, Caller: "bench"})
 				if w.Code != 200 {
 					b.Fatalf("status %d: %s", w.Code, w.Body.Bytes())
 				}
@@ -130,7 +130,7 @@ func BenchmarkStreamEvent(b *testing.B) {
 		p := &cannedUpstream{bodies: [][]byte{answer}, stream: true}
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-		_ = e.serve(w, r, cfg, p, reqBody, "bench", nil)
+		_ = e.ServeResponses(w, r, &Request{Config: cfg, Upstream: p, Body: reqBody, Caller: "bench"})
 		if w.Code != 200 {
 			b.Fatalf("status %d", w.Code)
 		}

@@ -124,33 +124,18 @@ func (e *Engine) Handles(req *Request) bool {
 	return applies(req.Config, req.Provider, req.Body)
 }
 
-// ServeResponses serves a request that Handles accepted; r is the client's request (its context
+// ServeResponses serves in, a request that Handles accepted; hr is the client's HTTP request (its context
 // bounds the whole loop; its headers go upstream, credentials removed). An error means nothing
 // was written: the request failed before its first byte (an invalid body, an unknown container,
 // an upstream's error answer, ...), and the caller writes the error (an *upstream.StatusError as
 // the upstream sent it, anything else as apierror.From makes it). Failures after the first byte
 // end the stream with the error event and response.failed, and the result is nil. A panic before
 // the first byte is re-raised for the caller's recoverer.
-func (e *Engine) ServeResponses(w http.ResponseWriter, r *http.Request, req *Request) error {
-	return e.serve(w, r, req.Config, req.Upstream, req.Body, req.Caller, nil)
-}
-
-// applies reports whether the engine intercepts a request with this body for this provider.
-func applies(cfg *config.Config, provider string, body []byte) bool {
-	if cfg == nil || !cfg.InterceptionActive() {
-		return false
-	}
-	if p := cfg.Interception.EnabledProviders; p != nil && !slices.Contains(p, provider) {
-		return false
-	}
-	return wants(body)
-}
-
-// serve parses the request, runs its loop and renders it. mint makes the ids (nil: random).
-func (e *Engine) serve(w http.ResponseWriter, hr *http.Request, cfg *config.Config, api upstream.ResponsesAPI, body []byte, caller string, mint func(string) string) (err error) {
+func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Request) (err error) {
 	ctx := hr.Context()
+	cfg, caller := in.Config, in.Caller
 	ic := cfg.Interception
-	req, aerr := parseRequest(body, ic, lookup{ctx: ctx, store: e.store, caller: caller})
+	req, aerr := parseRequest(in.Body, ic, lookup{ctx: ctx, store: e.store, caller: caller})
 	if aerr != nil {
 		e.m.requests.WithLabelValues("client_error").Inc()
 		return aerr
@@ -165,7 +150,7 @@ func (e *Engine) serve(w http.ResponseWriter, hr *http.Request, cfg *config.Conf
 	} else {
 		rend = &jsonRenderer{w: w}
 	}
-	r := e.newRun(ic, tool, api, caller, upstreamHeader(hr.Header, req.stream), req, rend.emit, mint)
+	r := e.newRun(ic, tool, in.Upstream, caller, upstreamHeader(hr.Header, req.stream), req, rend.emit, nil)
 
 	result := "completed"
 	defer func() {
@@ -219,6 +204,17 @@ func (e *Engine) serve(w http.ResponseWriter, hr *http.Request, cfg *config.Conf
 		r.failStream(err)
 		return nil
 	}
+}
+
+// applies reports whether the engine intercepts a request with this body for this provider.
+func applies(cfg *config.Config, provider string, body []byte) bool {
+	if cfg == nil || !cfg.InterceptionActive() {
+		return false
+	}
+	if p := cfg.Interception.EnabledProviders; p != nil && !slices.Contains(p, provider) {
+		return false
+	}
+	return wants(body)
 }
 
 // failStream ends a stream that has started with err: the error event and response.failed.

@@ -217,7 +217,9 @@ func TestPanicReleasesTheSandbox(t *testing.T) {
 	w := httptest.NewRecorder()
 	r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
 	p := &panickingUpstream{first: &cannedUpstream{bodies: [][]byte{record(t, false, calls("x = 1"))}}}
-	serveLikeRouter(w, r, func() error { return h.eng.serve(w, r, h.cfg, p, []byte(body("")), "k", nil) })
+	serveLikeRouter(w, r, func() error {
+		return h.eng.ServeResponses(w, r, &Request{Config: h.cfg, Upstream: p, Body: []byte(body("")), Caller: "k"})
+	})
 	if p.calls != 2 {
 		t.Fatalf("upstream calls = %d; want 2", p.calls)
 	}
@@ -241,7 +243,7 @@ func TestWithoutCodeInterpreter(t *testing.T) {
 			client := upstream.NewClient(upstream.ClientOptions{})
 			defer client.CloseIdleConnections()
 			api := client.Target(h.cfg.Deployments("gpt-test"))
-			if err := h.eng.serve(w, r, h.cfg, api, []byte(b), "k", nil); err != nil {
+			if err := h.eng.ServeResponses(w, r, &Request{Config: h.cfg, Upstream: api, Body: []byte(b), Caller: "k"}); err != nil {
 				t.Fatalf("serve = %v", err)
 			}
 			resp := w.Body.Bytes()

@@ -120,7 +120,9 @@ func TestTooDeepUpstreamJSON(t *testing.T) {
 			if tt.stream {
 				extra = `"stream":true`
 			}
-			serveLikeRouter(w, r, func() error { return h.eng.serve(w, r, h.cfg, up, []byte(body(extra)), "k", nil) })
+			serveLikeRouter(w, r, func() error {
+				return h.eng.ServeResponses(w, r, &Request{Config: h.cfg, Upstream: up, Body: []byte(body(extra)), Caller: "k"})
+			})
 			if w.Code != tt.status {
 				t.Fatalf("status = %d %s; want %d", w.Code, w.Body.String(), tt.status)
 			}
