@@ -124,13 +124,14 @@ func (e *Engine) Handles(req *Request) bool {
 	return applies(req.Config, req.Provider, req.Body)
 }
 
-// ServeResponses serves in, a request that Handles accepted; hr is the client's HTTP request (its context
-// bounds the whole loop; its headers go upstream, credentials removed). An error means nothing
-// was written: the request failed before its first byte (an invalid body, an unknown container,
-// an upstream's error answer, ...), and the caller writes the error (an *upstream.StatusError as
-// the upstream sent it, anything else as apierror.From makes it). Failures after the first byte
-// end the stream with the error event and response.failed, and the result is nil. A panic before
-// the first byte is re-raised for the caller's recoverer.
+// ServeResponses serves in, a request that Handles accepted; hr is the client's HTTP request
+// (its context bounds the whole loop; its headers go upstream, credentials removed). An error
+// means nothing was written: the request failed before its first byte (an invalid body, an
+// unknown container, an upstream's error answer, ...), and the caller writes the error (an
+// *upstream.StatusError as the upstream sent it, anything else as apierror.From makes it).
+// Failures after the first byte end the stream with the error event and response.failed, and the
+// result is nil. A panic before the first byte is re-raised for the caller's recoverer. It is
+// safe for concurrent use; each call has its own loop and translator.
 func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Request) (err error) {
 	ctx := hr.Context()
 	cfg, caller := in.Config, in.Caller
