@@ -136,11 +136,12 @@ func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Req
 	ctx := hr.Context()
 	cfg, caller := in.Config, in.Caller
 	ic := cfg.Interception
-	req, aerr := parseRequest(in.Body, ic, lookup{ctx: ctx, store: e.store, caller: caller})
+	req, aerr := parseRequest(in.Body, ic)
 	if aerr != nil {
 		e.m.requests.WithLabelValues("client_error").Inc()
 		return aerr
 	}
+	req.resolve(lookup{ctx: ctx, store: e.store, caller: caller})
 	tool := ic.SandboxToolName
 	if tool == "" && len(cfg.SandboxTools) > 0 {
 		tool = cfg.SandboxTools[0].Name

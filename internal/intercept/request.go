@@ -21,7 +21,7 @@ const (
 
 // parsedRequest is one intercepted /v1/responses request, parsed once: the client's bytes, kept
 // unmodified, and what the loop derives from them. Every upstream body is built from base, itself
-// built from raw (rewrite.go). It does not change after parseRequest returns.
+// built from raw (rewrite.go). parseRequest and resolve build it; nothing changes it after.
 type parsedRequest struct {
 	raw  []byte // the client's body; never modified
 	base []byte // raw with tools, include and previous_response_id rewritten
@@ -101,8 +101,9 @@ func wants(body []byte) bool {
 	return found
 }
 
-// parseRequest validates the client's body and derives the request. The error is client-visible.
-func parseRequest(body []byte, ic config.Interception, lk lookup) (*parsedRequest, *apierror.Error) {
+// parseRequest validates the client's body and derives the request, without I/O; resolve then
+// completes it from the store. The error is client-visible.
+func parseRequest(body []byte, ic config.Interception) (*parsedRequest, *apierror.Error) {
 	fn := ic.FunctionName
 	if fn == "" {
 		fn = config.DefaultFunctionName
@@ -229,18 +230,26 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*parsedReques
 		}
 	}
 
-	// previous_response_id: a response this proxy minted stands for the last upstream response
-	// of its loop, plus the outputs of stand-in calls the client never saw as function calls.
+	r.base = base
+	return r, nil
+}
+
+// resolve completes the request with what it refers to in the store, its one I/O step, which the
+// engine takes before the loop starts: a previous_response_id this proxy minted stands for the
+// last upstream response of its loop, its container, and the outputs of stand-in calls the client
+// never saw as function calls; code_interpreter_call items (and references to them) sent back as
+// input become the function_call and function_call_output pairs the upstream saw. Records of
+// another caller are not used. A nil lk.store resolves nothing.
+func (r *parsedRequest) resolve(lk lookup) {
 	var pending [][]byte
-	if prev := root.Get("previous_response_id").String(); prev != "" && lk.store != nil {
+	if prev := gjson.GetBytes(r.raw, "previous_response_id").String(); prev != "" && lk.store != nil {
 		if sr, ok := lk.store.Response(lk.ctx, prev); ok && sr.Owner == lk.caller {
-			base, _ = sjson.SetBytes(base, "previous_response_id", sr.UpstreamID)
+			r.base, _ = sjson.SetBytes(r.base, "previous_response_id", sr.UpstreamID)
 			r.prevContainer = sr.ContainerID
 			pending = sr.Pending
 		}
 	}
-
-	in := root.Get("input")
+	in := gjson.GetBytes(r.raw, "input")
 	switch {
 	case in.Type == gjson.String && len(pending) == 0:
 		r.inputString = true
@@ -249,12 +258,10 @@ func parseRequest(body []byte, ic config.Interception, lk lookup) (*parsedReques
 	default:
 		r.input = append(r.input, pending...)
 		in.ForEach(func(_, it gjson.Result) bool {
-			r.input = append(r.input, translateInputItem(it, fn, lk)...)
+			r.input = append(r.input, translateInputItem(it, r.fn, lk)...)
 			return true
 		})
 	}
-	r.base = base
-	return r, nil
 }
 
 // excludesCode reports whether tool_choice rules code_interpreter out: "none", or an allowed_tools

@@ -59,10 +59,11 @@ func TestTranslateGolden(t *testing.T) {
 				bodies = append(bodies, []byte(part))
 			}
 			client := []byte(`{"model":"gpt-test","input":"x","stream":true,"include":["code_interpreter_call.outputs"],"tools":[{"type":"code_interpreter","container":"` + c.ID() + `"}]}`)
-			req, aerr := parseRequest(client, ic, lookup{ctx: context.Background()})
+			req, aerr := parseRequest(client, ic)
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
+			req.resolve(lookup{ctx: context.Background()})
 			w := httptest.NewRecorder()
 			rend := newSSERenderer(w, zap.NewNop())
 			n := 0
@@ -129,10 +130,11 @@ func TestTranslatorLenientUpstreams(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Interception{}, lookup{ctx: context.Background()})
+			req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Interception{})
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
+			req.resolve(lookup{ctx: context.Background()})
 			tr := newTranslator(req, "resp_t", 1, nil)
 			tr.begin(false)
 			var code strings.Builder
