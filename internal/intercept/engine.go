@@ -2,9 +2,11 @@
 // function calling. A request travels one pipeline, each stage in its own file:
 //
 //	request.go     the client's body, parsed once into a value (tools, tool_choice, include,
-//	               input, container); rewrite.go builds each upstream body from it
-//	loop.go        the agentic loop, the only stage with I/O: the upstream, through the
-//	               Responses seam (upstream.ResponsesAPI); the container (containers.go,
+//	               input, container) without I/O, then resolved against the store (what a
+//	               previous_response_id or a replayed call stands for); rewrite.go builds each
+//	               upstream body from it
+//	loop.go        the agentic loop, which with resolve is the only I/O: the upstream, through
+//	               the Responses seam (upstream.ResponsesAPI); the container (containers.go,
 //	               execution.go); the response store (store.go)
 //	translate.go   the pure translator: upstream events in, client events out, each call
 //	               ending with a typed outcome; response.go assembles the client's Response,
