@@ -194,7 +194,7 @@ func TestHotReload(t *testing.T) {
 	if status, body, _ := p.post("gpt-b", ""); !strings.Contains(body, "gpt-b-up") {
 		t.Errorf("gpt-b after reload = %d %s; want its upstream model", status, body)
 	}
-	// The new model list is live before OnReload has rebuilt the sandbox tools and counted.
+	// The new model list and its sandbox tools are published together; the count follows.
 	testutil.Eventually(t, "the reload is counted as a success", func() bool {
 		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="success"} 1`)
 	})
@@ -211,6 +211,27 @@ func TestHotReload(t *testing.T) {
 	}
 	if !strings.Contains(p.stderr.String(), "unknown_section") {
 		t.Errorf("the log does not say why the edit was rejected:\n%s", p.stderr)
+	}
+
+	// An edit whose sandbox tool cannot be provisioned is rejected whole: its new model is not served.
+	broken := strings.Replace(configYAML(up.URL, "gpt-a", "gpt-c"), "pool_size: 0", "pool_size: 0, python: /nonexistent/python3", 1)
+	writeConfig(t, dir, broken)
+	testutil.Eventually(t, "the edit that cannot be provisioned is counted", func() bool {
+		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="failure"} 2`)
+	})
+	if status, body, _ := p.post("gpt-c", ""); status != http.StatusBadRequest || !strings.Contains(body, "model_not_found") {
+		t.Errorf("gpt-c of the rejected edit = %d %s; want 400 model_not_found", status, body)
+	}
+	for _, m := range []string{"gpt-a", "gpt-b"} {
+		if status, body, err := p.post(m, ""); err != nil || status != http.StatusOK {
+			t.Errorf("%s after an edit that cannot be provisioned = %d %s %v; want the last good config", m, status, body, err)
+		}
+	}
+	if n := strings.Count(p.stderr.String(), "config reload failed"); n != 2 {
+		t.Errorf("%d reload failures logged; want one line for each of the 2:\n%s", n, p.stderr)
+	}
+	if n := strings.Count(p.stderr.String(), `"config reloaded"`); n != 1 {
+		t.Errorf("%d successful reloads logged; want 1:\n%s", n, p.stderr)
 	}
 
 	close(stop)
@@ -284,6 +305,10 @@ func TestCommandLine(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("model_list:\n  - model_name: m\n    litellm_params: {model: openai/m, colour: blue}\ngeneral_settings:\n  shutdown_grace: soon\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	badSandbox := filepath.Join(dir, "bad-sandbox.yaml")
+	if err := os.WriteFile(badSandbox, []byte("sandbox_tools:\n  - sandbox_tool_name: local\n    litellm_params:\n      sandbox_provider: local\n      pool_size: two\n      api_key: k\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	brokenSandbox := filepath.Join(dir, "broken.yaml")
 	if err := os.WriteFile(brokenSandbox, []byte("sandbox_tools:\n  - sandbox_tool_name: local\n    litellm_params: {sandbox_provider: local, python: /nonexistent/python3, pool_size: 0}\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -298,6 +323,7 @@ func TestCommandLine(t *testing.T) {
 		{"version", []string{"--version"}, 0, []string{"ciproxy dev"}, nil},
 		{"check passes and prints warnings", []string{"--check", "--config", good}, 0, []string{"warning: ", "master_key", good + ": OK"}, nil},
 		{"check lists every problem with its line", []string{"--check", "--config", bad}, 1, nil, []string{bad + ":3:", "colour", bad + ":5:", "shutdown_grace"}},
+		{"check reports the backends' keys with their lines", []string{"--check", "--config", badSandbox}, 1, nil, []string{badSandbox + ":5:", "pool_size", badSandbox + ":6:", `"api_key" does not apply to sandbox_provider local`}},
 		{"start refuses an invalid file", []string{"--config", bad}, 1, nil, []string{bad + ":3:"}},
 		{"start refuses a missing file", []string{"--config", filepath.Join(dir, "none.yaml")}, 1, nil, []string{"none.yaml"}},
 		{"config is required", nil, 2, nil, []string{"--config is required"}},

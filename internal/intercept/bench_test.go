@@ -76,11 +76,10 @@ func benchEngine(b *testing.B) (*Engine, *config.Config, func()) {
 		b.Fatal(err)
 	}
 	sess := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
-	cfg := &config.Config{
-		Callbacks: []string{"code_interpreter_interception"},
-		Interception: config.Interception{Enabled: true, SandboxToolName: "instant", FunctionName: "python", MaxIterations: 20,
-			ExecutionTimeout: time.Minute, ModelOutputLimit: 16384, ContainerIdleTimeout: time.Minute},
-	}
+	cfg := activeConfig()
+	cfg.Interception.SandboxToolName = "instant"
+	cfg.Interception.ExecutionTimeout = time.Minute
+	cfg.Interception.ContainerIdleTimeout = time.Minute
 	e := New(Options{Sessions: sess})
 	return e, cfg, func() { _ = sess.Close(context.Background()) }
 }

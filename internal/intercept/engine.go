@@ -136,25 +136,21 @@ func (e *Engine) Handles(req *Request) bool {
 // safe for concurrent use; each call has its own loop and translator.
 func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Request) (err error) {
 	ctx := hr.Context()
-	cfg, caller := in.Config, in.Caller
-	ic := cfg.Interception
+	caller := in.Caller
+	ic := in.Config.Interception
 	req, aerr := parseRequest(in.Body, ic)
 	if aerr != nil {
 		e.m.requests.WithLabelValues("client_error").Inc()
 		return aerr
 	}
 	req.resolve(lookup{ctx: ctx, store: e.store, caller: caller})
-	tool := ic.SandboxToolName
-	if tool == "" && len(cfg.SandboxTools) > 0 {
-		tool = cfg.SandboxTools[0].Name
-	}
 	var rend renderer
 	if req.stream {
 		rend = newSSERenderer(w, e.log)
 	} else {
 		rend = &jsonRenderer{w: w}
 	}
-	r := e.newRun(ic, tool, in.Upstream, caller, upstreamHeader(hr.Header, req.stream), req, rend.emit, nil)
+	r := e.newRun(ic, ic.SandboxToolName, in.Upstream, caller, upstreamHeader(hr.Header, req.stream), req, rend.emit, nil)
 
 	result := "completed"
 	defer func() {

@@ -18,9 +18,7 @@ import (
 )
 
 func TestApplies(t *testing.T) {
-	active := func() *config.Config {
-		return &config.Config{Callbacks: []string{"code_interpreter_interception"}, Interception: config.Interception{Enabled: true}}
-	}
+	active := activeConfig
 	ci := []byte(`{"model":"m","tools":[{"type":"function","name":"f"},{"type":"code_interpreter","container":{"type":"auto"}}]}`)
 	tests := []struct {
 		name     string
@@ -55,7 +53,7 @@ func TestApplies(t *testing.T) {
 
 func TestHandlesLeavesOthersToPassThrough(t *testing.T) {
 	e := New(Options{})
-	cfg := &config.Config{Callbacks: []string{"code_interpreter_interception"}, Interception: config.Interception{Enabled: true}}
+	cfg := activeConfig()
 	if e.Handles(&Request{Config: cfg, Provider: "openai", Body: []byte(`{"model":"m","input":"hi"}`)}) {
 		t.Fatal("Handles = true for a request without code_interpreter")
 	}

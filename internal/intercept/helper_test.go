@@ -66,17 +66,22 @@ func noSandbox() harnessOpt {
 	return func(h *harness) { h.cfg.Interception.SandboxToolName = "missing" }
 }
 
-// testConfig is an active interception config for model gpt-test served at base.
+// activeConfig is the default configuration with interception listed in callbacks: the local
+// sandbox tool, the python stand-in, every other default.
+func activeConfig() *config.Config {
+	c := config.Defaults()
+	c.Callbacks = []string{"code_interpreter_interception"}
+	return c
+}
+
+// testConfig is an active interception config for model gpt-test served at base, with a shorter
+// execution timeout and idle timeout than the defaults.
 func testConfig(base string) *config.Config {
-	return &config.Config{
-		Callbacks:    []string{"code_interpreter_interception"},
-		SandboxTools: []config.SandboxTool{{Name: "local", Provider: "local"}},
-		Interception: config.Interception{
-			Enabled: true, SandboxToolName: "local", FunctionName: "python", MaxIterations: 20,
-			ExecutionTimeout: 20 * time.Second, ModelOutputLimit: 16384, ContainerIdleTimeout: 10 * time.Minute,
-		},
-		Models: []config.Deployment{{ModelName: "gpt-test", Provider: "openai", UpstreamModel: "gpt-up", APIBase: base}},
-	}
+	c := activeConfig()
+	c.Interception.ExecutionTimeout = 20 * time.Second
+	c.Interception.ContainerIdleTimeout = 10 * time.Minute
+	c.Models = []config.Deployment{{ModelName: "gpt-test", Provider: "openai", UpstreamModel: "gpt-up", APIBase: base}}
+	return c
 }
 
 func newHarness(t *testing.T, opts ...harnessOpt) *harness {

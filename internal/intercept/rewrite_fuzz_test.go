@@ -33,7 +33,7 @@ func FuzzRewrite(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	ic := config.Interception{FunctionName: "python", MaxIterations: 20}
+	ic := config.Defaults().Interception
 	turn := callPair("python", "call_1", "print(1)", "1\n")
 	f.Fuzz(func(t *testing.T, body []byte) {
 		orig := bytes.Clone(body)

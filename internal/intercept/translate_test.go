@@ -39,7 +39,9 @@ func TestTranslateGolden(t *testing.T) {
 	sess := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
 	defer sess.Close(context.Background())
 	e := New(Options{Sessions: sess})
-	ic := config.Interception{Enabled: true, FunctionName: "python", MaxIterations: 20, ExecutionTimeout: 20 * time.Second, ModelOutputLimit: 16384, ContainerIdleTimeout: time.Minute}
+	ic := config.Defaults().Interception
+	ic.ExecutionTimeout = 20 * time.Second
+	ic.ContainerIdleTimeout = time.Minute
 	// One container serves every case: kernel start-ups dominate the test's time.
 	c, err := sess.Create(context.Background(), "local", "golden", sandbox.CreateOptions{}, time.Minute)
 	if err != nil {
@@ -130,7 +132,7 @@ func TestTranslatorLenientUpstreams(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Interception{})
+			req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception)
 			if aerr != nil {
 				t.Fatal(aerr)
 			}

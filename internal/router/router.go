@@ -14,6 +14,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/intercept"
+	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -39,8 +40,9 @@ var _ Interceptor = (*intercept.Engine)(nil)
 
 // Options configures New. Store, Client and Balancer are required; New panics without them.
 type Options struct {
-	// Store holds the live configuration; each request loads one snapshot from it.
-	Store *config.Store
+	// Store holds the live configuration and sandbox registry; each request holds one snapshot of
+	// them, from its first middleware to its last byte.
+	Store *snapshot.Store
 	// Client sends requests upstream.
 	Client *upstream.Client
 	// Balancer orders a model's deployments for each request.
@@ -65,7 +67,7 @@ type Options struct {
 
 // server holds what the handlers share. It is immutable after New.
 type server struct {
-	store       *config.Store
+	store       *snapshot.Store
 	client      *upstream.Client
 	balancer    *upstream.Balancer
 	interceptor Interceptor
@@ -150,18 +152,20 @@ func (s *server) api(r chi.Router) {
 	r.Get("/models/*", s.handle(s.model)) // a wildcard: model names may contain "/"
 }
 
-type ctxKeyConfig struct{}
-
-// snapshot loads the configuration once for the request; everything below reads that snapshot.
+// snapshot holds the configuration snapshot (config and sandbox registry) for the whole request;
+// everything below reads that snapshot, the interceptor's sandboxes included (snapshot.NewContext).
 func (s *server) snapshot(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		cfg := s.store.Load()
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKeyConfig{}, cfg)))
+		snap := s.store.Acquire()
+		defer s.store.Release(snap)
+		next.ServeHTTP(w, r.WithContext(snapshot.NewContext(r.Context(), snap)))
 	})
 }
 
 // configFrom returns the request's configuration snapshot, or nil when none is loaded.
 func configFrom(ctx context.Context) *config.Config {
-	c, _ := ctx.Value(ctxKeyConfig{}).(*config.Config)
-	return c
+	if snap := snapshot.FromContext(ctx); snap != nil {
+		return snap.Config
+	}
+	return nil
 }
