@@ -136,20 +136,9 @@ func (r *run) startContainer(ctx context.Context) *apierror.Error {
 	return nil
 }
 
-// handContainer gives the translator the container's id before an upstream event that starts a
-// stand-in call, waiting for the container only then; once the container is open its id is
-// handed over at once.
-func (r *run) handContainer(ctx context.Context, data []byte) error {
-	if r.tr.hasContainer() {
-		return nil
-	}
-	if c, ok := r.cont.ready(); ok {
-		r.tr.setContainer(c.ID())
-		return nil
-	}
-	if !r.tr.needsContainer(data) {
-		return nil
-	}
+// handContainer gives the translator the container's id when the first stand-in call starts,
+// waiting for the container if it is still being created.
+func (r *run) handContainer(ctx context.Context) error {
 	c, err := r.cont.get(ctx)
 	if err != nil {
 		if ctx.Err() != nil {

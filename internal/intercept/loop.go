@@ -203,10 +203,13 @@ func (r *run) callUpstream(ctx context.Context, body []byte) error {
 		if err != nil {
 			return r.readFailure(ctx, err)
 		}
-		if err := r.handContainer(ctx, data); err != nil {
-			return err
-		}
 		evs, err := r.tr.event(data)
+		if errors.Is(err, errNeedContainer) {
+			if err := r.handContainer(ctx); err != nil {
+				return err
+			}
+			evs, err = r.tr.event(data)
+		}
 		if e := r.emitAll(evs...); e != nil {
 			return e
 		}

@@ -60,10 +60,11 @@ func (o outcome) status() string {
 // upstream events go in (event), client events come out, and each upstream call ends with a typed
 // outcome. Calls of the stand-in function become code_interpreter_call items with their native
 // events; everything else passes with output_index shifted, so indexes run on across the loop's
-// iterations. The translator does no I/O and never waits: the loop hands it the container id
-// before an event that starts a stand-in call (needsContainer, setContainer), and reports each
-// execution back to it (interpreting, executed). One translator serves one request; it is not
-// safe for concurrent use.
+// iterations. The translator does no I/O and never waits: when an event would start a stand-in
+// call before it knows the container, it takes nothing and says so (errNeedContainer); the loop
+// resolves the container, hands its id over (setContainer) and feeds the event again. The loop
+// reports each execution back to it (interpreting, executed). One translator serves one request;
+// it is not safe for concurrent use.
 //
 // A non-streaming upstream answer arrives as one terminal event carrying the whole Response
 // (upstream.ResponseEvents); its items go through the same code as streamed ones, so both
@@ -141,19 +142,21 @@ func (t *translator) begin(stripEncrypted bool) {
 	t.strip = stripEncrypted
 }
 
-// hasContainer reports whether the container id was handed over.
-func (t *translator) hasContainer() bool { return t.container != "" }
+// errNeedContainer is event's answer to an event that would start a stand-in call before the
+// container id was handed over. Nothing of the event was taken: the loop hands the id over
+// (setContainer) and feeds the same event again.
+var errNeedContainer = errors.New("intercept: a stand-in call starts; the container id is needed")
 
 // setContainer hands over the container's cntr_ id, for the call items.
 func (t *translator) setContainer(id string) { t.container = id }
 
-// needsContainer reports whether event would start a stand-in call while the container id is
-// not known yet: the loop must then wait for the container and hand its id over first.
-func (t *translator) needsContainer(data []byte) bool {
-	if t.container != "" || !jsondepth.Within(data, jsondepth.Max) {
-		return false // a too deep event is refused by event, before it starts anything
+// needsContainer reports whether an event of type typ would start a stand-in call while the
+// container id is not known yet.
+func (t *translator) needsContainer(typ string, data []byte) bool {
+	if t.container != "" {
+		return false
 	}
-	switch typ := gjson.GetBytes(data, "type").String(); typ {
+	switch typ {
 	case "response.output_item.added":
 		return t.isOurs(gjson.GetBytes(data, "item"))
 	case "response.output_item.done":
@@ -186,13 +189,17 @@ func (t *translator) startsCall(i int, item gjson.Result) bool {
 var errTooDeep = fmt.Errorf("%w: JSON nested deeper than %d levels", upstream.ErrMalformed, jsondepth.Max)
 
 // event translates one upstream event into zero or more client events. An error wraps
-// upstream.ErrMalformed: the event cannot be read. Every event's depth is bounded here, whichever
-// implementation of the Responses seam delivered it, before anything recursive sees it.
+// upstream.ErrMalformed (the event cannot be read), or is errNeedContainer. Every event's depth
+// is bounded here, whichever implementation of the Responses seam delivered it, before anything
+// recursive sees it.
 func (t *translator) event(data []byte) ([]Event, error) {
 	if !jsondepth.Within(data, jsondepth.Max) {
 		return nil, errTooDeep
 	}
 	typ := gjson.GetBytes(data, "type").String()
+	if t.needsContainer(typ, data) {
+		return nil, errNeedContainer
+	}
 	if o, ok := terminalOutcome(typ); ok {
 		return t.terminal(o, data)
 	}

@@ -3,6 +3,7 @@ package intercept
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -139,12 +140,18 @@ func TestTranslatorLenientUpstreams(t *testing.T) {
 			req.resolve(lookup{ctx: context.Background()})
 			tr := newTranslator(req, "resp_t", 1, nil)
 			tr.begin(false)
+			asked := 0
 			var code strings.Builder
 			for _, ev := range tt.events {
-				if tr.needsContainer([]byte(ev)) {
-					tr.setContainer("cntr_t") // as the loop does, once the container is open
-				}
 				evs, err := tr.event([]byte(ev))
+				if errors.Is(err, errNeedContainer) {
+					if len(evs) != 0 {
+						t.Fatalf("events %v beside errNeedContainer", evs)
+					}
+					asked++
+					tr.setContainer("cntr_t") // as the loop does, once the container is open
+					evs, err = tr.event([]byte(ev))
+				}
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -165,8 +172,39 @@ func TestTranslatorLenientUpstreams(t *testing.T) {
 			if !tr.ended() || len(p) != 1 || p[0].code != "1+1" || p[0].callID != "call_1" || code.String() != "1+1" {
 				t.Fatalf("ended %v, calls %d, deltas %q", tr.ended(), len(p), code.String())
 			}
+			if asked != 1 {
+				t.Errorf("the container was asked for %d times; want once, before the call started", asked)
+			}
 		})
 	}
 }
 
 func gjsonString(data []byte, path string) string { return gjson.GetBytes(data, path).String() }
+
+// TestTranslatorNeedsNoContainerWithoutACall: text and the client's own calls never make the
+// translator ask for the container, so a request that runs no code never waits for one.
+func TestTranslatorNeedsNoContainerWithoutACall(t *testing.T) {
+	req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception)
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	req.resolve(lookup{ctx: context.Background()})
+	tr := newTranslator(req, "resp_t", 1, nil)
+	tr.begin(false)
+	weather := `{"id":"fc_1","type":"function_call","status":"completed","arguments":"{}","call_id":"call_1","name":"get_weather"}`
+	for _, ev := range []string{
+		`{"type":"response.created","response":{"id":"up_1","status":"in_progress","output":[]}}`,
+		`{"type":"response.output_item.added","output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","content":[],"role":"assistant"}}`,
+		`{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":"hi"}`,
+		`{"type":"response.output_item.added","output_index":1,"item":` + weather + `}`,
+		`{"type":"response.output_item.done","output_index":1,"item":` + weather + `}`,
+		`{"type":"response.completed","response":{"id":"up_1","status":"completed","output":[{"id":"msg_1","type":"message","status":"completed","content":[],"role":"assistant"},` + weather + `]}}`,
+	} {
+		if _, err := tr.event([]byte(ev)); err != nil {
+			t.Fatalf("event(%s) = %v", ev, err)
+		}
+	}
+	if !tr.ended() || len(tr.calls()) != 0 || !tr.clientCalls() {
+		t.Errorf("ended %v, stand-in calls %d, client calls %v; want ended, none, the client's", tr.ended(), len(tr.calls()), tr.clientCalls())
+	}
+}
