@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
 // TestFilesSurviveARestart: the Files API is served from the data directory, a second process
@@ -40,7 +42,7 @@ func TestFilesSurviveARestart(t *testing.T) {
 		t.Fatalf("upload = %d %+v, %v", resp.StatusCode, f, err)
 	}
 
-	var stderr syncBuffer
+	var stderr testutil.LockedBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	code := run(ctx, []string{"--config", path, "--host", "127.0.0.1", "--port", "0", "--data-dir", dataDir}, io.Discard, &stderr,

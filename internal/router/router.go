@@ -13,22 +13,31 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
-// Interceptor runs OpenAI's code_interpreter tool in the proxy. ServeResponses is called for every
-// POST /v1/responses after authentication, body read and model resolution; it returns false, having
-// written nothing, when the request is not for it, and pass-through follows.
+// Interceptor runs OpenAI's code_interpreter tool in the proxy (*intercept.Engine). Its methods
+// are called concurrently, from the request's goroutine.
 //
-// ServeStored is called for GET and DELETE /v1/responses/{id} before pass-through: it answers for
-// the response ids it minted (the upstream has never heard of them) and returns false, having
-// written nothing, for any other id.
+// Every POST /v1/responses, once authenticated, its body read and its model resolved, is offered
+// to Handles; a request it accepts goes to ServeResponses, any other passes through. An error from
+// ServeResponses means nothing was written, and handle writes it (the one error path); once the
+// response has started, failures are the interceptor's to end in its own stream.
+//
+// GET and DELETE /v1/responses/{id} go to ServeStored when Minted reports that the id is one the
+// interceptor minted (the upstream has never heard of it); every other id passes through.
+// ServeStored's errors are written the same way.
 type Interceptor interface {
-	ServeResponses(w http.ResponseWriter, r *http.Request, cfg *config.Config, target *upstream.Target, provider string, body []byte, caller string) bool
-	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) bool
+	Handles(req *intercept.Request) bool
+	ServeResponses(w http.ResponseWriter, r *http.Request, req *intercept.Request) error
+	Minted(ctx context.Context, id string) bool
+	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error
 }
+
+var _ Interceptor = (*intercept.Engine)(nil)
 
 // Options configures New. Store, Client and Balancer are required; New panics without them.
 type Options struct {

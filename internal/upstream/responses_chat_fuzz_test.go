@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
-	"github.com/ciproxy/ciproxy/internal/intercept/streamcheck"
+	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 )
 
 // deeplyNested returns a Responses body whose key sits under n levels of objects and arrays.

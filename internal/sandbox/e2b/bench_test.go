@@ -41,6 +41,7 @@ func BenchmarkRunViaEmulator(b *testing.B) {
 
 func BenchmarkRunDirect(b *testing.B) {
 	ctx := context.Background()
+	execProvider := sandboxes.Provider(b)
 	h, err := execProvider.Create(ctx, sandbox.CreateOptions{})
 	if err != nil {
 		b.Fatal(err)
