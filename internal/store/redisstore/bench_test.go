@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -99,6 +100,57 @@ func BenchmarkHotCalls(b *testing.B) {
 				slices.Sort(lat)
 				b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
 				b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+			})
+		}
+	}
+}
+
+// BenchmarkFileStream stores a 64 MiB file and reads it back, on the embedded store and on Redis
+// (1 MiB chunks) in the same run; MB/s counts the bytes each way once.
+func BenchmarkFileStream(b *testing.B) {
+	ctx := context.Background()
+	srv := redisserver.Start(b)
+	emb, err := embedded.Open(embedded.Options{Dir: b.TempDir(), SweepEvery: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = emb.Close() })
+	const size = 64 << 20
+	for _, impl := range []struct {
+		name string
+		s    store.Store
+	}{{"embedded", emb}, {"redis", open(b, srv, Options{})}} {
+		for _, way := range []string{"upload", "download"} {
+			b.Run(impl.name+"/"+way, func(b *testing.B) {
+				b.SetBytes(size)
+				var f store.File
+				if way == "download" {
+					if f, err = store.CreateFile(ctx, impl.s, store.File{Owner: "bench", Filename: "f", Purpose: "user_data"}, &patternReader{left: size}, store.FileLimits{}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for b.Loop() {
+					if way == "upload" {
+						f, err := store.CreateFile(ctx, impl.s, store.File{Owner: "bench", Filename: "f", Purpose: "user_data"}, &patternReader{left: size}, store.FileLimits{})
+						if err != nil {
+							b.Fatal(err)
+						}
+						b.StopTimer()
+						if _, err := impl.s.DeleteFile(ctx, "bench", f.ID); err != nil {
+							b.Fatal(err)
+						}
+						b.StartTimer()
+						continue
+					}
+					_, rc, err := impl.s.OpenFile(ctx, "bench", f.ID)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if n, err := io.Copy(io.Discard, rc); err != nil || n != size {
+						b.Fatalf("read %d bytes, %v", n, err)
+					}
+					_ = rc.Close()
+				}
 			})
 		}
 	}

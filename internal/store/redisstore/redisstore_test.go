@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -609,4 +610,83 @@ func (c *countingReader) Read(p []byte) (int, error) {
 		c.cancel()
 	}
 	return len(p), nil
+}
+
+// TestLargeFileStreamsInBoundedMemory: a file many chunks long goes into Redis and back out
+// without the proxy ever holding much more than a chunk of it.
+func TestLargeFileStreamsInBoundedMemory(t *testing.T) {
+	srv := redisserver.Start(t)
+	ctx := context.Background()
+	s := open(t, srv, Options{}) // 1 MiB chunks
+	const size = 48 << 20
+	src := &patternReader{left: size}
+	f, err := store.CreateFile(ctx, s, store.File{Owner: "o", Filename: "big", Purpose: "user_data"}, src, store.FileLimits{MaxBytes: 512 << 20})
+	if err != nil || f.Bytes != size {
+		t.Fatalf("CreateFile = %+v, %v", f, err)
+	}
+	_, rc, err := s.OpenFile(ctx, "o", f.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	dst := &patternChecker{}
+	if _, err := io.CopyBuffer(dst, rc, make([]byte, 32<<10)); err != nil || dst.n != size || dst.bad >= 0 {
+		t.Fatalf("read back %d bytes (first wrong at %d), %v", dst.n, dst.bad, err)
+	}
+	// The heap is sampled as the bytes pass; holding the file would take 48 MiB.
+	if peak := max(src.peak, dst.peak); peak > 24<<20 {
+		t.Errorf("the heap reached %d MiB while a %d MiB file streamed", peak>>20, size>>20)
+	}
+}
+
+// patternReader yields left bytes of a known pattern, sampling the heap every MiB.
+type patternReader struct {
+	left, off int64
+	peak      uint64
+}
+
+func (r *patternReader) Read(p []byte) (int, error) {
+	if r.left == 0 {
+		return 0, io.EOF
+	}
+	p = p[:min(int64(len(p)), r.left)]
+	for i := range p {
+		p[i] = byte((r.off + int64(i)) % 251)
+	}
+	if r.off>>20 != (r.off+int64(len(p)))>>20 {
+		r.peak = max(r.peak, heapInUse())
+	}
+	r.off += int64(len(p))
+	r.left -= int64(len(p))
+	return len(p), nil
+}
+
+// patternChecker checks that what it is written is patternReader's pattern.
+type patternChecker struct {
+	n    int64
+	bad  int64
+	peak uint64
+	init bool
+}
+
+func (c *patternChecker) Write(p []byte) (int, error) {
+	if !c.init {
+		c.bad, c.init = -1, true
+	}
+	for i, b := range p {
+		if b != byte((c.n+int64(i))%251) && c.bad < 0 {
+			c.bad = c.n + int64(i)
+		}
+	}
+	if c.n>>20 != (c.n+int64(len(p)))>>20 {
+		c.peak = max(c.peak, heapInUse())
+	}
+	c.n += int64(len(p))
+	return len(p), nil
+}
+
+func heapInUse() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
 }
