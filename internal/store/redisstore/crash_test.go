@@ -90,7 +90,7 @@ func TestKilledUploadLeavesNothing(t *testing.T) {
 	if len(ks) != 1 || !strings.HasPrefix(ks[0], "upload:") {
 		t.Fatalf("keys after the kill = %v; want only the upload's", ks)
 	}
-	if n, err := s.Client().HLen(context.Background(), s.Prefix()+ks[0]).Result(); err != nil || n != helperChunks {
+	if n, err := s.rdb.HLen(context.Background(), s.prefix+ks[0]).Result(); err != nil || n != helperChunks {
 		t.Errorf("the upload holds %d chunks, %v; want the %d written", n, err, helperChunks)
 	}
 	if d := pttl(t, s, ks[0]); d <= 0 || d > helperUploadTTL {

@@ -52,13 +52,13 @@
 // # File bytes
 //
 // File bytes live in Redis too, in chunks of ChunkSize (1 MiB) stored as the fields of one hash
-// per file. The replicas share nothing else, and an operator who runs Redis for them has no other
-// service to provide, secure and keep consistent with the metadata (a shared volume or an object
-// store would be a second source of truth, with its own orphans after a crash). Chunks, because a
-// single 512 MB value would hold Redis's one thread for the whole copy and exceed its default
-// bulk limit; one hash, because its chunks then share one TTL, are committed by one RENAME and
-// freed by one UNLINK. An upload streams: each chunk is written as soon as it is full (with the
-// upload's TTL refreshed in the same transaction), so at most one chunk per upload is in the
+// per file. The replicas share nothing but Redis, and an operator who runs it for them then has no
+// other service to provide, secure and keep consistent with the metadata (a shared volume or an
+// object store would be a second source of truth, with its own orphans after a crash). Chunks,
+// because a single 512 MB value would hold Redis's one thread for the whole copy and reach its
+// default bulk limit; one hash, because its chunks then share one TTL, are committed by one RENAME
+// and freed by one UNLINK. An upload streams: each chunk is written as soon as it is full (with
+// the upload's TTL refreshed in the same transaction), so at most one chunk per upload is in the
 // proxy's memory, and a cut upload leaves only a key that expires. A reader fetches one chunk at
 // a time. The cost is Redis memory: every stored byte is in RAM (and in its persistence files),
 // so Redis must be sized for max_file_storage_per_key times the callers, and run with
@@ -71,7 +71,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -257,12 +256,14 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Client is the Redis client the store uses (for tests and health checks; do not write keys
-// under the store's prefix with it).
-func (s *Store) Client() *redis.Client { return s.rdb }
-
-// Prefix is the prefix of the store's keys.
-func (s *Store) Prefix() string { return s.prefix }
+// Ping reports whether Redis answers now (for a readiness check): nil, or an error wrapping
+// store.ErrUnavailable (store.ErrClosed after Close).
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	return s.fail(ctx, s.rdb.Ping(ctx).Err())
+}
 
 func (s *Store) checkOpen() error {
 	if s.closed.Load() {
@@ -294,10 +295,6 @@ func (s *Store) fail(ctx context.Context, err error) error {
 
 // isTransientReply reports whether an error reply says that Redis cannot serve now but may later.
 func isTransientReply(err error) bool {
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
-	}
 	msg := err.Error()
 	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "BUSY", "OOM", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "MISCONF"} {
 		if strings.HasPrefix(msg, p) {

@@ -70,9 +70,9 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func keys(t *testing.T, s *Store) []string {
 	t.Helper()
 	var out []string
-	iter := s.Client().Scan(context.Background(), 0, s.Prefix()+"*", 1000).Iterator()
+	iter := s.rdb.Scan(context.Background(), 0, s.prefix+"*", 1000).Iterator()
 	for iter.Next(context.Background()) {
-		out = append(out, strings.TrimPrefix(iter.Val(), s.Prefix()))
+		out = append(out, strings.TrimPrefix(iter.Val(), s.prefix))
 	}
 	if err := iter.Err(); err != nil {
 		t.Fatalf("SCAN = %v", err)
@@ -83,7 +83,7 @@ func keys(t *testing.T, s *Store) []string {
 
 func pttl(t *testing.T, s *Store, key string) time.Duration {
 	t.Helper()
-	d, err := s.Client().PTTL(context.Background(), s.Prefix()+key).Result()
+	d, err := s.rdb.PTTL(context.Background(), s.prefix+key).Result()
 	if err != nil {
 		t.Fatalf("PTTL %s = %v", key, err)
 	}
@@ -689,4 +689,23 @@ func heapInUse() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapInuse
+}
+
+func TestPing(t *testing.T) {
+	srv := redisserver.Start(t)
+	s := open(t, srv, Options{})
+	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping = %v", err)
+	}
+	srv.Stop()
+	if err := s.Ping(ctx); !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("Ping with Redis gone = %v; want ErrUnavailable", err)
+	}
+	srv.Restart()
+	eventually(t, "Ping to answer again", func() bool { return s.Ping(ctx) == nil })
+	_ = s.Close()
+	if err := s.Ping(ctx); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Ping after Close = %v; want ErrClosed", err)
+	}
 }
