@@ -71,6 +71,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -115,7 +116,9 @@ type Options struct {
 	// Now is the clock that decides expiry and stamps ids. Nil: time.Now.
 	Now func() time.Time
 	// DialTimeout bounds connecting to Redis; Timeout bounds each command's reads and writes.
-	// A Redis that is gone or does not answer fails calls within them (ErrUnavailable).
+	// A Redis that is gone or does not answer fails calls within them (ErrUnavailable). A
+	// context's deadline shortens them; a cancelled context stops a call before each command
+	// (and an upload between chunks), while a command already sent ends within Timeout.
 	DialTimeout time.Duration
 	Timeout     time.Duration
 	// UploadTTL is how long the bytes of an upload in progress live after its last chunk: what
@@ -124,7 +127,8 @@ type Options struct {
 	// ReadGrace is how long the bytes of a deleted file stay for the readers that opened it
 	// before (each chunk read extends it).
 	ReadGrace time.Duration
-	// ChunkSize is the size of the chunks file bytes are stored in.
+	// ChunkSize is the size of the chunks file bytes are stored in. Readers take chunks as they
+	// are, so replicas may differ in it.
 	ChunkSize int
 }
 
@@ -185,9 +189,17 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 func clientOptions(opts Options) (*redis.Options, error) {
 	ro := &redis.Options{Addr: opts.Addr, Username: opts.Username, Password: opts.Password, DB: opts.DB}
 	if opts.URL != "" {
+		// url.Parse's errors quote the URL, password included: keep only their reason.
+		if _, err := url.Parse(opts.URL); err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err
+			}
+			return nil, fmt.Errorf("redis store: the Redis URL does not parse: %w", err)
+		}
 		var err error
 		if ro, err = redis.ParseURL(opts.URL); err != nil {
-			return nil, fmt.Errorf("redis store: url: %w", err)
+			return nil, fmt.Errorf("redis store: the Redis URL: %w", err)
 		}
 		if ro.Username == "" {
 			ro.Username = opts.Username

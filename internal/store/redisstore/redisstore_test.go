@@ -538,6 +538,7 @@ func TestOpenOptions(t *testing.T) {
 		{"address and password", Options{Addr: srv.Addr(), Username: "proxy", Password: "s3cret", DB: 1}, ""},
 		{"wrong password", Options{Addr: srv.Addr(), Username: "proxy", Password: "nope"}, "WRONGPASS"},
 		{"bad url", Options{URL: "http://" + srv.Addr()}, "invalid URL scheme"},
+		{"url that does not parse", Options{URL: "redis://proxy:s3cret@" + srv.Addr() + ":x/0"}, "does not parse"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -545,6 +546,9 @@ func TestOpenOptions(t *testing.T) {
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("Open = %v; want an error containing %q", err, tc.wantErr)
+				}
+				if strings.Contains(err.Error(), "s3cret") {
+					t.Errorf("Open's error shows the password: %v", err)
 				}
 				return
 			}
