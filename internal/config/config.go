@@ -189,7 +189,6 @@ func (k IgnoredKey) String() string {
 	return fmt.Sprintf("ignored: %s (%s %s), %s", k.Key, word, strings.Join(lines, ", "), k.Reason)
 }
 
-
 // Name identifies a deployment in messages, without its key: "provider/upstream-model".
 func (d Deployment) Name() string {
 	switch {
