@@ -126,13 +126,13 @@ func TestDeploymentHeaders(t *testing.T) {
 		in   http.Header
 		want http.Header
 	}{
-		{"bearer key and extra headers", config.Deployment{APIKey: "sk", ExtraHeaders: []config.Header{{"X-Team", "a"}, {"OpenAI-Organization", "org"}}},
+		{"bearer key and extra headers", config.Deployment{APIKey: "sk", ExtraHeaders: []config.Header{{Name: "X-Team", Value: "a"}, {Name: "OpenAI-Organization", Value: "org"}}},
 			http.Header{}, http.Header{"Authorization": {"Bearer sk"}, "X-Team": {"a"}, "Openai-Organization": {"org"}}},
-		{"the client's header wins over an extra header", config.Deployment{ExtraHeaders: []config.Header{{"X-Team", "a"}}},
+		{"the client's header wins over an extra header", config.Deployment{ExtraHeaders: []config.Header{{Name: "X-Team", Value: "a"}}},
 			http.Header{"X-Team": {"client"}}, http.Header{"X-Team": {"client"}}},
 		{"azure key as api-key", config.Deployment{APIKey: "k", KeyHeader: config.KeyHeaderAzure},
 			http.Header{}, http.Header{"Api-Key": {"k"}}},
-		{"an extra Authorization header stands when there is no key", config.Deployment{ExtraHeaders: []config.Header{{"Authorization", "Basic x"}}},
+		{"an extra Authorization header stands when there is no key", config.Deployment{ExtraHeaders: []config.Header{{Name: "Authorization", Value: "Basic x"}}},
 			http.Header{}, http.Header{"Authorization": {"Basic x"}}},
 	}
 	for _, tc := range tests {
