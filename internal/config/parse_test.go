@@ -204,6 +204,46 @@ general_settings:
 	}
 }
 
+// TestLiteLLMSecretsStayOutOfMessages: the LiteLLM keys that carry secrets (a Redis URL with its
+// password, Azure tokens, credential values, extra headers) are never repeated in a message or a
+// warning, whatever is wrong around them.
+func TestLiteLLMSecretsStayOutOfMessages(t *testing.T) {
+	in := `model_list:
+  - model_name: a
+    litellm_params:
+      model: azure/dep
+      api_base: https://contoso.openai.azure.com
+      azure_ad_token: SECRET-TOKEN
+      extra_headers: {X-Key: SECRET-HEADER, "Bad Name": SECRET-HEADER2}
+      litellm_credential_name: cred
+      temperature: SECRET-TEMP
+credential_list:
+  - credential_name: cred
+    credential_values: {api_key: SECRET-CRED, api_bsae: SECRET-BASE}
+router_settings:
+  redis_url: ftp://user:SECRET-REDIS@host
+  redis_password: SECRET-PW
+  redis_port: SECRET-PORT
+general_settings:
+  master_key: SECRET-MASTER
+  database_url: postgresql://u:SECRET-DB@db/x
+`
+	c, err := Check([]byte(in), "c.yaml", backends.ParseOptions(func(string) (string, bool) { return "", false }))
+	if err == nil {
+		t.Fatal("Check succeeded; want errors")
+	}
+	all := err.Error() + "\n" + strings.Join(c.AllWarnings(), "\n")
+	// The port's value is not a secret in itself, but the message must still name it only.
+	for _, secret := range []string{"SECRET-TOKEN", "SECRET-HEADER", "SECRET-CRED", "SECRET-BASE", "SECRET-REDIS", "SECRET-PW", "SECRET-MASTER", "SECRET-DB"} {
+		if strings.Contains(all, secret) {
+			t.Errorf("messages reveal %s:\n%s", secret, all)
+		}
+	}
+	if n := len(err.(*Errors).Problems); n != 5 {
+		t.Errorf("got %d problems; want 5 (header name, temperature, api_bsae, redis_url, redis_port):\n%v", n, err)
+	}
+}
+
 // TestExampleConfig loads the shipped config.example.yaml with no environment: it must load with
 // warnings only.
 func TestExampleConfig(t *testing.T) {
