@@ -25,7 +25,6 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
-	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -173,6 +172,18 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 
 	// The configuration and the sandbox registry provisioned from it are published together, and
 	// replaced together by each reload; a container keeps the provider it was created with.
+	// The state store first: without it (Redis unreachable) the proxy does not start, before any
+	// sandbox backend is provisioned.
+	state, err := openState(ctx, f, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := state.Close(); err != nil {
+			log.Error("closing the state store", zap.Error(err))
+		}
+	}()
+
 	store, err := snapshot.New(ctx, cfg, snapshot.Options{
 		Parse:     backends.ParseOptions(nil),
 		Provision: backends.Build,
@@ -193,19 +204,13 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		Logger:   log,
 		Metrics:  reg,
 	})
-	engine := intercept.New(intercept.Options{Sessions: sessions, Logger: log, Metrics: reg})
+	engine := intercept.New(intercept.Options{
+		Sessions: sessions,
+		Store:    intercept.OnStore(state, 0, nil),
+		Logger:   log,
+		Metrics:  reg,
+	})
 	client := upstream.NewClient(upstream.ClientOptions{Logger: log, Metrics: upstream.NewMetrics(reg)})
-
-	state, err := openState(f, cfg, log)
-	if err != nil {
-		closeSandboxes(log, sessions, store)
-		return err
-	}
-	defer func() {
-		if err := state.Close(); err != nil {
-			log.Error("closing the data directory", zap.Error(err))
-		}
-	}()
 
 	var draining atomic.Bool
 	handler := router.New(router.Options{
@@ -217,7 +222,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		Logger:      log,
 		Registry:    reg,
 		Metrics:     metrics,
-		Ready:       func() bool { return !draining.Load() },
+		Ready:       readiness(&draining, state),
 	})
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
@@ -274,27 +279,6 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	}
 	log.Info("stopped")
 	return nil
-}
-
-// openState opens the proxy's own state in --data-dir, else general_settings.data_dir, else the
-// default directory. It is read once: a data_dir changed by a reload applies at the next start.
-func openState(f flags, cfg *config.Config, log *zap.Logger) (*embedded.Store, error) {
-	dir := f.dataDir
-	if dir == "" {
-		dir = cfg.General.DataDir
-	}
-	if dir == "" {
-		var err error
-		if dir, err = embedded.DefaultDir(); err != nil {
-			return nil, err
-		}
-	}
-	st, err := embedded.Open(embedded.Options{Dir: dir, Logger: log})
-	if err != nil {
-		return nil, fmt.Errorf("data directory: %w", err)
-	}
-	log.Info("data directory", zap.String("dir", st.Dir()))
-	return st, nil
 }
 
 func closeSandboxes(log *zap.Logger, sessions *sandbox.Sessions, store *snapshot.Store) {

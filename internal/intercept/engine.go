@@ -143,7 +143,10 @@ func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Req
 		e.m.requests.WithLabelValues("client_error").Inc()
 		return aerr
 	}
-	req.resolve(lookup{ctx: ctx, store: e.store, caller: caller})
+	if err := req.resolve(lookup{ctx: ctx, store: e.store, caller: caller}); err != nil {
+		e.m.requests.WithLabelValues("error").Inc()
+		return fmt.Errorf("intercept: reading the response store: %w", err)
+	}
 	var rend renderer
 	if req.stream {
 		rend = newSSERenderer(w, e.log)

@@ -82,6 +82,15 @@ type lookup struct {
 	ctx    context.Context
 	store  Store
 	caller string
+	// err receives the first error of the store (resolve sets it up and returns it).
+	err *error
+}
+
+// fail records the store's first error.
+func (lk lookup) fail(err error) {
+	if lk.err != nil && *lk.err == nil {
+		*lk.err = err
+	}
 }
 
 // wants reports whether a request is one the engine intercepts: the tools list holds a
@@ -239,11 +248,16 @@ func parseRequest(body []byte, ic config.Interception) (*parsedRequest, *apierro
 // last upstream response of its loop, its container, and the outputs of stand-in calls the client
 // never saw as function calls; code_interpreter_call items (and references to them) sent back as
 // input become the function_call and function_call_output pairs the upstream saw. Records of
-// another caller are not used. A nil lk.store resolves nothing.
-func (r *parsedRequest) resolve(lk lookup) {
+// another caller are not used. A nil lk.store resolves nothing. An error means the store could
+// not answer: the request cannot be resolved and must fail.
+func (r *parsedRequest) resolve(lk lookup) error {
+	var failed error
+	lk.err = &failed
 	var pending [][]byte
 	if prev := gjson.GetBytes(r.raw, "previous_response_id").String(); prev != "" && lk.store != nil {
-		if sr, ok := lk.store.Response(lk.ctx, prev); ok && sr.Owner == lk.caller {
+		sr, ok, err := lk.store.Response(lk.ctx, prev)
+		lk.fail(err)
+		if ok && sr.Owner == lk.caller {
 			r.base, _ = sjson.SetBytes(r.base, "previous_response_id", sr.UpstreamID)
 			r.prevContainer = sr.ContainerID
 			pending = sr.Pending
@@ -262,6 +276,7 @@ func (r *parsedRequest) resolve(lk lookup) {
 			return true
 		})
 	}
+	return failed
 }
 
 // excludesCode reports whether tool_choice rules code_interpreter out: "none", or an allowed_tools
@@ -316,7 +331,8 @@ func storedCall(lk lookup, id string) (StoredCall, bool) {
 	if lk.store == nil || id == "" {
 		return StoredCall{}, false
 	}
-	sc, ok := lk.store.Call(lk.ctx, id)
+	sc, ok, err := lk.store.Call(lk.ctx, id)
+	lk.fail(err)
 	if !ok || sc.Owner != lk.caller {
 		return StoredCall{}, false
 	}

@@ -25,7 +25,7 @@ func TestStoredResponses(t *testing.T) {
 	serve := func(method, id, caller string) (bool, int, []byte) {
 		rec := httptest.NewRecorder()
 		r := httptest.NewRequest(method, "/v1/responses/"+id, nil)
-		ok := h.eng.Minted(r.Context(), id)
+		ok, _ := h.eng.Minted(r.Context(), id)
 		if ok {
 			serveLikeRouter(rec, r, func() error { return h.eng.ServeStored(rec, r, id, caller) })
 		}

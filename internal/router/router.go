@@ -28,12 +28,12 @@ import (
 // response has started, failures are the interceptor's to end in its own stream.
 //
 // GET and DELETE /v1/responses/{id} go to ServeStored when Minted reports that the id is one the
-// interceptor minted (the upstream has never heard of it); every other id passes through.
-// ServeStored's errors are written the same way.
+// interceptor minted (the upstream has never heard of it); every other id passes through. An error
+// from Minted (its store cannot answer) and ServeStored's errors are written the same way.
 type Interceptor interface {
 	Handles(req *intercept.Request) bool
 	ServeResponses(w http.ResponseWriter, r *http.Request, req *intercept.Request) error
-	Minted(ctx context.Context, id string) bool
+	Minted(ctx context.Context, id string) (bool, error)
 	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error
 }
 
@@ -60,8 +60,9 @@ type Options struct {
 	// Metrics, when set, is used instead of creating the router's metrics on Registry, so that the
 	// caller can count config reloads on the same collectors (see NewMetrics).
 	Metrics *Metrics
-	// Ready reports whether the proxy can serve (/readyz). Nil: ready once a config is loaded.
-	Ready func() bool
+	// Ready reports whether the proxy can serve (/readyz): nil, or why not (shown in the answer, so
+	// it must hold no secret). Nil: ready once a config is loaded.
+	Ready func(ctx context.Context) error
 	// BodyReadTimeout bounds how long reading a request body may take. Zero: 60s.
 	BodyReadTimeout time.Duration
 	// Now is the clock. Nil: time.Now.
@@ -77,7 +78,7 @@ type server struct {
 	files       store.Files
 	log         *zap.Logger
 	metrics     *Metrics
-	ready       func() bool
+	ready       func(context.Context) error
 	bodyTimeout time.Duration
 	now         func() time.Time
 	started     time.Time

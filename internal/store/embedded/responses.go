@@ -34,6 +34,7 @@ type callRecord struct {
 	ID        string    `json:"id"`
 	Owner     string    `json:"owner"`
 	CallID    string    `json:"call_id"`
+	Container string    `json:"container_id,omitempty"`
 	Code      string    `json:"code"`
 	Output    string    `json:"output"`
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
@@ -71,7 +72,7 @@ func (s *Store) PutResponse(ctx context.Context, r store.Response, calls []store
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		rec := callRecord{ID: c.ID, Owner: c.Owner, CallID: c.CallID, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}
+		rec := callRecord{ID: c.ID, Owner: c.Owner, CallID: c.CallID, Container: c.ContainerID, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}
 		if err := s.writeRecord(dirCalls, c.ID, rec, cached, mtimeFor(c.ExpiresAt)); err != nil {
 			return err
 		}
@@ -121,7 +122,7 @@ func (s *Store) Call(_ context.Context, id string) (store.Call, error) {
 	if err := s.readTimed(dirCalls, id, &c, func() time.Time { return c.ExpiresAt }); err != nil {
 		return store.Call{}, err
 	}
-	return store.Call{ID: c.ID, Owner: c.Owner, CallID: c.CallID, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}, nil
+	return store.Call{ID: c.ID, Owner: c.Owner, CallID: c.CallID, ContainerID: c.Container, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}, nil
 }
 
 // DeleteResponse implements [store.Responses.DeleteResponse].

@@ -31,6 +31,7 @@ type callRecord struct {
 	ID        string    `json:"id"`
 	Owner     string    `json:"owner"`
 	CallID    string    `json:"call_id"`
+	Container string    `json:"container_id,omitempty"`
 	Code      string    `json:"code"`
 	Output    string    `json:"output"`
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
@@ -72,7 +73,7 @@ func (s *Store) PutResponse(ctx context.Context, r store.Response, calls []store
 	}
 	cbs := make([][]byte, len(calls))
 	for i, c := range calls {
-		if cbs[i], err = json.Marshal(callRecord{ID: c.ID, Owner: c.Owner, CallID: c.CallID, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}); err != nil {
+		if cbs[i], err = json.Marshal(callRecord{ID: c.ID, Owner: c.Owner, CallID: c.CallID, Container: c.ContainerID, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}); err != nil {
 			return fmt.Errorf("%w: encoding call %s: %w", store.ErrInvalid, c.ID, err)
 		}
 	}
@@ -138,7 +139,7 @@ func (s *Store) Call(ctx context.Context, id string) (store.Call, error) {
 	if expiredMs(atMs(c.ExpiresAt), s.nowMs()) {
 		return store.Call{}, fmt.Errorf("call %s: %w", id, store.ErrNotFound)
 	}
-	return store.Call{ID: c.ID, Owner: c.Owner, CallID: c.CallID, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}, nil
+	return store.Call{ID: c.ID, Owner: c.Owner, CallID: c.CallID, ContainerID: c.Container, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}, nil
 }
 
 // DeleteResponse implements [store.Responses.DeleteResponse].
