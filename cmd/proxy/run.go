@@ -25,6 +25,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
+	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -43,6 +44,7 @@ type flags struct {
 	host      string
 	port      int
 	logFormat string
+	dataDir   string
 	check     bool
 	version   bool
 }
@@ -55,6 +57,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.host, "host", "0.0.0.0", "address to listen on")
 	fs.IntVar(&f.port, "port", 4000, "port to listen on (0: any free port)")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or console")
+	fs.StringVar(&f.dataDir, "data-dir", "", "directory of the proxy's own state (files, containers, stored responses); overrides general_settings.data_dir")
 	fs.BoolVar(&f.check, "check", false, "validate the configuration file and exit")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -193,12 +196,24 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	engine := intercept.New(intercept.Options{Sessions: sessions, Logger: log, Metrics: reg})
 	client := upstream.NewClient(upstream.ClientOptions{Logger: log, Metrics: upstream.NewMetrics(reg)})
 
+	state, err := openState(f, cfg, log)
+	if err != nil {
+		closeSandboxes(log, sessions, store)
+		return err
+	}
+	defer func() {
+		if err := state.Close(); err != nil {
+			log.Error("closing the data directory", zap.Error(err))
+		}
+	}()
+
 	var draining atomic.Bool
 	handler := router.New(router.Options{
 		Store:       store,
 		Client:      client,
 		Balancer:    upstream.NewBalancer(),
 		Interceptor: engine,
+		Files:       state,
 		Logger:      log,
 		Registry:    reg,
 		Metrics:     metrics,
@@ -259,6 +274,27 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// openState opens the proxy's own state in --data-dir, else general_settings.data_dir, else the
+// default directory. It is read once: a data_dir changed by a reload applies at the next start.
+func openState(f flags, cfg *config.Config, log *zap.Logger) (*embedded.Store, error) {
+	dir := f.dataDir
+	if dir == "" {
+		dir = cfg.General.DataDir
+	}
+	if dir == "" {
+		var err error
+		if dir, err = embedded.DefaultDir(); err != nil {
+			return nil, err
+		}
+	}
+	st, err := embedded.Open(embedded.Options{Dir: dir, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("data directory: %w", err)
+	}
+	log.Info("data directory", zap.String("dir", st.Dir()))
+	return st, nil
 }
 
 func closeSandboxes(log *zap.Logger, sessions *sandbox.Sessions, store *snapshot.Store) {

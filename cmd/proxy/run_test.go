@@ -15,27 +15,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
 const testKey = "sk-master-test"
-
-// syncBuffer is a bytes.Buffer that the proxy's logger and the test may use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // upstreamServer answers every request with the model it was asked for; a request whose body
 // contains "hold" waits until release is closed.
@@ -105,7 +89,7 @@ general_settings:
 // running is a proxy started through run().
 type running struct {
 	url    string
-	stderr *syncBuffer
+	stderr *testutil.LockedBuffer
 	cancel context.CancelFunc
 	exit   chan int
 }
@@ -113,10 +97,11 @@ type running struct {
 func start(t *testing.T, args ...string) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{stderr: &syncBuffer{}, cancel: cancel, exit: make(chan int, 1)}
+	r := &running{stderr: &testutil.LockedBuffer{}, cancel: cancel, exit: make(chan int, 1)}
 	addr := make(chan net.Addr, 1)
+	dataDir := t.TempDir() // a data directory of its own: one process per directory
 	go func() {
-		r.exit <- run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0"}, args...), io.Discard, r.stderr, func(a net.Addr) { addr <- a })
+		r.exit <- run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0", "--data-dir", dataDir}, args...), io.Discard, r.stderr, func(a net.Addr) { addr <- a })
 	}()
 	select {
 	case a := <-addr:
@@ -163,18 +148,6 @@ func (r *running) metrics(t *testing.T) string {
 	return string(b)
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for an event
-	}
-}
-
 func TestHotReload(t *testing.T) {
 	up := newUpstreamServer(t)
 	dir := t.TempDir()
@@ -215,7 +188,7 @@ func TestHotReload(t *testing.T) {
 	})
 
 	writeConfig(t, dir, configYAML(up.URL, "gpt-a", "gpt-b"))
-	eventually(t, "gpt-b is served", func() bool {
+	testutil.Eventually(t, "gpt-b is served", func() bool {
 		status, _, _ := p.post("gpt-b", "")
 		return status == http.StatusOK
 	})
@@ -223,13 +196,13 @@ func TestHotReload(t *testing.T) {
 		t.Errorf("gpt-b after reload = %d %s; want its upstream model", status, body)
 	}
 	// The new model list and its sandbox tools are published together; the count follows.
-	eventually(t, "the reload is counted as a success", func() bool {
+	testutil.Eventually(t, "the reload is counted as a success", func() bool {
 		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="success"} 1`)
 	})
 
 	// A bad edit is rejected: both models keep working.
 	writeConfig(t, dir, configYAML(up.URL, "gpt-a")+"unknown_section: {}\n")
-	eventually(t, "the bad edit is counted", func() bool {
+	testutil.Eventually(t, "the bad edit is counted", func() bool {
 		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="failure"} 1`)
 	})
 	for _, m := range []string{"gpt-a", "gpt-b"} {
@@ -244,7 +217,7 @@ func TestHotReload(t *testing.T) {
 	// An edit whose sandbox tool cannot be provisioned is rejected whole: its new model is not served.
 	broken := strings.Replace(configYAML(up.URL, "gpt-a", "gpt-c"), "pool_size: 0", "pool_size: 0, python: /nonexistent/python3", 1)
 	writeConfig(t, dir, broken)
-	eventually(t, "the edit that cannot be provisioned is counted", func() bool {
+	testutil.Eventually(t, "the edit that cannot be provisioned is counted", func() bool {
 		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="failure"} 2`)
 	})
 	if status, body, _ := p.post("gpt-c", ""); status != http.StatusBadRequest || !strings.Contains(body, "model_not_found") {
@@ -295,7 +268,7 @@ func TestGracefulShutdown(t *testing.T) {
 	p.cancel() // what SIGTERM does in main
 
 	// New connections are refused once the listener is closed.
-	eventually(t, "the listener is closed", func() bool {
+	testutil.Eventually(t, "the listener is closed", func() bool {
 		c, err := net.Dial("tcp", strings.TrimPrefix(p.url, "http://"))
 		if err == nil {
 			c.Close()
@@ -389,7 +362,7 @@ router_settings:
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr syncBuffer
+			var stdout, stderr testutil.LockedBuffer
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			code := run(ctx, tc.args, &stdout, &stderr, func(net.Addr) {

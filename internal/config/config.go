@@ -239,6 +239,12 @@ type General struct {
 	ContainerSecret    string        // seals cntr_ ids (sandbox.KeyFromSecret); "" means a random key per process
 	MaxRequestBodySize int64         // default 32 MiB
 	ShutdownGrace      time.Duration // default 30s
+	// DataDir holds the proxy's own state (Files API files, the container registry, stored
+	// responses); "" means the default, chosen at start (/var/lib/ciproxy as root, else the user
+	// cache directory). Read once at start: changing it needs a restart.
+	DataDir              string
+	MaxFileUploadSize    int64 // largest file POST /v1/files accepts, default 512 MiB
+	MaxFileStoragePerKey int64 // total bytes of files one API key may store, default 10 GiB
 }
 
 // ProviderEnabled reports whether interception applies to deployments of provider: EnabledProviders

@@ -26,6 +26,8 @@ const (
 	DefaultContainerIdleTimeout = 20 * time.Minute
 	DefaultMaxRequestBodySize   = 32 << 20
 	DefaultShutdownGrace        = 30 * time.Second
+	DefaultMaxFileUploadSize    = 512 << 20 // OpenAI's limit for one file
+	DefaultMaxFileStoragePerKey = 10 << 30
 
 	// DefaultSandboxToolName names the sandbox tool that stands in when sandbox_tools is absent, and
 	// DefaultSandboxBackend is its backend, with that backend's defaults.
@@ -429,6 +431,9 @@ func (d *decoder) general(n *yaml.Node) General {
 		}
 	}
 	g.ShutdownGrace = p.Duration("shutdown_grace", DefaultShutdownGrace, true)
+	g.DataDir = strings.TrimSpace(p.String("data_dir").S)
+	g.MaxFileUploadSize, _ = p.Size("max_file_upload_size", DefaultMaxFileUploadSize)
+	g.MaxFileStoragePerKey, _ = p.Size("max_file_storage_per_key", DefaultMaxFileStoragePerKey)
 	return g
 }
 

@@ -1,6 +1,6 @@
 // Package e2b is the sandbox backend that runs code in e2b cloud sandboxes: the REST control plane
 // creates, extends and kills sandboxes, and the code-interpreter server inside each sandbox runs
-// code and streams NDJSON back (spec/e2b.md).
+// code and streams NDJSON back. docs/wire-e2b.md describes the protocol as this client uses it.
 package e2b
 
 import (
@@ -22,7 +22,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
-// Defaults, as the official SDKs have them (spec/e2b.md §5), except AllowInternetAccess, which is
+// Defaults, as the official SDKs have them (docs/wire-e2b.md), except AllowInternetAccess, which is
 // off unless the operator turns it on.
 const (
 	DefaultDomain         = "e2b.app"
