@@ -13,7 +13,7 @@ import (
 
 // BenchmarkColdStart measures Create (no pool) to the first result of 1+1.
 func BenchmarkColdStart(b *testing.B) {
-	p := newProvider(b, Options{PoolSize: -1})
+	p := newTestProvider(b, Options{PoolSize: -1})
 	ctx := context.Background()
 	for b.Loop() {
 		h, err := p.Create(ctx, sandbox.CreateOptions{})
@@ -32,7 +32,7 @@ func BenchmarkColdStart(b *testing.B) {
 
 // BenchmarkWarmStart measures Create from a full warm pool to the first result of 1+1.
 func BenchmarkWarmStart(b *testing.B) {
-	p := newProvider(b, Options{PoolSize: 1})
+	p := newTestProvider(b, Options{PoolSize: 1})
 	ctx := context.Background()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
@@ -56,7 +56,7 @@ func BenchmarkWarmStart(b *testing.B) {
 
 // BenchmarkRoundTrip measures one execution of 1+1 in a started sandbox.
 func BenchmarkRoundTrip(b *testing.B) {
-	p := newProvider(b, Options{PoolSize: -1})
+	p := newTestProvider(b, Options{PoolSize: -1})
 	ctx := context.Background()
 	h, err := p.Create(ctx, sandbox.CreateOptions{})
 	if err != nil {
