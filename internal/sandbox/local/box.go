@@ -132,7 +132,7 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 		return nil, fmt.Errorf("local sandbox: %w", err)
 	}
 	req := spawnRequest{
-		UID: uid, Memory: mem, Processes: p.opts.MaxProcesses, FileSize: p.opts.MaxFileSize,
+		Memory: mem, Processes: p.opts.MaxProcesses, FileSize: p.opts.MaxFileSize,
 		OpenFiles:  p.opts.MaxOpenFiles,
 		DataSize:   p.opts.MaxDiskSize,
 		DataInodes: inodesFor(p.opts.MaxDiskSize),
@@ -140,6 +140,9 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 		// the limit at most, so that a full /tmp is ENOSPC with memory left for the kernel.
 		TmpSize: mem / 2, TmpInodes: inodesFor(mem / 2), ShmSize: min(shmSize, mem/4),
 		Seccomp: !p.knobs.noSeccomp,
+	}
+	if p.perSandboxUIDs() {
+		req.UID = p.uids.host(uid)
 	}
 	err = z.spawn(req, pipes[0], pipes[3], pipes[5], theirs)
 	theirs.Close()

@@ -86,14 +86,15 @@ func sandboxEnv() []string {
 // sandbox gets (its kernels' mount namespaces are copies of it, with their own tmpfs on top), its
 // own pid, network, IPC, UTS and cgroup namespaces (the user namespace is made by the caller),
 // files copied in from descriptors (dest → fd; -1 skips), the seccomp filter on seccompFD (-1:
-// none), and argv run inside.
-func zygoteArgs(python string, files map[string]int, seccompFD int, argv []string) []string {
-	a := []string{
+// none), bubblewrap's capability options, and argv run inside.
+func zygoteArgs(python string, files map[string]int, seccompFD int, caps, argv []string) []string {
+	a := append([]string(nil), caps...)
+	a = append(a, []string{
 		"--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--die-with-parent", "--new-session",
 		"--hostname", "sandbox",
 		"--clearenv",
-	}
+	}...)
 	env := sandboxEnv()
 	for i := 0; i < len(env); i += 2 {
 		a = append(a, "--setenv", env[i], env[i+1])

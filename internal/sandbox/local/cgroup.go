@@ -288,6 +288,9 @@ func (h *cgroupHost) close() {
 }
 
 func (h *cgroupHost) dirs() []string {
+	if h == nil {
+		return nil
+	}
 	var out []string
 	if h.v2 != "" {
 		out = append(out, h.v2)

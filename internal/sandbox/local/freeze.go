@@ -3,31 +3,46 @@ package local
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Freezing without a cgroup freezer: every process of a sandbox descends from its init (orphans
 // are reparented to it, as to any pid namespace's init), so the host can find them all through
 // /proc/PID/task/TID/children and stop them with SIGSTOP, which no process can catch or ignore.
-// A process forked while the walk runs is found on the next pass; the walk repeats until a pass
-// finds every process in the wanted state. The init itself is left running (it only reaps).
+// A process forked while the walk runs is found on the next pass. The init itself is left running
+// (it only reaps).
 
-// signalTree sends sig (SIGSTOP or SIGCONT) to every descendant of pid.
+// signalTree sends sig (SIGSTOP or SIGCONT) to every descendant of pid. Stopping waits (for a
+// moment at most) until each one is stopped; continuing signals every one, stopped or not, since
+// SIGCONT also discards a stop still pending, and repeats until no process is new.
 func signalTree(pid int, sig syscall.Signal) {
-	for range 100 {
+	deadline := time.Now().Add(time.Second)
+	sent := map[int]bool{}
+	for {
 		pending := false
 		for _, d := range descendantsOf(pid) {
-			stopped := processState(d) == 'T'
-			if (sig == syscall.SIGSTOP) == stopped {
+			if sig == syscall.SIGCONT {
+				if !sent[d] {
+					sent[d] = true
+					pending = true
+					syscall.Kill(d, sig)
+				}
 				continue
 			}
-			pending = true
-			syscall.Kill(d, sig)
+			if st := processState(d); st != 'T' && st != 'Z' && st != 0 {
+				pending = true
+				syscall.Kill(d, sig)
+			}
 		}
-		if !pending {
+		if !pending || time.Now().After(deadline) {
 			return
+		}
+		if sig == syscall.SIGSTOP {
+			runtime.Gosched()
 		}
 	}
 }

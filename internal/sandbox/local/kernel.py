@@ -431,29 +431,32 @@ def _direct(cfg):
 
 # --- the fork server -----------------------------------------------------------------------------
 #
-# The zygote runs inside a bubblewrap sandbox of its own: a user namespace whose uid 0 is the
-# first host uid of the range the proxy leased for it (uids 1..N of the namespace are the next
-# host uids, one per sandbox), its own mount namespace with the minimal read-only view every
-# sandbox gets, and its own pid, network, IPC and UTS namespaces. Bubblewrap has installed the
-# zygote's seccomp filter (the kernels' one plus what forking a sandbox needs: unshare, mount,
-# sethostname); the zygote keeps the capabilities of its user namespace, which reach nothing of
-# the host.
+# The zygote runs inside a bubblewrap sandbox of its own: its own mount namespace with the minimal
+# read-only view every sandbox gets, and its own pid, network, IPC and UTS namespaces. When the
+# proxy runs as root, the zygote is root of the host's user namespace holding only the
+# capabilities that building a sandbox takes (SYS_ADMIN, NET_ADMIN, SETUID, SETGID, SETPCAP);
+# otherwise it is root of a user namespace that maps the proxy's uid alone. Bubblewrap has
+# installed the zygote's seccomp filter (the kernels' one plus what forking a sandbox needs:
+# unshare, mount, sethostname), which refuses the rest of what those capabilities could do
+# (setns, bpf, modules, keyrings...). It never runs user code.
 #
 # It imports the preload once, then reads spawn requests from the proxy on fd 3 (a SOCK_SEQPACKET
 # socket; each request is JSON with four descriptors: the kernel's stdin, stdout and stderr pipes
 # and a setup socket). For each it forks:
 #   C  unshares mount, UTS, IPC, network and pid namespaces; mounts size-capped tmpfs on
 #      /mnt/data (owned by the sandbox's uid), /tmp and /dev/shm and a new devpts; sets the
-#      hostname; brings up lo; caps SysV IPC; forks I and exits.
+#      hostname; brings up lo; forks I and exits.
 #   I  pid 1 of the new pid namespace: mounts its /proc, sends the proxy a pidfd of itself over
 #      the setup socket, waits for "go" (the proxy has put it into the sandbox's cgroups), then
-#      unshares a cgroup namespace rooted there and forks K. It reaps orphans, and exits when K
-#      exits or the proxy closes the setup socket; as the namespace's init its exit kills every
-#      process of the sandbox, however it was forked.
-#   K  the kernel: switches to the sandbox's own uid, enters a user namespace of its own that
-#      maps that uid to 1000 (and allows no further user namespace), drops every capability,
-#      sets its rlimits, moves to /mnt/data, installs the kernels' seccomp filter, reseeds the
-#      random generators and serves its protocol.
+#      unshares a cgroup namespace rooted there, forks K and drops every capability. It reaps
+#      orphans, and exits when K exits or the proxy closes the setup socket; as the namespace's
+#      init its exit kills every process of the sandbox, however it was forked.
+#   K  the kernel: becomes the sandbox's own host uid and, as that uid, creates a user namespace
+#      in which it is uid 1000 and which allows no further one (the kernel's per-user counts, such
+#      as inotify instances, are thus the sandbox's own all the way up to the host's namespace;
+#      the sandbox's other namespaces belong to the host's, so it has no capability over them);
+#      drops every capability, sets its rlimits, moves to /mnt/data, installs the kernels' seccomp
+#      filter, reseeds the random generators and serves its protocol.
 #
 # What every kernel shares with its siblings, and why that is safe:
 #   - Memory pages of the zygote (the interpreter, the imported modules, their caches), mapped
@@ -519,9 +522,11 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
+_cap_last = None
+
+
 def _drop_capabilities():
-    last = int(open("/proc/sys/kernel/cap_last_cap").read())
-    for cap in range(last + 1):
+    for cap in range(_cap_last + 1):
         _prctl(_PR_CAPBSET_DROP, cap)
     header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
     data = (_CapData * 2)()
@@ -537,8 +542,11 @@ def _install_seccomp(program):
 
 
 def _write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise OSError(exc.errno, "writing %s: %s" % (path, exc.strerror)) from None
 
 
 def _loopback_up():
@@ -582,10 +590,18 @@ def _report(sock, msg, fds=()):
     socket.send_fds(sock, [json.dumps(msg).encode()], list(fds))
 
 
+def _failure(exc):
+    """What went wrong in the fork server's children, with the line it went wrong at."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = (" (at %s)" % tb[-1].line) if tb else ""
+    return {"type": "error", "message": "%s: %s%s" % (type(exc).__name__, exc, where)}
+
+
 def _zygote(cfg):
-    global _libc
+    global _libc, _cap_last
     CONFIG.update(cfg)
     _libc = ctypes.CDLL(None, use_errno=True)
+    _cap_last = int(open("/proc/sys/kernel/cap_last_cap").read())
     with open(CONFIG["seccomp"], "rb") as f:
         code_filter = f.read()
     ctl = socket.socket(fileno=3)
@@ -631,7 +647,7 @@ def _spawn(req, fds, code_filter, ctl):
         _child(req, fds, code_filter)
     except BaseException as exc:
         try:
-            _report(socket.socket(fileno=fds[3]), {"type": "error", "message": "%s: %s" % (type(exc).__name__, exc)})
+            _report(socket.socket(fileno=fds[3]), _failure(exc))
         finally:
             os._exit(1)
     os._exit(0)
@@ -652,18 +668,12 @@ def _child(req, fds, code_filter):
     _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     _sys(_libc.sethostname(b"sandbox", 7), "sethostname")
     _loopback_up()
-    # SysV IPC of this namespace: shared memory within the /dev/shm budget, few message queues.
-    shm = int(req["shm_size"])
-    _write("/proc/sys/kernel/shmmax", str(shm))
-    _write("/proc/sys/kernel/shmall", str(max(1, shm // 4096)))
-    _write("/proc/sys/kernel/shmmni", "64")
-    _write("/proc/sys/kernel/msgmni", "32")
     if os.fork() == 0:
         try:
             _init(req, fds, code_filter)
         except BaseException as exc:
             try:
-                _report(socket.socket(fileno=fds[3]), {"type": "error", "message": "%s: %s" % (type(exc).__name__, exc)})
+                _report(socket.socket(fileno=fds[3]), _failure(exc))
             finally:
                 os._exit(1)
 
@@ -685,6 +695,7 @@ def _init(req, fds, code_filter):
         os._exit(1)
     for fd in fds[:3]:
         os.close(fd)
+    _drop_capabilities()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -719,10 +730,11 @@ def _kernel(req, fds, code_filter):
     # A changed identity makes the process undumpable, and its /proc files root's: they must be
     # its own to write its user namespace's maps.
     _prctl(_PR_SET_DUMPABLE, 1)
+    outer_uid, outer_gid = os.geteuid(), os.getegid()
     _unshare(_CLONE_NEWUSER)
     _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", "1000 %d 1\n" % uid)
-    _write("/proc/self/gid_map", "1000 %d 1\n" % uid)
+    _write("/proc/self/uid_map", "1000 %d 1\n" % outer_uid)
+    _write("/proc/self/gid_map", "1000 %d 1\n" % outer_gid)
     _write("/proc/sys/user/max_user_namespaces", "0")
     _drop_capabilities()
     vm = _vm_size()
@@ -745,6 +757,7 @@ def _kernel(req, fds, code_filter):
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()
+    CONFIG.pop("preload", None)
     serve()
 
 

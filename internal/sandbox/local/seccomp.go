@@ -31,8 +31,11 @@ import (
 // code runs, which refuses those too.
 
 // allowedSyscalls are allowed unconditionally (x86_64 names). Compared with Docker's profile,
-// io_uring, ptrace and process_vm_*, memfd_secret, name_to_handle_at, fanotify, modify_ldt and the
-// clock-setting calls are left out.
+// io_uring, ptrace and process_vm_*, memfd_secret, name_to_handle_at, fanotify, modify_ldt, the
+// clock-setting calls and SysV IPC are left out. SysV shared memory outlives the processes that
+// use it and is bounded by per-namespace sysctls that only the namespace's root may set, which no
+// sandbox has; Python's multiprocessing and shared_memory use POSIX shared memory (files in the
+// sized /dev/shm) instead.
 var allowedSyscalls = []string{
 	"accept", "accept4", "access", "alarm", "arch_prctl", "bind", "brk", "cachestat", "capget",
 	"capset", "chdir", "chmod", "chown", "clock_getres", "clock_gettime", "clock_nanosleep",
@@ -54,7 +57,7 @@ var allowedSyscalls = []string{
 	"lsetxattr", "lstat", "madvise", "map_shadow_stack", "membarrier", "memfd_create", "mincore",
 	"mkdir", "mkdirat", "mknod", "mknodat", "mlock", "mlock2", "mlockall", "mmap", "mprotect",
 	"mq_getsetattr", "mq_notify", "mq_open", "mq_timedreceive", "mq_timedsend", "mq_unlink",
-	"mremap", "mseal", "msgctl", "msgget", "msgrcv", "msgsnd", "msync", "munlock", "munlockall",
+	"mremap", "mseal", "msync", "munlock", "munlockall",
 	"munmap", "nanosleep", "newfstatat", "open", "openat", "openat2", "pause", "pidfd_open",
 	"pidfd_send_signal", "pipe", "pipe2", "pkey_alloc", "pkey_free", "pkey_mprotect", "poll",
 	"ppoll", "prctl", "pread64", "preadv", "preadv2", "prlimit64", "process_mrelease",
@@ -65,12 +68,10 @@ var allowedSyscalls = []string{
 	"rt_sigtimedwait", "rt_tgsigqueueinfo", "sched_get_priority_max", "sched_get_priority_min",
 	"sched_getaffinity", "sched_getattr", "sched_getparam", "sched_getscheduler",
 	"sched_rr_get_interval", "sched_setaffinity", "sched_setattr", "sched_setparam",
-	"sched_setscheduler", "sched_yield", "seccomp", "select", "semctl", "semget", "semop",
-	"semtimedop", "sendfile", "sendmmsg", "sendmsg", "sendto", "set_robust_list",
+	"sched_setscheduler", "sched_yield", "seccomp", "select", "sendfile", "sendmmsg", "sendmsg", "sendto", "set_robust_list",
 	"set_thread_area", "set_tid_address", "setfsgid", "setfsuid", "setgid", "setgroups",
 	"setitimer", "setpgid", "setpriority", "setregid", "setresgid", "setresuid", "setreuid",
-	"setrlimit", "setsid", "setsockopt", "setuid", "setxattr", "shmat", "shmctl", "shmdt",
-	"shmget", "shutdown", "sigaltstack", "signalfd", "signalfd4", "socketpair", "splice", "stat",
+	"setrlimit", "setsid", "setsockopt", "setuid", "setxattr", "shutdown", "sigaltstack", "signalfd", "signalfd4", "socketpair", "splice", "stat",
 	"statfs", "statx", "symlink", "symlinkat", "sync", "sync_file_range", "syncfs", "sysinfo",
 	"tee", "tgkill", "time", "timer_create", "timer_delete", "timer_getoverrun",
 	"timer_gettime", "timer_settime", "timerfd_create", "timerfd_gettime", "timerfd_settime",
@@ -95,6 +96,8 @@ var deniedSyscalls = []string{
 	"settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
 	"open_by_handle_at", "name_to_handle_at", "fanotify_init", "fanotify_mark", "memfd_secret",
 	"uselib", "_sysctl", "nfsservctl", "mbind", "set_mempolicy", "migrate_pages", "move_pages",
+	"shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl",
+	"semget", "semop", "semtimedop", "semctl",
 }
 
 // zygoteSyscalls are allowed to the fork server only: creating a sandbox's namespaces, mounting

@@ -17,9 +17,9 @@ import (
 // The uids come from a range (UIDBase, UIDCount) cut into blocks of uidBlock. Each provider
 // leases one block with an flock on a file in uidLockDir, held for its whole life, so that
 // providers of other proxies on the same host (tests run several at once) never hand out the same
-// uid; a provider that dies releases its block with its lock. The fork server's user namespace
-// maps the block: namespace uid 0 (the zygote) is the block's first host uid and namespace uid k
-// is the next k-th, so sandbox k runs as host uid base+k, seen from inside as 1000.
+// uid; a provider that dies releases its block with its lock. Sandbox k of the block runs as host
+// uid base+k (the block's first uid is never used), seen from inside its own user namespace as
+// 1000.
 //
 // Without root there is no such map: every sandbox runs as the proxy's own uid (in a user
 // namespace of its own all the same), and the per-user limits are shared.

@@ -23,11 +23,14 @@ import (
 // namespaces (kernel.py says how, and what the kernels share). A new sandbox then costs a few
 // forks and mounts.
 //
-// The zygote is started by bubblewrap inside a user namespace that this process creates with the
-// leased uid block mapped (see uids.go), bubblewrap running as that namespace's root without a
-// user namespace of its own; bubblewrap builds the minimal filesystem view, installs the zygote's
-// seccomp filter and dies with the proxy (--die-with-parent), and with it the zygote's pid
-// namespace and so every sandbox in it. The zygote also exits when the proxy closes its control
+// When the proxy runs as root, bubblewrap runs the zygote as root of the host's user namespace
+// with only the capabilities that building a sandbox takes, so that each kernel can become its
+// own host uid and create its user namespace as that uid (were the sandboxes' user namespaces
+// nested in one of the zygote's, the kernel would charge per-user counts such as inotify
+// instances to the zygote's creator, for all of them together). Without root, bubblewrap runs as root of a user namespace that this
+// process creates with the proxy's uid alone mapped. Bubblewrap builds the minimal filesystem
+// view, installs the zygote's seccomp filter and dies with the proxy (--die-with-parent), and with
+// it the zygote's pid namespace and so every sandbox in it. The zygote also exits when the proxy closes its control
 // socket, and every sandbox's init when the proxy closes its setup socket.
 
 // zygote is one running fork server.
@@ -40,7 +43,7 @@ type zygote struct {
 
 // spawnRequest is what the zygote needs to fork one sandbox (see kernel.py's _spawn).
 type spawnRequest struct {
-	UID        uint32 `json:"uid"`
+	UID        uint32 `json:"uid"` // host uid to become; 0: stay the zygote's
 	Memory     int64  `json:"memory"`
 	Processes  int    `json:"processes"`
 	FileSize   int64  `json:"file_size"`
@@ -134,9 +137,7 @@ func (p *Provider) startZygote(ctx context.Context) (*zygote, error) {
 		}
 	}
 	seccompFD := -1
-	if p.knobs.noSeccomp {
-		files[codeFilterPath] = -1
-	} else {
+	if !p.knobs.noSeccomp {
 		f, err := memFile("zygote.bpf", p.zygoteFilter)
 		if err != nil {
 			ours.Close()
@@ -146,7 +147,14 @@ func (p *Provider) startZygote(ctx context.Context) (*zygote, error) {
 		seccompFD = 2 + len(extra)
 	}
 	cfg, _ := json.Marshal(zygoteConfig{Preload: preload, Seccomp: codeFilterPath})
-	args := zygoteArgs(p.opts.Python, files, seccompFD,
+	var caps []string
+	if p.perSandboxUIDs() {
+		caps = []string{"--cap-drop", "ALL"}
+		for _, c := range []string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"} {
+			caps = append(caps, "--cap-add", c)
+		}
+	}
+	args := zygoteArgs(p.opts.Python, files, seccompFD, caps,
 		[]string{p.opts.Python, "-I", "-B", kernelPath, "--zygote", string(cfg)})
 	z := &zygote{done: make(chan struct{})}
 	cmd := exec.Command(p.bwrap, args...)
@@ -157,7 +165,13 @@ func (p *Provider) startZygote(ctx context.Context) (*zygote, error) {
 	cmd.Stderr = &z.output
 	cmd.SysProcAttr = p.zygoteAttr()
 	z.cmd = cmd
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// The child has its copies: without ours, its end of the socket closing means EOF here.
+	for _, f := range extra {
+		f.Close()
+	}
+	extra = nil
+	if err != nil {
 		ours.Close()
 		return nil, fmt.Errorf("local sandbox: starting bubblewrap: %w", err)
 	}
@@ -193,6 +207,8 @@ func (p *Provider) startZygote(ctx context.Context) (*zygote, error) {
 	}()
 	select {
 	case err = <-ready:
+	case <-z.done:
+		err = errors.New("it exited")
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
@@ -206,27 +222,22 @@ func (p *Provider) startZygote(ctx context.Context) (*zygote, error) {
 	return z, nil
 }
 
-// zygoteAttr is how the zygote's bubblewrap is started: as root of a new user namespace that maps
-// the leased uid block (or, without root, the proxy's own uid alone).
+// zygoteAttr is how the zygote's bubblewrap is started: as root with a uid block to hand out, or
+// as root of a new user namespace that maps the proxy's own uid alone.
 func (p *Provider) zygoteAttr() *syscall.SysProcAttr {
-	attr := &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWUSER,
-		Setpgid:    true,
-		Pdeathsig:  syscall.SIGKILL,
+	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if p.perSandboxUIDs() {
+		return attr
 	}
-	l := p.uids
-	if os.Geteuid() == 0 && l.size > 1 {
-		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(l.base), Size: int(l.size)}}
-		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(l.base), Size: int(l.size)}}
-		attr.GidMappingsEnableSetgroups = true
-		attr.Credential = &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{}}
-	} else {
-		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
-		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
-		attr.Credential = &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}
-	}
+	attr.Cloneflags = syscall.CLONE_NEWUSER
+	attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
+	attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
+	attr.Credential = &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}
 	return attr
 }
+
+// perSandboxUIDs tells whether every sandbox runs as a host uid of its own.
+func (p *Provider) perSandboxUIDs() bool { return p.uids.size > 1 }
 
 // spawn asks the zygote for a sandbox; files are the kernel's stdin, stdout and stderr and the
 // sandbox's setup socket.
