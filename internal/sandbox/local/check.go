@@ -125,7 +125,7 @@ func checkWith(ctx context.Context, opts Options, k knobs) (Isolation, error) {
 		return iso, fmt.Errorf("local sandbox: memory_limit %d MiB is too low for the kernel's first use of numpy, pandas and matplotlib (%v)", mem>>20, err)
 	}
 	least := (res.need*5/4 + 1<<20 - 1) >> 20
-	return iso, fmt.Errorf("local sandbox: memory_limit %d MiB is too low: the kernel's first use of numpy, pandas and matplotlib took %d MiB; set memory_limit to at least %dm", mem>>20, res.need>>20, least)
+	return iso, fmt.Errorf("local sandbox: memory_limit %d MiB is too low: the kernel's first use of numpy, pandas and matplotlib needed %d MiB; set memory_limit to at least %dm", mem>>20, res.need>>20, least)
 }
 
 var errTooLittleMemory = errors.New("out of memory")

@@ -42,6 +42,9 @@ func sharedProvider(t testing.TB) *Provider {
 
 func TestMain(m *testing.M) {
 	ctx := context.Background()
+	if dir := os.Getenv(sweepHelperEnv); dir != "" {
+		sweepHelper(dir) // never returns
+	}
 	if err := Check(ctx, Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, "local sandbox tests need a working bubblewrap:", err)
 		os.Exit(1)
