@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 want=(bubblewrap python3 python3-numpy python3-pandas python3-matplotlib ca-certificates)
 if [[ "${1:-}" != run ]]; then
+	want+=(redis-server) # the replica tests start their own, on a free loopback port
 	command -v node >/dev/null 2>&1 || want+=(nodejs npm)
 fi
 

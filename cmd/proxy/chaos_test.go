@@ -22,9 +22,10 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/ciproxy/ciproxy/internal/intercept/streamcheck"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -256,7 +257,7 @@ type chaos struct {
 
 	cancelRun context.CancelFunc
 	runDone   chan int
-	stderr    *lockedBuffer
+	stderr    *testutil.LockedBuffer
 
 	cfgMu   sync.Mutex
 	gen     int
@@ -286,7 +287,7 @@ func startChaos(t *testing.T, seed uint64) *chaos {
 		cfgPath:  filepath.Join(dir, "config.yaml"),
 		workDir:  filepath.Join(dir, "sandboxes"),
 		emuFault: map[string]int{},
-		stderr:   &lockedBuffer{},
+		stderr:   &testutil.LockedBuffer{},
 		runDone:  make(chan int, 1),
 	}
 	h.exec, err = local.New(local.Options{PoolSize: poolSize, WorkDir: filepath.Join(dir, "emu"), Tool: "emu"})
@@ -301,8 +302,9 @@ func startChaos(t *testing.T, seed uint64) *chaos {
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancelRun = cancel
 	addr := make(chan net.Addr, 1)
+	dataDir := t.TempDir()
 	go func() {
-		h.runDone <- run(ctx, []string{"--config", h.cfgPath, "--host", "127.0.0.1", "--port", "0"},
+		h.runDone <- run(ctx, []string{"--config", h.cfgPath, "--host", "127.0.0.1", "--port", "0", "--data-dir", dataDir},
 			io.Discard, h.stderr, func(a net.Addr) { addr <- a })
 	}()
 	select {
@@ -821,22 +823,4 @@ func tail(s string, n int) string {
 		return s
 	}
 	return "..." + s[len(s)-n:]
-}
-
-// lockedBuffer collects the proxy's log.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -23,7 +23,8 @@ import (
 	"github.com/ciproxy/ciproxy/internal/router"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
-	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/snapshot"
+	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -42,6 +43,7 @@ type flags struct {
 	host      string
 	port      int
 	logFormat string
+	dataDir   string
 	check     bool
 	version   bool
 }
@@ -54,6 +56,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.host, "host", "0.0.0.0", "address to listen on")
 	fs.IntVar(&f.port, "port", 4000, "port to listen on (0: any free port)")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or console")
+	fs.StringVar(&f.dataDir, "data-dir", "", "directory of the proxy's own state (files, containers, stored responses); overrides general_settings.data_dir")
 	fs.BoolVar(&f.check, "check", false, "validate the configuration file and exit")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -91,7 +94,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, listening
 		return 0
 	}
 
-	cfg, err := config.Load(f.config)
+	cfg, err := config.Load(f.config, backends.ParseOptions(nil))
 	if err != nil {
 		fmt.Fprintf(stderr, "proxy: configuration is not valid:\n%v\n", err)
 		return 1
@@ -119,39 +122,53 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, listening
 
 // serve wires the proxy for cfg, serves until ctx ends, and shuts down gracefully.
 func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, listening func(net.Addr)) error {
-	logWarnings(log, cfg)
-
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := router.NewMetrics(reg)
 
-	// The sandbox registry is rebuilt on every reload; sessions read the current one through this
-	// pointer, and a container keeps the provider it was created with.
-	if err := checkLocal(ctx, cfg.SandboxTools); err != nil {
+	// The configuration and the sandbox registry provisioned from it are published together, and
+	// replaced together by each reload; a container keeps the provider it was created with.
+	store, err := snapshot.New(ctx, cfg, snapshot.Options{
+		Parse:     backends.ParseOptions(nil),
+		Provision: backends.Build,
+		Logger:    log,
+		OnReload:  func(err error) { metrics.ConfigReload(err == nil) },
+	})
+	if err != nil {
 		return err
 	}
-	tools, err := backends.Build(cfg.SandboxTools, nil, log)
-	if err != nil {
-		return fmt.Errorf("sandbox tools: %w", err)
-	}
-	var registry atomic.Pointer[sandbox.Registry]
-	registry.Store(tools)
 
 	var key []byte // nil: a random key per process, so ids die with it
 	if cfg.General.ContainerSecret != "" {
 		key = sandbox.KeyFromSecret(cfg.General.ContainerSecret)
 	}
-	sessions := sandbox.NewSessions(sandbox.SessionOptions{Key: key, Registry: registry.Load, Logger: log, Metrics: reg})
+	sessions := sandbox.NewSessions(sandbox.SessionOptions{
+		Key:      key,
+		Registry: func() *sandbox.Registry { return store.Load().Sandboxes },
+		Logger:   log,
+		Metrics:  reg,
+	})
 	engine := intercept.New(intercept.Options{Sessions: sessions, Logger: log, Metrics: reg})
 	client := upstream.NewClient(upstream.ClientOptions{Logger: log, Metrics: upstream.NewMetrics(reg)})
 
-	store := config.NewStore(cfg)
+	state, err := openState(f, cfg, log)
+	if err != nil {
+		closeSandboxes(log, sessions, store)
+		return err
+	}
+	defer func() {
+		if err := state.Close(); err != nil {
+			log.Error("closing the data directory", zap.Error(err))
+		}
+	}()
+
 	var draining atomic.Bool
 	handler := router.New(router.Options{
 		Store:       store,
 		Client:      client,
 		Balancer:    upstream.NewBalancer(),
 		Interceptor: engine,
+		Files:       state,
 		Logger:      log,
 		Registry:    reg,
 		Metrics:     metrics,
@@ -160,7 +177,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
 	if err != nil {
-		closeSandboxes(log, sessions, &registry)
+		closeSandboxes(log, sessions, store)
 		return fmt.Errorf("listen: %w", err)
 	}
 	srv := &http.Server{
@@ -173,13 +190,8 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		err := config.Watch(watchCtx, f.config, store, config.WatchOptions{
-			Logger: log,
-			OnReload: func(next *config.Config, err error) {
-				reload(watchCtx, log, metrics, &registry, next, err)
-			},
-		})
-		if err != nil && watchCtx.Err() == nil {
+		reload := func(ctx context.Context) { _ = store.Reload(ctx) } // Reload logs and counts its outcome
+		if err := config.Watch(watchCtx, f.config, reload, config.WatchOptions{Logger: log}); err != nil && watchCtx.Err() == nil {
 			log.Error("config watcher stopped; edits are no longer picked up", zap.Error(err))
 		}
 	})
@@ -200,7 +212,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	// Stop taking requests, let the ones in flight finish within the grace period, then delete
 	// every sandbox this process created and close the backends.
 	draining.Store(true)
-	grace := store.Load().General.ShutdownGrace
+	grace := store.Load().Config.General.ShutdownGrace
 	log.Info("shutting down", zap.Duration("grace", grace))
 	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
 	if err := srv.Shutdown(shutCtx); err != nil {
@@ -211,7 +223,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	stopWatch()
 	wg.Wait()
 	client.CloseIdleConnections()
-	closeSandboxes(log, sessions, &registry)
+	closeSandboxes(log, sessions, store)
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return fmt.Errorf("serve: %w", serveErr)
 	}
@@ -219,61 +231,35 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	return nil
 }
 
-// reload applies one reload attempt: on success it builds the sandbox registry for the new tools
-// (which retires the providers the new configuration no longer holds) and swaps it in.
-func reload(ctx context.Context, log *zap.Logger, metrics *router.Metrics, registry *atomic.Pointer[sandbox.Registry], next *config.Config, err error) {
-	if err != nil {
-		metrics.ConfigReload(false)
-		log.Error("configuration reload failed; still serving the previous configuration", zap.Error(err))
-		return
+// openState opens the proxy's own state in --data-dir, else general_settings.data_dir, else the
+// default directory. It is read once: a data_dir changed by a reload applies at the next start.
+func openState(f flags, cfg *config.Config, log *zap.Logger) (*embedded.Store, error) {
+	dir := f.dataDir
+	if dir == "" {
+		dir = cfg.General.DataDir
 	}
-	if err := checkLocal(ctx, next.SandboxTools); err != nil {
-		metrics.ConfigReload(false)
-		log.Error("configuration reloaded, but a local sandbox tool cannot work here; keeping the previous sandbox tools", zap.Error(err))
-		return
-	}
-	tools, err := backends.Build(next.SandboxTools, registry.Load(), log)
-	if err != nil {
-		// The new model list is already live; only the sandbox tools stay as they were.
-		metrics.ConfigReload(false)
-		log.Error("configuration reloaded, but its sandbox tools could not be built; keeping the previous ones", zap.Error(err))
-		return
-	}
-	registry.Store(tools)
-	metrics.ConfigReload(true)
-	logWarnings(log, next)
-	log.Info("configuration reloaded", zap.Int("models", len(next.Models)), zap.Int("sandbox_tools", len(next.SandboxTools)))
-}
-
-// checkLocal reports, for the first local sandbox tool that cannot start a sandbox on this host,
-// what is missing (bubblewrap, user namespaces, the interpreter). backends.Build only prepares the
-// providers; without this check a broken host would surface as failed requests much later.
-func checkLocal(ctx context.Context, tools []config.SandboxTool) error {
-	for _, t := range tools {
-		if t.Provider != "local" {
-			continue
-		}
-		if err := local.Check(ctx, local.Options{Python: t.Python, WorkDir: t.WorkDir, Tool: t.Name}); err != nil {
-			return fmt.Errorf("sandbox tool %q cannot run on this host: %w", t.Name, err)
+	if dir == "" {
+		var err error
+		if dir, err = embedded.DefaultDir(); err != nil {
+			return nil, err
 		}
 	}
-	return nil
+	st, err := embedded.Open(embedded.Options{Dir: dir, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("data directory: %w", err)
+	}
+	log.Info("data directory", zap.String("dir", st.Dir()))
+	return st, nil
 }
 
-func closeSandboxes(log *zap.Logger, sessions *sandbox.Sessions, registry *atomic.Pointer[sandbox.Registry]) {
+func closeSandboxes(log *zap.Logger, sessions *sandbox.Sessions, store *snapshot.Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	if err := sessions.Close(ctx); err != nil {
 		log.Error("deleting sandboxes", zap.Error(err))
 	}
-	if err := registry.Load().Close(ctx); err != nil {
+	if err := store.Close(ctx); err != nil {
 		log.Error("closing sandbox backends", zap.Error(err))
-	}
-}
-
-func logWarnings(log *zap.Logger, cfg *config.Config) {
-	for _, w := range cfg.Warnings {
-		log.Warn("configuration warning: "+w, zap.String("config", cfg.Path))
 	}
 }
 

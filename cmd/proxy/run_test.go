@@ -15,27 +15,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
 const testKey = "sk-master-test"
-
-// syncBuffer is a bytes.Buffer that the proxy's logger and the test may use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // upstreamServer answers every request with the model it was asked for; a request whose body
 // contains "hold" waits until release is closed.
@@ -105,7 +89,7 @@ general_settings:
 // running is a proxy started through run().
 type running struct {
 	url    string
-	stderr *syncBuffer
+	stderr *testutil.LockedBuffer
 	cancel context.CancelFunc
 	exit   chan int
 }
@@ -113,10 +97,11 @@ type running struct {
 func start(t *testing.T, args ...string) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{stderr: &syncBuffer{}, cancel: cancel, exit: make(chan int, 1)}
+	r := &running{stderr: &testutil.LockedBuffer{}, cancel: cancel, exit: make(chan int, 1)}
 	addr := make(chan net.Addr, 1)
+	dataDir := t.TempDir() // a data directory of its own: one process per directory
 	go func() {
-		r.exit <- run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0"}, args...), io.Discard, r.stderr, func(a net.Addr) { addr <- a })
+		r.exit <- run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0", "--data-dir", dataDir}, args...), io.Discard, r.stderr, func(a net.Addr) { addr <- a })
 	}()
 	select {
 	case a := <-addr:
@@ -163,18 +148,6 @@ func (r *running) metrics(t *testing.T) string {
 	return string(b)
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for an event
-	}
-}
-
 func TestHotReload(t *testing.T) {
 	up := newUpstreamServer(t)
 	dir := t.TempDir()
@@ -215,21 +188,21 @@ func TestHotReload(t *testing.T) {
 	})
 
 	writeConfig(t, dir, configYAML(up.URL, "gpt-a", "gpt-b"))
-	eventually(t, "gpt-b is served", func() bool {
+	testutil.Eventually(t, "gpt-b is served", func() bool {
 		status, _, _ := p.post("gpt-b", "")
 		return status == http.StatusOK
 	})
 	if status, body, _ := p.post("gpt-b", ""); !strings.Contains(body, "gpt-b-up") {
 		t.Errorf("gpt-b after reload = %d %s; want its upstream model", status, body)
 	}
-	// The new model list is live before OnReload has rebuilt the sandbox tools and counted.
-	eventually(t, "the reload is counted as a success", func() bool {
+	// The new model list and its sandbox tools are published together; the count follows.
+	testutil.Eventually(t, "the reload is counted as a success", func() bool {
 		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="success"} 1`)
 	})
 
 	// A bad edit is rejected: both models keep working.
 	writeConfig(t, dir, configYAML(up.URL, "gpt-a")+"unknown_section: {}\n")
-	eventually(t, "the bad edit is counted", func() bool {
+	testutil.Eventually(t, "the bad edit is counted", func() bool {
 		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="failure"} 1`)
 	})
 	for _, m := range []string{"gpt-a", "gpt-b"} {
@@ -239,6 +212,27 @@ func TestHotReload(t *testing.T) {
 	}
 	if !strings.Contains(p.stderr.String(), "unknown_section") {
 		t.Errorf("the log does not say why the edit was rejected:\n%s", p.stderr)
+	}
+
+	// An edit whose sandbox tool cannot be provisioned is rejected whole: its new model is not served.
+	broken := strings.Replace(configYAML(up.URL, "gpt-a", "gpt-c"), "pool_size: 0", "pool_size: 0, python: /nonexistent/python3", 1)
+	writeConfig(t, dir, broken)
+	testutil.Eventually(t, "the edit that cannot be provisioned is counted", func() bool {
+		return strings.Contains(p.metrics(t), `ciproxy_config_reloads_total{result="failure"} 2`)
+	})
+	if status, body, _ := p.post("gpt-c", ""); status != http.StatusBadRequest || !strings.Contains(body, "model_not_found") {
+		t.Errorf("gpt-c of the rejected edit = %d %s; want 400 model_not_found", status, body)
+	}
+	for _, m := range []string{"gpt-a", "gpt-b"} {
+		if status, body, err := p.post(m, ""); err != nil || status != http.StatusOK {
+			t.Errorf("%s after an edit that cannot be provisioned = %d %s %v; want the last good config", m, status, body, err)
+		}
+	}
+	if n := strings.Count(p.stderr.String(), "config reload failed"); n != 2 {
+		t.Errorf("%d reload failures logged; want one line for each of the 2:\n%s", n, p.stderr)
+	}
+	if n := strings.Count(p.stderr.String(), `"config reloaded"`); n != 1 {
+		t.Errorf("%d successful reloads logged; want 1:\n%s", n, p.stderr)
 	}
 
 	close(stop)
@@ -274,7 +268,7 @@ func TestGracefulShutdown(t *testing.T) {
 	p.cancel() // what SIGTERM does in main
 
 	// New connections are refused once the listener is closed.
-	eventually(t, "the listener is closed", func() bool {
+	testutil.Eventually(t, "the listener is closed", func() bool {
 		c, err := net.Dial("tcp", strings.TrimPrefix(p.url, "http://"))
 		if err == nil {
 			c.Close()
@@ -312,6 +306,10 @@ func TestCommandLine(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("model_list:\n  - model_name: m\n    litellm_params: {model: openai/m, colour: blue}\ngeneral_settings:\n  shutdown_grace: soon\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	badSandbox := filepath.Join(dir, "bad-sandbox.yaml")
+	if err := os.WriteFile(badSandbox, []byte("sandbox_tools:\n  - sandbox_tool_name: local\n    litellm_params:\n      sandbox_provider: local\n      pool_size: two\n      api_key: k\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	brokenSandbox := filepath.Join(dir, "broken.yaml")
 	if err := os.WriteFile(brokenSandbox, []byte("sandbox_tools:\n  - sandbox_tool_name: local\n    litellm_params: {sandbox_provider: local, python: /nonexistent/python3, pool_size: 0}\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -326,6 +324,7 @@ func TestCommandLine(t *testing.T) {
 		{"version", []string{"--version"}, 0, []string{"ciproxy dev"}, nil},
 		{"check passes and prints warnings", []string{"--check", "--config", good}, 0, []string{"warning: ", "master_key", good + ": OK"}, nil},
 		{"check lists every problem with its line", []string{"--check", "--config", bad}, 1, nil, []string{bad + ":3:", "colour", bad + ":5:", "shutdown_grace"}},
+		{"check reports the backends' keys with their lines", []string{"--check", "--config", badSandbox}, 1, nil, []string{badSandbox + ":5:", "pool_size", badSandbox + ":6:", `"api_key" does not apply to sandbox_provider local`}},
 		{"start refuses an invalid file", []string{"--config", bad}, 1, nil, []string{bad + ":3:"}},
 		{"start refuses a missing file", []string{"--config", filepath.Join(dir, "none.yaml")}, 1, nil, []string{"none.yaml"}},
 		{"config is required", nil, 2, nil, []string{"--config is required"}},
@@ -334,7 +333,7 @@ func TestCommandLine(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr syncBuffer
+			var stdout, stderr testutil.LockedBuffer
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			code := run(ctx, tc.args, &stdout, &stderr, func(net.Addr) {

@@ -1,10 +1,13 @@
-// Package config holds ciproxy's configuration: the YAML schema (LiteLLM-compatible), os.environ/NAME
-// references, validation with line numbers, and the Store that hot reload publishes through.
+// Package config holds ciproxy's configuration: the YAML schema of the proxy's own sections
+// (LiteLLM-compatible), os.environ/NAME references, validation with line numbers, and the file
+// watcher. Each sandbox tool's parameters are handed to its backend to decode (SandboxBackend);
+// internal/snapshot publishes a parsed Config together with the sandbox registry built from it.
 //
-// A *Config is immutable once published: a request loads it once and keeps that snapshot.
+// A *Config is immutable once parsed: a request loads it once and keeps that snapshot.
 package config
 
 import (
+	"bytes"
 	"slices"
 	"time"
 )
@@ -27,8 +30,7 @@ type Config struct {
 	// proxy without master_key). They are printed at start, on reload and by --check.
 	Warnings []string
 
-	// raw is the file content this snapshot was parsed from; the watcher compares it with the file so
-	// that an event that changed nothing reloads nothing.
+	// raw is the file content this snapshot was parsed from (see SameSource).
 	raw []byte
 }
 
@@ -51,37 +53,17 @@ type Deployment struct {
 	Line int
 }
 
-// SandboxTool is one sandbox_tools entry.
+// SandboxTool is one sandbox_tools entry: a name, the backend that serves it, and that backend's
+// settings. Config knows no backend's keys: Parse hands the rest of litellm_params to the backend
+// named by sandbox_provider (see SandboxBackend), which decodes, checks and defaults them.
 type SandboxTool struct {
-	Name     string // sandbox_tool_name
-	Provider string // litellm_params.sandbox_provider: "local" or "e2b"
-
-	// e2b settings. Empty values fall back to E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN.
-	APIKey              string
-	APIBase             string        // control plane, default https://api.<domain>
-	Domain              string        // default e2b.app
-	SandboxURL          string        // one data-plane base URL, routed by E2b-Sandbox-Id/-Port headers
-	Template            string        // default code-interpreter-v1
-	Timeout             time.Duration // sandbox lifetime asked at create, default 300s
-	AllowInternetAccess bool          // default false
-	MissingEnv          string        // as Deployment.MissingEnv
-
-	// local settings.
-	Python       string // interpreter inside the sandbox, default /usr/bin/python3
-	MemoryLimit  string // default per-sandbox memory, "1g"
-	MaxMemory    string // the largest memory_limit a request may ask for, default "4g"
-	MaxProcesses int    // default 64
-	MaxFileSize  string // largest file a sandbox may write, default "100m"
-	MaxDiskSize  string // working-directory size limit, default "512m"
-	PoolSize     int    // warm kernels kept started, default 2
-	WorkDir      string // parent of the per-sandbox directories, default os.TempDir()/ciproxy-sandboxes
-
-	// The size settings above in bytes (binary units: "1g" is 1<<30), parsed and validated.
-	MemoryLimitBytes int64
-	MaxMemoryBytes   int64
-	MaxFileSizeBytes int64
-	MaxDiskSizeBytes int64
-
+	Name string // sandbox_tool_name
+	// Provider is litellm_params.sandbox_provider: the backend's name ("local", "e2b").
+	Provider string
+	// Settings is what the backend's Decode returned for the rest of litellm_params, every default
+	// applied (for internal/sandbox's backends, a sandbox.Provisioner). nil when the file was parsed
+	// without that backend.
+	Settings any
 	// Line is the line of the entry in the file; 0 for the implicit "local" tool that stands in when
 	// sandbox_tools is absent.
 	Line int
@@ -110,6 +92,12 @@ type General struct {
 	ContainerSecret    string        // seals cntr_ ids (sandbox.KeyFromSecret); "" means a random key per process
 	MaxRequestBodySize int64         // default 32 MiB
 	ShutdownGrace      time.Duration // default 30s
+	// DataDir holds the proxy's own state (Files API files, the container registry, stored
+	// responses); "" means the default, chosen at start (/var/lib/ciproxy as root, else the user
+	// cache directory). Read once at start: changing it needs a restart.
+	DataDir              string
+	MaxFileUploadSize    int64 // largest file POST /v1/files accepts, default 512 MiB
+	MaxFileStoragePerKey int64 // total bytes of files one API key may store, default 10 GiB
 }
 
 // ProviderEnabled reports whether interception applies to deployments of provider: EnabledProviders
@@ -153,4 +141,10 @@ func (c *Config) Deployments(modelName string) []Deployment {
 		}
 	}
 	return out
+}
+
+// SameSource reports whether c was parsed from exactly data, so that a reload can tell a file that
+// did not change.
+func (c *Config) SameSource(data []byte) bool {
+	return c.raw != nil && bytes.Equal(c.raw, data)
 }

@@ -1,41 +1,10 @@
 package config
 
-import (
-	"fmt"
-	"strings"
-)
+import "github.com/ciproxy/ciproxy/internal/settings"
 
-// Problem is one thing wrong with a configuration file.
-type Problem struct {
-	// Line is the 1-based line in the file; 0 when the problem has no single place.
-	Line int
-	// Msg names the key and what is wrong, never the value of a secret.
-	Msg string
-}
+// Problem is one thing wrong with a configuration file: its line and a message that names the key.
+type Problem = settings.Problem
 
-// Errors is every problem found in one configuration file. Parse returns it as *Errors.
-type Errors struct {
-	// Path is the file the problems are in, as given to Parse.
-	Path     string
-	Problems []Problem
-}
-
-// Error prints one problem per line as "path:LINE: message".
-func (e *Errors) Error() string {
-	path := e.Path
-	if path == "" {
-		path = "config"
-	}
-	var b strings.Builder
-	for i, p := range e.Problems {
-		if i > 0 {
-			b.WriteByte('\n')
-		}
-		if p.Line > 0 {
-			fmt.Fprintf(&b, "%s:%d: %s", path, p.Line, p.Msg)
-		} else {
-			fmt.Fprintf(&b, "%s: %s", path, p.Msg)
-		}
-	}
-	return b.String()
-}
+// Errors is every problem found in one configuration file. Parse returns it as *Errors, with the
+// problems of every section and every sandbox backend in line order.
+type Errors = settings.Errors

@@ -1,4 +1,4 @@
-package config
+package config_test
 
 import (
 	"errors"
@@ -6,10 +6,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	. "github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
 )
 
-// FuzzParse feeds arbitrary bytes to the loader: it must never panic, and it must either return a
-// config or an *Errors whose every problem carries a line number.
+// FuzzParse feeds arbitrary bytes to the loader, with every sandbox backend decoding its tools: it
+// must never panic, and it must either return a config or an *Errors with at least one problem.
 func FuzzParse(f *testing.F) {
 	files, _ := filepath.Glob("testdata/*.yaml")
 	for _, file := range files {
@@ -30,7 +33,7 @@ func FuzzParse(f *testing.F) {
 		return "", false
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := ParseWith(data, "fuzz.yaml", ParseOptions{LookupEnv: lookup})
+		c, err := ParseWith(data, "fuzz.yaml", backends.ParseOptions(lookup))
 		if err == nil {
 			if c == nil {
 				t.Fatal("ParseWith returned neither a config nor an error")

@@ -1,4 +1,4 @@
-package config
+package config_test
 
 import (
 	"errors"
@@ -9,6 +9,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	. "github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
+	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
+	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 )
 
 var update = flag.Bool("update", false, "rewrite the expected results in testdata/*.yaml")
@@ -17,8 +22,9 @@ var update = flag.Bool("update", false, "rewrite the expected results in testdat
 // parsed summary or the error text.
 const goldenSep = "#### want\n"
 
-// TestGolden parses every testdata/*.yaml. Leading "# env: NAME=value" comment lines set the
-// environment seen by os.environ/NAME references; no other variable is set.
+// TestGolden parses every testdata/*.yaml with every sandbox backend, as the proxy does. Leading
+// "# env: NAME=value" comment lines set the environment seen by os.environ/NAME references; no other
+// variable is set.
 func TestGolden(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.yaml")
 	if err != nil || len(files) == 0 {
@@ -42,7 +48,7 @@ func TestGolden(t *testing.T) {
 				}
 			}
 			lookup := func(name string) (string, bool) { v, ok := env[name]; return v, ok }
-			got := summarize(ParseWith([]byte(input), "config.yaml", ParseOptions{LookupEnv: lookup}))
+			got := summarize(ParseWith([]byte(input), "config.yaml", backends.ParseOptions(lookup)))
 			if *update {
 				if err := os.WriteFile(file, []byte(input+goldenSep+got), 0o644); err != nil {
 					t.Fatal(err)
@@ -74,8 +80,9 @@ func summarize(c *Config, err error) string {
 	}
 	b.WriteString("sandbox_tools:\n")
 	for _, s := range c.SandboxTools {
-		if s.WorkDir == tmp {
-			s.WorkDir = "$TMPDIR/ciproxy-sandboxes"
+		if o, ok := s.Settings.(local.Options); ok && o.WorkDir == tmp {
+			o.WorkDir = "$TMPDIR/ciproxy-sandboxes"
+			s.Settings = o
 		}
 		fmt.Fprintf(&b, "  %+v\n", s)
 	}
@@ -155,7 +162,7 @@ general_settings:
   shutdown_grace: nope
 `
 	env := map[string]string{"E2B_KEY": "SECRET-E2B", "MASTER": "SECRET-MASTER"}
-	_, err := ParseWith([]byte(in), "c.yaml", ParseOptions{LookupEnv: func(n string) (string, bool) { v, ok := env[n]; return v, ok }})
+	_, err := ParseWith([]byte(in), "c.yaml", backends.ParseOptions(func(n string) (string, bool) { v, ok := env[n]; return v, ok }))
 	if err == nil {
 		t.Fatal("ParseWith succeeded; want errors")
 	}
@@ -167,72 +174,6 @@ general_settings:
 	}
 }
 
-func TestParseDuration(t *testing.T) {
-	tests := []struct {
-		in   string
-		want time.Duration
-		err  bool
-	}{
-		{"90s", 90 * time.Second, false},
-		{"1m30s", 90 * time.Second, false},
-		{"20m", 20 * time.Minute, false},
-		{"120", 120 * time.Second, false},
-		{"0.5", 500 * time.Millisecond, false},
-		{"0", 0, false},
-		{" 15 ", 15 * time.Second, false},
-		{"", 0, true},
-		{"-1", 0, true},
-		{"-5s", 0, true},
-		{"5 minutes", 0, true},
-		{"NaN", 0, true},
-		{"1e300", 0, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.in, func(t *testing.T) {
-			got, err := ParseDuration(tt.in)
-			if (err != nil) != tt.err || got != tt.want {
-				t.Errorf("ParseDuration(%q) = %v, %v; want %v, error %v", tt.in, got, err, tt.want, tt.err)
-			}
-		})
-	}
-}
-
-func TestParseSize(t *testing.T) {
-	tests := []struct {
-		in   string
-		want int64
-		err  bool
-	}{
-		{"16384", 16384, false},
-		{"16k", 16 << 10, false},
-		{"512m", 512 << 20, false},
-		{"512M", 512 << 20, false},
-		{"1g", 1 << 30, false},
-		{"1G", 1 << 30, false},
-		{"1GB", 1 << 30, false},
-		{"1GiB", 1 << 30, false},
-		{"1Gi", 1 << 30, false},
-		{"1.5g", 3 << 29, false},
-		{"2t", 2 << 40, false},
-		{"100b", 100, false},
-		{"0", 0, false},
-		{"", 0, true},
-		{"m", 0, true},
-		{"-1m", 0, true},
-		{"1x", 0, true},
-		{"lots", 0, true},
-		{"99999999999t", 0, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.in, func(t *testing.T) {
-			got, err := ParseSize(tt.in)
-			if (err != nil) != tt.err || got != tt.want {
-				t.Errorf("ParseSize(%q) = %v, %v; want %v, error %v", tt.in, got, err, tt.want, tt.err)
-			}
-		})
-	}
-}
-
 // TestExampleConfig loads the shipped config.example.yaml with no environment: it must load with
 // warnings only.
 func TestExampleConfig(t *testing.T) {
@@ -240,7 +181,7 @@ func TestExampleConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := ParseWith(data, "config.example.yaml", ParseOptions{LookupEnv: func(string) (string, bool) { return "", false }})
+	c, err := ParseWith(data, "config.example.yaml", backends.ParseOptions(func(string) (string, bool) { return "", false }))
 	if err != nil {
 		t.Fatalf("config.example.yaml: %v", err)
 	}
@@ -261,8 +202,14 @@ func TestExampleConfig(t *testing.T) {
 	if !c.InterceptionActive() {
 		t.Error("interception is not active")
 	}
-	if tool, ok := c.SandboxTool(c.Interception.SandboxToolName); !ok || tool.Provider != "local" {
+	tool, ok := c.SandboxTool(c.Interception.SandboxToolName)
+	if !ok || tool.Provider != "local" {
 		t.Errorf("interception uses %q (%+v); want a local tool", c.Interception.SandboxToolName, tool)
+	}
+	// The example writes out every local default: it must decode to exactly the defaults.
+	want := local.DefaultOptions()
+	if got, _ := tool.Settings.(local.Options); got != want {
+		t.Errorf("the example's local tool = %+v; want the defaults %+v", got, want)
 	}
 }
 
@@ -287,14 +234,49 @@ func TestExampleConfigE2BTool(t *testing.T) {
 		out = append(out, line)
 	}
 	env := map[string]string{"E2B_API_KEY": "e2b_123"}
-	c, err := ParseWith([]byte(strings.Join(out, "\n")), "config.example.yaml", ParseOptions{LookupEnv: func(n string) (string, bool) { v, ok := env[n]; return v, ok }})
+	c, err := ParseWith([]byte(strings.Join(out, "\n")), "config.example.yaml", backends.ParseOptions(func(n string) (string, bool) { v, ok := env[n]; return v, ok }))
 	if err != nil {
 		t.Fatalf("config.example.yaml with the e2b tool uncommented: %v", err)
 	}
 	tool, ok := c.SandboxTool("my-e2b")
-	want := SandboxTool{Name: "my-e2b", Provider: "e2b", APIKey: "e2b_123", APIBase: "https://api.e2b.app", Domain: "e2b.app",
-		Template: "code-interpreter-v1", Timeout: 300 * time.Second, Line: tool.Line}
+	opts := e2b.DefaultOptions()
+	opts.APIKey, opts.APIBase = "e2b_123", "https://api.e2b.app"
+	want := SandboxTool{Name: "my-e2b", Provider: "e2b", Settings: e2b.Settings{Options: opts}, Line: tool.Line}
 	if !ok || tool != want {
 		t.Errorf("my-e2b = %+v; want %+v", tool, want)
+	}
+	if opts.Timeout != 300*time.Second || opts.Template != "code-interpreter-v1" || opts.Domain != "e2b.app" {
+		t.Errorf("e2b defaults = %+v; want the SDKs' (300 s, code-interpreter-v1, e2b.app)", opts)
+	}
+}
+
+// Defaults is the empty file's configuration, with the defaults this package documents.
+func TestDefaults(t *testing.T) {
+	c := Defaults()
+	in := c.Interception
+	if !in.Enabled || in.EnabledProviders != nil || in.SandboxToolName != DefaultSandboxToolName ||
+		in.FunctionName != DefaultFunctionName || in.MaxIterations != DefaultMaxIterations ||
+		in.ExecutionTimeout != DefaultExecutionTimeout || in.ModelOutputLimit != DefaultModelOutputLimit ||
+		in.ContainerIdleTimeout != DefaultContainerIdleTimeout {
+		t.Errorf("Defaults().Interception = %+v; want the documented defaults", in)
+	}
+	if g := c.General; g.MasterKey != "" || g.MaxRequestBodySize != DefaultMaxRequestBodySize || g.ShutdownGrace != DefaultShutdownGrace {
+		t.Errorf("Defaults().General = %+v; want the documented defaults", g)
+	}
+	want := []SandboxTool{{Name: DefaultSandboxToolName, Provider: DefaultSandboxBackend}}
+	if fmt.Sprint(c.SandboxTools) != fmt.Sprint(want) || len(c.Models) != 0 || c.InterceptionActive() {
+		t.Errorf("Defaults() = %+v; want the implicit local tool, no model, interception not listed in callbacks", c)
+	}
+	if c.SameSource(nil) || Defaults() == c {
+		t.Error("Defaults() must return a fresh config that no file is the source of")
+	}
+	parsed, err := ParseWith(nil, "", backends.ParseOptions(func(string) (string, bool) { return "", false }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed.SandboxTools[0].Settings = nil
+	parsed.Warnings, parsed.Path = nil, ""
+	if fmt.Sprintf("%+v", parsed) != fmt.Sprintf("%+v", c) {
+		t.Errorf("Defaults() = %+v; want the empty file's configuration %+v", c, parsed)
 	}
 }

@@ -1,10 +1,8 @@
 package config
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -18,28 +16,26 @@ const DefaultDebounce = 100 * time.Millisecond
 
 // WatchOptions adjusts Watch.
 type WatchOptions struct {
-	// Debounce is the quiet time after the last event before the file is read; <= 0 means
+	// Debounce is the quiet time after the last event before reload is called; <= 0 means
 	// DefaultDebounce. Editors and Kubernetes produce several events per change.
 	Debounce time.Duration
-	// OnReload, if not nil, is called by Watch's goroutine after every reload attempt whose bytes
-	// differ from the config in the store: with the new config after it is stored, or with nil and
-	// the error when the file could not be read or parsed (the old config then stays). It must not
-	// block for long: events queue behind it.
-	OnReload func(c *Config, err error)
-	// Logger receives one line per attempt; nil means no logging. Values of keys are never logged.
+	// Logger receives the watcher's own lines (what is watched, watch errors); nil means no logging.
+	// Reloads are reload's to log.
 	Logger *zap.Logger
 }
 
-// Watch keeps s in step with the file at path until ctx ends, then returns nil. It watches the
-// file's directory rather than the file, because editors replace a file by renaming a new one over
-// it and Kubernetes swaps a ConfigMap by renaming its "..data" symlink; neither is seen by a watch on
-// the old file. When path is a symlink into another directory, that directory is watched too.
+// Watch calls reload whenever the file at path may have changed, until ctx ends; then it returns nil.
+// It watches the file's directory rather than the file, because editors replace a file by renaming a
+// new one over it and Kubernetes swaps a ConfigMap by renaming its "..data" symlink; neither is seen by
+// a watch on the old file. When path is a symlink into another directory, that directory is watched
+// too.
 //
-// Watch first checks the file once, then each burst of events is debounced, and the file is read and compared with the bytes the
-// current config was parsed from: identical bytes do nothing. Otherwise the file is parsed and validated, and
-// only a valid config replaces the current one. An error is returned only when the watch cannot be
-// set up.
-func Watch(ctx context.Context, path string, s *Store, opts WatchOptions) error {
+// reload is called once when the watch is in place (the file may have changed since the caller read
+// it) and then once per burst of events, after the burst has been quiet for the debounce time. It runs
+// on Watch's goroutine, so calls never overlap; events queue behind a slow one. It must read the file
+// itself and tell an unchanged file (a spurious event) from a changed one, as internal/snapshot's
+// Store.Reload does. An error is returned only when the watch cannot be set up.
+func Watch(ctx context.Context, path string, reload func(context.Context), opts WatchOptions) error {
 	if opts.Debounce <= 0 {
 		opts.Debounce = DefaultDebounce
 	}
@@ -55,14 +51,13 @@ func Watch(ctx context.Context, path string, s *Store, opts WatchOptions) error 
 	}
 	defer w.Close()
 
-	r := &reloader{path: path, store: s, opts: opts, log: log, w: w, dir: filepath.Clean(filepath.Dir(path))}
+	r := &watcher{path: path, log: log, w: w, dir: filepath.Clean(filepath.Dir(path))}
 	if err := w.Add(r.dir); err != nil {
 		return fmt.Errorf("watching config directory %s: %w", r.dir, err)
 	}
 	r.followSymlink()
-	// The file may have changed between the caller's Load and the watch being in place.
-	r.reload()
 	log.Info("watching config", zap.String("dir", r.dir), zap.String("also", r.targetDir))
+	reload(ctx)
 
 	timer := time.NewTimer(opts.Debounce)
 	timer.Stop()
@@ -84,32 +79,27 @@ func Watch(ctx context.Context, path string, s *Store, opts WatchOptions) error 
 			}
 			log.Warn("config watch error", zap.Error(err))
 		case <-timer.C:
-			r.reload()
+			reload(ctx)
 			r.followSymlink()
 		}
 	}
 }
 
-// reloader is the state of one Watch call; only Watch's goroutine uses it.
-type reloader struct {
-	path  string
-	store *Store
-	opts  WatchOptions
-	log   *zap.Logger
-	w     *fsnotify.Watcher
+// watcher is the state of one Watch call; only Watch's goroutine uses it.
+type watcher struct {
+	path string
+	log  *zap.Logger
+	w    *fsnotify.Watcher
 
 	dir string // the directory of path, always watched
 	// target is the resolved file when path is a symlink into another directory, targetDir its
 	// directory (watched as well); both "" otherwise.
 	target, targetDir string
-	// failed holds the bytes of the last rejected file, so that a spurious event does not report the
-	// same error again.
-	failed []byte
 }
 
 // relevant reports whether ev may have changed what path reads: an event on the file itself, on a
 // Kubernetes "..data"-style entry, or on the symlink's target. Chmod alone changes no content.
-func (r *reloader) relevant(ev fsnotify.Event) bool {
+func (r *watcher) relevant(ev fsnotify.Event) bool {
 	if ev.Op == fsnotify.Chmod {
 		return false
 	}
@@ -128,7 +118,7 @@ func (r *reloader) relevant(ev fsnotify.Event) bool {
 // is not path's own directory (or a direct subdirectory of it, as Kubernetes' ..data targets are,
 // whose swaps show up as events on ..data), and drops the watch on a directory no longer pointed
 // into.
-func (r *reloader) followSymlink() {
+func (r *watcher) followSymlink() {
 	target, err := filepath.EvalSymlinks(r.path)
 	if err != nil {
 		return // the file is missing for now; the directory watch sees it come back
@@ -164,50 +154,4 @@ func childOf(parent, dir string) bool {
 	rel, err := filepath.Rel(parent, dir)
 	return err == nil && rel != "." && rel != ".." &&
 		!strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !strings.ContainsRune(rel, filepath.Separator)
-}
-
-// reload reads, compares, parses and stores the file once.
-func (r *reloader) reload() {
-	data, err := os.ReadFile(r.path)
-	if err != nil {
-		r.failed = nil
-		r.report(nil, fmt.Errorf("reading config: %w", err))
-		return
-	}
-	if cur := r.store.Load(); cur != nil && cur.raw != nil && bytes.Equal(cur.raw, data) {
-		r.failed = nil
-		r.log.Debug("config file unchanged")
-		return
-	}
-	if r.failed != nil && bytes.Equal(r.failed, data) {
-		r.log.Debug("config file unchanged since the rejected edit")
-		return
-	}
-	cfg, err := Parse(data, r.path)
-	if err != nil {
-		r.failed = data
-		r.report(nil, err)
-		return
-	}
-	r.failed = nil
-	r.store.swap(cfg)
-	r.report(cfg, nil)
-}
-
-func (r *reloader) report(cfg *Config, err error) {
-	if err != nil {
-		// Problems name keys and lines, never values of secrets.
-		r.log.Error("config reload failed; keeping the previous config", zap.Error(err))
-	} else {
-		r.log.Info("config reloaded",
-			zap.Int("models", len(cfg.Models)),
-			zap.Int("sandbox_tools", len(cfg.SandboxTools)),
-			zap.Bool("interception", cfg.InterceptionActive()))
-		for _, w := range cfg.Warnings {
-			r.log.Warn("config warning", zap.String("warning", w))
-		}
-	}
-	if r.opts.OnReload != nil {
-		r.opts.OnReload(cfg, err)
-	}
 }

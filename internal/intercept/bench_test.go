@@ -13,6 +13,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -32,15 +33,16 @@ func (*instantProvider) Delete(context.Context, sandbox.Handle) error { return n
 
 func (*instantProvider) KeepAlive(context.Context, sandbox.Handle, time.Duration) error { return nil }
 
-// cannedPoster answers upstream calls from recorded bodies, in order, without a network.
-type cannedPoster struct {
+// cannedUpstream answers upstream calls from recorded bodies, in order, without a network; the
+// bodies are read as a Responses upstream's answers are (upstream.ReadAnswer).
+type cannedUpstream struct {
 	mu     sync.Mutex
 	bodies [][]byte
 	n      int
 	stream bool
 }
 
-func (c *cannedPoster) Post(ctx context.Context, _ string, _ []byte, _ http.Header) (*http.Response, config.Deployment, error) {
+func (c *cannedUpstream) Responses(ctx context.Context, _ []byte, _ http.Header) (upstream.ResponseEvents, error) {
 	c.mu.Lock()
 	b := c.bodies[c.n%len(c.bodies)]
 	c.n++
@@ -49,7 +51,7 @@ func (c *cannedPoster) Post(ctx context.Context, _ string, _ []byte, _ http.Head
 	if c.stream {
 		ct = "text/event-stream"
 	}
-	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {ct}}, Body: io.NopCloser(bytes.NewReader(b))}, config.Deployment{}, nil
+	return upstream.ReadAnswer(ctx, &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {ct}}, Body: io.NopCloser(bytes.NewReader(b))})
 }
 
 // record returns the scripted upstream's answer to one turn, streamed or not.
@@ -74,11 +76,10 @@ func benchEngine(b *testing.B) (*Engine, *config.Config, func()) {
 		b.Fatal(err)
 	}
 	sess := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
-	cfg := &config.Config{
-		Callbacks: []string{"code_interpreter_interception"},
-		Interception: config.Interception{Enabled: true, SandboxToolName: "instant", FunctionName: "python", MaxIterations: 20,
-			ExecutionTimeout: time.Minute, ModelOutputLimit: 16384, ContainerIdleTimeout: time.Minute},
-	}
+	cfg := activeConfig()
+	cfg.Interception.SandboxToolName = "instant"
+	cfg.Interception.ExecutionTimeout = time.Minute
+	cfg.Interception.ContainerIdleTimeout = time.Minute
 	e := New(Options{Sessions: sess})
 	return e, cfg, func() { _ = sess.Close(context.Background()) }
 }
@@ -99,10 +100,10 @@ func BenchmarkIteration(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				p := &cannedPoster{bodies: [][]byte{c, c, c, c, t}, stream: stream}
+				p := &cannedUpstream{bodies: [][]byte{c, c, c, c, t}, stream: stream}
 				w := httptest.NewRecorder()
 				r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-				e.serve(w, r, cfg, p, reqBody, "bench")
+				_ = e.ServeResponses(w, r, &Request{Config: cfg, Upstream: p, Body: reqBody, Caller: "bench"})
 				if w.Code != 200 {
 					b.Fatalf("status %d: %s", w.Code, w.Body.Bytes())
 				}
@@ -125,10 +126,10 @@ func BenchmarkStreamEvent(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
-		p := &cannedPoster{bodies: [][]byte{answer}, stream: true}
+		p := &cannedUpstream{bodies: [][]byte{answer}, stream: true}
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-		e.serve(w, r, cfg, p, reqBody, "bench")
+		_ = e.ServeResponses(w, r, &Request{Config: cfg, Upstream: p, Body: reqBody, Caller: "bench"})
 		if w.Code != 200 {
 			b.Fatalf("status %d", w.Code)
 		}

@@ -13,7 +13,7 @@ import (
 const weatherTool = `{"type":"function","name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}`
 
 func TestClientFunctionBesideOurs(t *testing.T) {
-	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
+	h := newHarness(t, withLocal(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
 	h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{
 		call("t = 21"),
 		{Type: "function_call", Name: "get_weather", Arguments: `{"city":"Paris"}`, CallID: "call_weather"},
@@ -55,7 +55,7 @@ func TestClientFunctionBesideOurs(t *testing.T) {
 }
 
 func TestStatelessReplay(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, withLocal())
 	h.up.Enqueue(calls("print('first')"), text("Printed."))
 	status, resp := h.post(body(`"store":false,"include":["code_interpreter_call.outputs"]`), "k")
 	if status != 200 {
@@ -98,7 +98,7 @@ func TestStatelessReplay(t *testing.T) {
 }
 
 func TestPreviousResponseChain(t *testing.T) {
-	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
+	h := newHarness(t, withLocal(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
 	h.up.Enqueue(calls("n = 1"), text("Set."))
 	_, resp := h.post(body(""), "alice")
 	id := gjson.GetBytes(resp, "id").String()

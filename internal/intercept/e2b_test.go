@@ -8,6 +8,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
 func TestE2BBackend(t *testing.T) {
@@ -21,7 +22,7 @@ func TestE2BBackend(t *testing.T) {
 	if logs := gjson.GetBytes(resp, "output.1.outputs.0.logs").String(); logs != "42" {
 		t.Errorf("logs = %q; want 42", logs)
 	}
-	waitFor(t, "the e2b sandbox to be deleted", func() bool { return h.e2b.Live() == 0 && h.sess.Live() == 0 })
+	testutil.Eventually(t, "the e2b sandbox to be deleted", func() bool { return h.e2b.Live() == 0 && h.live() == 0 })
 
 	t.Run("a client that leaves mid-execution leaves no sandbox", func(t *testing.T) {
 		h.up.Enqueue(calls("import time; time.sleep(60)"))
@@ -34,7 +35,7 @@ func TestE2BBackend(t *testing.T) {
 		}
 		cancel()
 		resp.Body.Close()
-		waitFor(t, "the e2b sandbox to be deleted", func() bool { return h.e2b.Live() == 0 })
+		testutil.Eventually(t, "the e2b sandbox to be deleted", func() bool { return h.e2b.Live() == 0 })
 	})
 
 	t.Run("a sandbox that cannot be created is sandbox_unavailable", func(t *testing.T) {

@@ -1,9 +1,26 @@
 // Package intercept runs OpenAI's code_interpreter tool on behalf of an upstream that only knows
-// function calling: it rewrites the request (rewrite.go), runs the agentic loop against the
-// upstream and a sandbox (loop.go), translates the upstream's output into code_interpreter_call
-// items and native events (translate.go), and renders them as one JSON Response
-// (render_json.go) or as the event stream (render_sse.go). Both renderings consume the same
-// events, so a stream's response.completed carries the Response the JSON path returns.
+// function calling. A request travels one pipeline, each stage in its own file:
+//
+//	request.go     the client's body, parsed once into a value (tools, tool_choice, include,
+//	               input, container) without I/O, then resolved against the store (what a
+//	               previous_response_id or a replayed call stands for); rewrite.go builds each
+//	               upstream body from it
+//	loop.go        the agentic loop, which with resolve is the only I/O: the upstream, through
+//	               the Responses seam (upstream.ResponsesAPI); the container (containers.go,
+//	               execution.go); the response store (store.go)
+//	translate.go   the pure translator: upstream events in, client events out, each call
+//	               ending with a typed outcome; response.go assembles the client's Response,
+//	               errors.go the error details, usage.go the summed usage, wire.go the
+//	               objects the proxy mints
+//	render_*.go    one event stream, rendered as server-sent events or as one JSON Response
+//
+// Both renderings consume the same events, so a stream's response.completed carries the Response
+// the JSON path returns. The wire shapes and event order the package relies on are described in
+// docs/wire-openai.md.
+//
+// The router hands each request over as a Request (Handles, ServeResponses) and writes any error
+// returned before the first byte; after it, failures end the stream with the error event and
+// response.failed.
 //
 // Decisions worth knowing:
 //
@@ -25,7 +42,6 @@
 package intercept
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"runtime/debug"
@@ -35,7 +51,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -52,8 +67,8 @@ type Options struct {
 	Metrics prometheus.Registerer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
-	// Store maps the response ids the engine mints to what continuing them needs; nil: an
-	// in-memory store keeping entries for 24 hours.
+	// Store maps the response ids the engine mints to what continuing them needs; nil: a
+	// MemoryStore with its default TTL.
 	Store Store
 }
 
@@ -77,7 +92,7 @@ func New(opts Options) *Engine {
 		e.now = time.Now
 	}
 	if e.store == nil {
-		e.store = NewMemoryStore(24*time.Hour, e.now)
+		e.store = NewMemoryStore(0, e.now)
 	}
 	if opts.Sessions != nil {
 		e.sessions = sessions{opts.Sessions}
@@ -87,60 +102,59 @@ func New(opts Options) *Engine {
 	return e
 }
 
-// ServeResponses serves one POST /v1/responses request when it is for the engine: interception
-// is active in cfg, provider is enabled for it, and the body's tools hold a code_interpreter tool.
-// Otherwise it returns false having written nothing, and the caller passes the request through.
-// body is the request body as read (never modified); caller is the hash of the client's key
-// ("" if none) and owns the containers the request creates. target is the upstream for the
-// request's model.
-func (e *Engine) ServeResponses(w http.ResponseWriter, r *http.Request, cfg *config.Config, target *upstream.Target, provider string, body []byte, caller string) bool {
-	if !Applies(cfg, provider, body) {
-		return false
-	}
-	e.serve(w, r, cfg, target, body, caller)
-	return true
+// Request is one POST /v1/responses as the router hands it over, after authentication, the body
+// read and the model resolved. The engine never modifies it.
+type Request struct {
+	// Config is the configuration snapshot the request was started with.
+	Config *config.Config
+	// Body is the request body as read; never modified.
+	Body []byte
+	// Upstream answers the loop's Responses requests for the request's model: *upstream.Target
+	// for an upstream that speaks the Responses API, or another implementation of the seam.
+	Upstream upstream.ResponsesAPI
+	// Provider is the provider of the model's first deployment, for enabled_providers.
+	Provider string
+	// Caller is the hash of the client's key ("" without one). It owns the containers and the
+	// responses the request creates.
+	Caller string
 }
 
-// Applies reports whether the engine intercepts a request with this body for this provider.
-func Applies(cfg *config.Config, provider string, body []byte) bool {
-	if cfg == nil || !cfg.InterceptionActive() {
-		return false
-	}
-	if p := cfg.Interception.EnabledProviders; p != nil && !slices.Contains(p, provider) {
-		return false
-	}
-	return wants(body)
+// Handles reports whether the engine serves req: interception is active in its config, its
+// provider is enabled, and the body's tools hold a code_interpreter tool. When it does not, the
+// router passes the request through.
+func (e *Engine) Handles(req *Request) bool {
+	return applies(req.Config, req.Provider, req.Body)
 }
 
-// serve runs the loop for one request and renders it.
-func (e *Engine) serve(w http.ResponseWriter, hr *http.Request, cfg *config.Config, target poster, body []byte, caller string) {
+// ServeResponses serves in, a request that Handles accepted; hr is the client's HTTP request
+// (its context bounds the whole loop; its headers go upstream, credentials removed). An error
+// means nothing was written: the request failed before its first byte (an invalid body, an
+// unknown container, an upstream's error answer, ...), and the caller writes the error (an
+// *upstream.StatusError as the upstream sent it, anything else as apierror.From makes it).
+// Failures after the first byte end the stream with the error event and response.failed, and the
+// result is nil. A panic before the first byte is re-raised for the caller's recoverer. It is
+// safe for concurrent use; each call has its own loop and translator.
+func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Request) (err error) {
 	ctx := hr.Context()
-	ic := cfg.Interception
-	req, aerr := parseRequest(body, ic, lookup{ctx: ctx, store: e.store, caller: caller})
+	caller := in.Caller
+	ic := in.Config.Interception
+	req, aerr := parseRequest(in.Body, ic)
 	if aerr != nil {
 		e.m.requests.WithLabelValues("client_error").Inc()
-		apierror.Write(w, aerr)
-		return
+		return aerr
 	}
-	tool := ic.SandboxToolName
-	if tool == "" && len(cfg.SandboxTools) > 0 {
-		tool = cfg.SandboxTools[0].Name
-	}
+	req.resolve(lookup{ctx: ctx, store: e.store, caller: caller})
 	var rend renderer
 	if req.stream {
 		rend = newSSERenderer(w, e.log)
 	} else {
 		rend = &jsonRenderer{w: w}
 	}
-	r := &run{
-		e: e, ic: ic, tool: tool, target: target, caller: caller, req: req,
-		hdr: upstreamHeader(hr.Header, req.stream), emit: rend.emit, stored: map[string]StoredCall{},
-	}
-	r.tr = newTranslator(req, newID("resp_"), 0, func() (string, error) { return r.containerID(ctx) })
+	r := e.newRun(ic, ic.SandboxToolName, in.Upstream, caller, upstreamHeader(hr.Header, req.stream), req, rend.emit, nil)
 
-	outcome := "completed"
+	result := "completed"
 	defer func() {
-		e.m.requests.WithLabelValues(outcome).Inc()
+		e.m.requests.WithLabelValues(result).Inc()
 		if r.iterations > 0 {
 			e.m.iterations.Observe(float64(r.iterations))
 		}
@@ -153,71 +167,73 @@ func (e *Engine) serve(w http.ResponseWriter, hr *http.Request, cfg *config.Conf
 		if p == http.ErrAbortHandler {
 			panic(p)
 		}
-		outcome = "panic"
+		result = "panic"
+		if !rend.started() {
+			panic(p) // nothing written: the router's recoverer answers 500 and logs it
+		}
 		e.log.Error("intercept: panic", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-		r.fail(rend, fmt.Errorf("panic: %v", p))
+		r.failStream(fmt.Errorf("panic: %v", p))
+		err = nil
 	}()
 	// Deferred after the recover above, so it runs first: the container is released on every
 	// path, panics included.
 	defer r.releaseContainer(ctx)
 
 	if aerr := r.startContainer(ctx); aerr != nil {
-		outcome = "client_error"
+		result = "client_error"
 		if aerr.Code == "sandbox_unavailable" {
-			outcome = "sandbox_unavailable"
+			result = "sandbox_unavailable"
 		}
-		apierror.Write(w, aerr)
-		return
+		return aerr
 	}
-	err := r.loop(ctx)
+	err = r.loop(ctx)
 	switch {
 	case err == nil:
-		outcome = r.tr.outcome()
+		result = r.tr.outcome().metric()
 		rend.done()
+		return nil
 	case ctx.Err() != nil:
-		outcome = "canceled"
+		result = "canceled"
+		return ctx.Err()
+	case !rend.started():
+		result = classify(err)
+		return err
 	default:
-		outcome = classify(err)
-		e.log.Warn("intercepted request failed", zap.String("outcome", outcome), zap.Error(err))
-		r.fail(rend, err)
+		result = classify(err)
+		e.log.Warn("intercepted request failed mid-stream", zap.String("outcome", result), zap.Error(err))
+		r.failStream(err)
+		return nil
 	}
 }
 
-// fail ends the response with err: an HTTP error when nothing was written yet, otherwise the
-// error event and response.failed.
-func (r *run) fail(rend renderer, err error) {
-	if !rend.started() {
-		rend.writeError(err)
-		return
+// applies reports whether the engine intercepts a request with this body for this provider.
+func applies(cfg *config.Config, provider string, body []byte) bool {
+	if cfg == nil || !cfg.InterceptionActive() {
+		return false
 	}
+	if p := cfg.Interception.EnabledProviders; p != nil && !slices.Contains(p, provider) {
+		return false
+	}
+	return wants(body)
+}
+
+// failStream ends a stream that has started with err: the error event and response.failed.
+func (r *run) failStream(err error) {
 	detail := clientDetail(err)
-	_ = r.emit(errorEvent(detail))
+	_ = r.emit(newErrorEvent(detail))
 	_ = r.emit(r.tr.failed(detail))
 }
 
-// outcome names how the loop ended, for metrics.
-func (t *translator) outcome() string {
-	switch {
-	case t.finalType == "response.failed":
+// metric names how a loop that ended normally ended, for metrics.
+func (o outcome) metric() string {
+	switch o {
+	case outcomeFailed:
 		return "upstream_failed"
-	case t.finalType == "response.incomplete":
+	case outcomeIncomplete:
 		return "incomplete"
 	}
 	return "completed"
 }
-
-// noSessions is the containers of an Engine without Sessions: nothing can be created.
-type noSessions struct{}
-
-func (noSessions) Create(context.Context, string, string, sandbox.CreateOptions, time.Duration) (runner, error) {
-	return nil, fmt.Errorf("%w: no sandbox sessions configured", sandbox.ErrUnavailable)
-}
-
-func (noSessions) Open(context.Context, string, string) (runner, error) {
-	return nil, sandbox.ErrNotFound
-}
-
-func (noSessions) Release(context.Context, runner, time.Duration) {}
 
 // upstreamHeader returns the headers sent upstream: the client's, minus those that describe the
 // client's own body or connection. Target.Post replaces the credentials.

@@ -7,16 +7,18 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
 func TestApplies(t *testing.T) {
-	active := func() *config.Config {
-		return &config.Config{Callbacks: []string{"code_interpreter_interception"}, Interception: config.Interception{Enabled: true}}
-	}
+	active := activeConfig
 	ci := []byte(`{"model":"m","tools":[{"type":"function","name":"f"},{"type":"code_interpreter","container":{"type":"auto"}}]}`)
 	tests := []struct {
 		name     string
@@ -42,23 +44,18 @@ func TestApplies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := Applies(tt.cfg(), tt.provider, tt.body); got != tt.want {
-				t.Errorf("Applies = %v; want %v", got, tt.want)
+			if got := applies(tt.cfg(), tt.provider, tt.body); got != tt.want {
+				t.Errorf("applies = %v; want %v", got, tt.want)
 			}
 		})
 	}
 }
 
-func TestServeResponsesPassThroughWritesNothing(t *testing.T) {
+func TestHandlesLeavesOthersToPassThrough(t *testing.T) {
 	e := New(Options{})
-	cfg := &config.Config{Callbacks: []string{"code_interpreter_interception"}, Interception: config.Interception{Enabled: true}}
-	w := httptest.NewRecorder()
-	r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-	if e.ServeResponses(w, r, cfg, nil, "openai", []byte(`{"model":"m","input":"hi"}`), "") {
-		t.Fatal("ServeResponses = true for a request without code_interpreter")
-	}
-	if w.Body.Len() != 0 || len(w.Header()) != 0 || w.Code != 200 {
-		t.Errorf("something was written: %d %v %q", w.Code, w.Header(), w.Body.String())
+	cfg := activeConfig()
+	if e.Handles(&Request{Config: cfg, Provider: "openai", Body: []byte(`{"model":"m","input":"hi"}`)}) {
+		t.Fatal("Handles = true for a request without code_interpreter")
 	}
 }
 
@@ -86,7 +83,7 @@ func TestClientErrors(t *testing.T) {
 }
 
 func TestContainerReuseAndOwner(t *testing.T) {
-	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
+	h := newHarness(t, withLocal(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
 	h.up.Enqueue(
 		upstreamtest.Turn{Items: []upstreamtest.Item{call("secret = 41")}},
 		upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("Stored.")}},
@@ -154,6 +151,9 @@ func TestSandboxUnavailable(t *testing.T) {
 
 func TestMetrics(t *testing.T) {
 	h := newHarness(t)
+	h.fake.setRun(func(context.Context, string) (sandbox.Result, error) {
+		return sandbox.Result{Error: &sandbox.ExecError{Name: "ZeroDivisionError", Value: "division by zero"}}, nil
+	})
 	h.up.Enqueue(calls("1/0"), text("failed"))
 	if status, resp := h.post(body(""), "k"); status != 200 {
 		t.Fatalf("status %d: %s", status, resp)
@@ -195,17 +195,17 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
-// panickingPoster answers its first call from a recording, then panics: a fault injected to
+// panickingUpstream answers its first call from a recording, then panics: a fault injected to
 // prove the engine releases the sandbox (which then holds a container) and answers.
-type panickingPoster struct {
-	first *cannedPoster
+type panickingUpstream struct {
+	first *cannedUpstream
 	calls int
 }
 
-func (p *panickingPoster) Post(ctx context.Context, path string, body []byte, h http.Header) (*http.Response, config.Deployment, error) {
+func (p *panickingUpstream) Responses(ctx context.Context, body []byte, h http.Header) (upstream.ResponseEvents, error) {
 	p.calls++
 	if p.calls == 1 {
-		return p.first.Post(ctx, path, body, h)
+		return p.first.Responses(ctx, body, h)
 	}
 	panic("injected fault")
 }
@@ -214,13 +214,83 @@ func TestPanicReleasesTheSandbox(t *testing.T) {
 	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 0 }))
 	w := httptest.NewRecorder()
 	r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-	p := &panickingPoster{first: &cannedPoster{bodies: [][]byte{record(t, false, calls("x = 1"))}}}
-	h.eng.serve(w, r, h.cfg, p, []byte(body("")), "k")
+	p := &panickingUpstream{first: &cannedUpstream{bodies: [][]byte{record(t, false, calls("x = 1"))}}}
+	serveLikeRouter(w, r, func() error {
+		return h.eng.ServeResponses(w, r, &Request{Config: h.cfg, Upstream: p, Body: []byte(body("")), Caller: "k"})
+	})
 	if p.calls != 2 {
 		t.Fatalf("upstream calls = %d; want 2", p.calls)
 	}
 	if w.Code != 500 || gjson.GetBytes(w.Body.Bytes(), "error.type").String() != "server_error" || strings.Contains(w.Body.String(), "injected") {
 		t.Errorf("answer = %d %s; want a generic 500", w.Code, w.Body.String())
 	}
-	waitFor(t, "the container to be released", func() bool { return h.sess.Live() == 0 })
+	testutil.Eventually(t, "the container to be released", func() bool { return h.live() == 0 })
+}
+
+// TestWithoutCodeInterpreter: a request without a code_interpreter tool, when a caller routes it
+// to the engine, is one upstream call passed on under a minted, stored id; no container is made,
+// and a client function named like the stand-in is the client's.
+func TestWithoutCodeInterpreter(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(map[bool]string{false: "json", true: "stream"}[stream], func(t *testing.T) {
+			h := newHarness(t)
+			h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", `{"code":"1"}`)}})
+			b := `{"model":"gpt-test","input":"x","tools":[{"type":"function","name":"python","parameters":{}}],"stream":` + map[bool]string{false: "false", true: "true"}[stream] + `}`
+			w := httptest.NewRecorder()
+			r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+			client := upstream.NewClient(upstream.ClientOptions{})
+			defer client.CloseIdleConnections()
+			api := client.Target(h.cfg.Deployments("gpt-test"))
+			if err := h.eng.ServeResponses(w, r, &Request{Config: h.cfg, Upstream: api, Body: []byte(b), Caller: "k"}); err != nil {
+				t.Fatalf("serve = %v", err)
+			}
+			resp := w.Body.Bytes()
+			if stream {
+				resp = checkStream(t, resp).Response
+			}
+			id := gjson.GetBytes(resp, "id").String()
+			if w.Code != http.StatusOK || !strings.HasPrefix(id, "resp_") || len(id) != len("resp_")+48 {
+				t.Fatalf("answer = %d %s; want 200 under a minted id", w.Code, resp)
+			}
+			if it := gjson.GetBytes(resp, "output.0"); it.Get("type").String() != "function_call" || it.Get("name").String() != "python" {
+				t.Errorf("output = %s; want the client's function call as it came", gjson.GetBytes(resp, "output").Raw)
+			}
+			if n := len(h.up.Requests()); n != 1 {
+				t.Errorf("upstream calls = %d; want 1", n)
+			}
+			if !h.eng.Minted(r.Context(), id) {
+				t.Error("the response id was not stored")
+			}
+			if h.fake.Created() != 0 || len(h.fake.Codes()) != 0 {
+				t.Errorf("containers created %d, code run %q; want none", h.fake.Created(), h.fake.Codes())
+			}
+		})
+	}
+}
+
+// TestMetricsOnASharedRegistry: a second engine on the same registry counts on the collectors the
+// registry serves, not on unregistered ones.
+func TestMetricsOnASharedRegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	first, second := New(Options{Metrics: reg}), New(Options{Metrics: reg})
+	second.m.requests.WithLabelValues("completed").Inc()
+	second.m.executions.WithLabelValues("failed").Inc()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			served[mf.GetName()] += m.GetCounter().GetValue()
+		}
+	}
+	for _, name := range []string{"ciproxy_intercept_requests_total", "ciproxy_intercept_code_executions_total"} {
+		if served[name] != 1 {
+			t.Errorf("%s served = %v; want 1", name, served[name])
+		}
+	}
+	if first.m.requests != second.m.requests {
+		t.Error("the engines count on different collectors")
+	}
 }

@@ -13,7 +13,9 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
-	"github.com/ciproxy/ciproxy/internal/intercept/streamcheck"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
@@ -96,51 +98,63 @@ func TestStreamAndJSONGiveTheSameResponse(t *testing.T) {
 	}
 }
 
+// TestClientDisconnect runs with fake containers and, where it can, with the local sandbox, so
+// the real deletion is checked too.
 func TestClientDisconnect(t *testing.T) {
 	idle0 := withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 0 })
-
-	t.Run("during an execution the sandbox is released", func(t *testing.T) {
-		h := newHarness(t, idle0)
-		h.up.Enqueue(calls("import time; time.sleep(60)"))
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		resp := h.do(ctx, body(`"stream":true`), "k")
-		readUntil(t, resp.Body, "response.code_interpreter_call.interpreting")
-		if n := h.sess.Live(); n != 1 {
-			t.Fatalf("live containers during the run = %d; want 1", n)
-		}
-		cancel()
-		resp.Body.Close()
-		waitFor(t, "the container to be deleted", func() bool { return h.sess.Live() == 0 })
-		if n := len(h.up.Requests()); n != 1 {
-			t.Errorf("upstream calls = %d; want 1 (no follow-up after the client left)", n)
-		}
-	})
-
-	t.Run("during an upstream call the upstream is cancelled", func(t *testing.T) {
-		h := newHarness(t, idle0)
-		upstreamGone := make(chan struct{})
-		h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("hello world")}, BeforeEvent: func(ctx context.Context, seq int, typ string) error {
-			if seq == 4 {
-				<-ctx.Done()
-				close(upstreamGone)
-				return ctx.Err()
+	for _, sb := range []struct {
+		name string
+		opts []harnessOpt
+	}{{"fake", nil}, {"local", []harnessOpt{withLocal()}}} {
+		t.Run(sb.name+": during an execution the sandbox is released", func(t *testing.T) {
+			h := newHarness(t, append(sb.opts, idle0)...)
+			if h.fake != nil {
+				h.fake.setRun(func(ctx context.Context, _ string) (sandbox.Result, error) {
+					<-ctx.Done() // the sleep below, cut short by the client leaving
+					return sandbox.Result{}, ctx.Err()
+				})
 			}
-			return nil
-		}})
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		resp := h.do(ctx, body(`"stream":true`), "k")
-		readUntil(t, resp.Body, "response.output_item.added")
-		cancel()
-		resp.Body.Close()
-		select {
-		case <-upstreamGone:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the upstream call was not cancelled")
-		}
-		waitFor(t, "the auto container to be released", func() bool { return h.sess.Live() == 0 })
-	})
+			h.up.Enqueue(calls("import time; time.sleep(60)"))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			resp := h.do(ctx, body(`"stream":true`), "k")
+			readUntil(t, resp.Body, "response.code_interpreter_call.interpreting")
+			if n := h.live(); n != 1 {
+				t.Fatalf("live containers during the run = %d; want 1", n)
+			}
+			cancel()
+			resp.Body.Close()
+			testutil.Eventually(t, "the container to be deleted", func() bool { return h.live() == 0 })
+			if n := len(h.up.Requests()); n != 1 {
+				t.Errorf("upstream calls = %d; want 1 (no follow-up after the client left)", n)
+			}
+		})
+
+		t.Run(sb.name+": during an upstream call the upstream is cancelled", func(t *testing.T) {
+			h := newHarness(t, append(sb.opts, idle0)...)
+			upstreamGone := make(chan struct{})
+			h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("hello world")}, BeforeEvent: func(ctx context.Context, seq int, typ string) error {
+				if seq == 4 {
+					<-ctx.Done()
+					close(upstreamGone)
+					return ctx.Err()
+				}
+				return nil
+			}})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			resp := h.do(ctx, body(`"stream":true`), "k")
+			readUntil(t, resp.Body, "response.output_item.added")
+			cancel()
+			resp.Body.Close()
+			select {
+			case <-upstreamGone:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the upstream call was not cancelled")
+			}
+			testutil.Eventually(t, "the auto container to be released", func() bool { return h.live() == 0 })
+		})
+	}
 }
 
 // readUntil reads client events until one of type typ.
@@ -155,17 +169,5 @@ func readUntil(t *testing.T, r io.Reader, typ string) {
 		if ev.Name == typ {
 			return
 		}
-	}
-}
-
-// waitFor polls cond until it holds or 15 s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition, not waiting for an event
 	}
 }

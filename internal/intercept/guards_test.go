@@ -2,6 +2,7 @@ package intercept
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,8 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -28,14 +31,14 @@ func TestUnseenContainerIsDeleted(t *testing.T) {
 		status, resp := h.post(body(""), "alice")
 		done <- answer{status, resp}
 	}()
-	waitFor(t, "the early container", func() bool { return h.sess.Live() == 1 })
+	testutil.Eventually(t, "the early container", func() bool { return h.live() == 1 })
 	close(ready)
 	a := <-done
 	status, resp := a.status, a.resp
 	if status != http.StatusBadRequest {
 		t.Fatalf("status %d: %s", status, resp)
 	}
-	waitFor(t, "the unseen container to be deleted", func() bool { return h.sess.Live() == 0 })
+	testutil.Eventually(t, "the unseen container to be deleted", func() bool { return h.live() == 0 })
 }
 
 // TestToolChoiceNoneRunsNoCode: with tool_choice "none" (or allowed_tools without
@@ -55,6 +58,9 @@ func TestToolChoiceNoneRunsNoCode(t *testing.T) {
 			}
 			if n := len(h.up.Requests()) - before; n != 1 {
 				t.Errorf("%d upstream calls; want 1 (the loop stops)", n)
+			}
+			if ran := h.fake.Codes(); len(ran) != 0 {
+				t.Errorf("executed %q; want nothing run", ran)
 			}
 		})
 	}
@@ -85,5 +91,51 @@ func TestConversationRefused(t *testing.T) {
 	status, resp := h.post(body(`"conversation":"conv_1"`), "alice")
 	if status != http.StatusBadRequest || gjson.GetBytes(resp, "error.param").String() != "conversation" {
 		t.Errorf("status %d %s; want 400 naming conversation", status, resp)
+	}
+}
+
+// TestTooDeepUpstreamJSON: an upstream Response or event nesting deeper than jsondepth.Max is an
+// upstream error (a 502 before the first byte, the error event and response.failed after it),
+// never handed to gjson's recursive validator.
+func TestTooDeepUpstreamJSON(t *testing.T) {
+	deep := strings.Repeat("[", jsondepth.Max+1) + strings.Repeat("]", jsondepth.Max+1)
+	created := `{"type":"response.created","response":{"id":"up_1","object":"response","status":"in_progress","output":[]}}`
+	tests := []struct {
+		name   string
+		stream bool
+		answer string
+		status int
+	}{
+		{"a JSON Response", false, `{"id":"up_1","output":[],"x":` + deep + `}`, http.StatusBadGateway},
+		{"the first event", true, "data: " + `{"type":"response.created","x":` + deep + "}\n\n", http.StatusBadGateway},
+		{"a later event", true, "data: " + created + "\n\ndata: " + `{"type":"response.output_item.added","x":` + deep + "}\n\n", http.StatusOK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			w := httptest.NewRecorder()
+			r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+			up := &cannedUpstream{bodies: [][]byte{[]byte(tt.answer)}, stream: tt.stream}
+			extra := ""
+			if tt.stream {
+				extra = `"stream":true`
+			}
+			serveLikeRouter(w, r, func() error {
+				return h.eng.ServeResponses(w, r, &Request{Config: h.cfg, Upstream: up, Body: []byte(body(extra)), Caller: "k"})
+			})
+			if w.Code != tt.status {
+				t.Fatalf("status = %d %s; want %d", w.Code, w.Body.String(), tt.status)
+			}
+			if tt.status != http.StatusOK {
+				if c := gjson.GetBytes(w.Body.Bytes(), "error.code").String(); c != "upstream_error" {
+					t.Errorf("error = %s; want upstream_error", w.Body.String())
+				}
+				return
+			}
+			rep := checkStream(t, w.Body.Bytes())
+			if n := len(rep.Events); n < 2 || rep.Events[n-2].Name != "error" || gjson.GetBytes(rep.Events[n-2].Data, "error.code").String() != "upstream_error" || rep.Terminal != "response.failed" {
+				t.Errorf("stream = %s; want the error event and response.failed", w.Body.String())
+			}
+		})
 	}
 }

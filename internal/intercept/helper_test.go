@@ -4,73 +4,60 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tidwall/gjson"
-	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
-// sharedProvider is one local sandbox provider for the whole package's tests, so its warm pool
-// serves every test instead of each test paying kernel start-ups.
-var sharedProvider *local.Provider
+// sandboxes is one local sandbox provider for the tests that run real Python, so its warm pool
+// serves every test instead of each test paying kernel start-ups. It starts with the first such
+// test; on a host without bubblewrap those tests skip and the others still run.
+var sandboxes = testutil.NewLocalSandbox(local.Options{Tool: "local", PoolSize: 2})
 
-func TestMain(m *testing.M) {
-	p, err := local.New(local.Options{Tool: "local", PoolSize: 2})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "local.New:", err)
-		os.Exit(1)
-	}
-	sharedProvider = p
-	code := m.Run()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	_ = p.Close(ctx)
-	cancel()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testutil.Main(m, sandboxes.Close) }
 
-// harness is an Engine wired to a scripted upstream and a real local sandbox, served over HTTP
-// the way the router calls it.
+// harness is an Engine wired to a scripted upstream, served over HTTP the way the router calls
+// it. Code runs in fake containers unless the harness was built withLocal or withE2B.
 type harness struct {
 	t     *testing.T
 	up    *upstreamtest.Server
 	cfg   *config.Config
 	eng   *Engine
-	sess  *sandbox.Sessions
-	prov  *local.Provider
+	sess  *sandbox.Sessions // real sessions (withLocal, withE2B); nil with the fake
+	fake  *fakeContainers   // the fake containers; nil with real sessions
 	srv   *httptest.Server
 	store *MemoryStore
 	reg   *prometheus.Registry
+	local bool            // withLocal: code runs in the local sandbox
 	e2b   *e2btest.Server // set by withE2B: the sandbox tool is e2b, emulated
 }
 
-// withE2B serves the sandbox tool through the e2b client against the e2b emulator (which runs
-// code in the local sandbox).
-func withE2B() harnessOpt { return func(h *harness) { h.e2b = e2btest.New(sharedProvider) } }
-
 type harnessOpt func(*harness)
+
+// withLocal runs code in the local sandbox (the test skips where it cannot run).
+func withLocal() harnessOpt { return func(h *harness) { h.local = true } }
+
+// withE2B serves the sandbox tool through the e2b client against the e2b emulator, which runs
+// code in the local sandbox.
+func withE2B() harnessOpt { return func(h *harness) { h.e2b = e2btest.New(sandboxes.Provider(h.t)) } }
 
 func withConfig(f func(*config.Config)) harnessOpt { return func(h *harness) { f(h.cfg) } }
 
@@ -79,59 +66,116 @@ func noSandbox() harnessOpt {
 	return func(h *harness) { h.cfg.Interception.SandboxToolName = "missing" }
 }
 
+// activeConfig is the default configuration with interception listed in callbacks: the local
+// sandbox tool, the python stand-in, every other default.
+func activeConfig() *config.Config {
+	c := config.Defaults()
+	c.Callbacks = []string{"code_interpreter_interception"}
+	return c
+}
+
+// testConfig is an active interception config for model gpt-test served at base, with a shorter
+// execution timeout and idle timeout than the defaults.
+func testConfig(base string) *config.Config {
+	c := activeConfig()
+	c.Interception.ExecutionTimeout = 20 * time.Second
+	c.Interception.ContainerIdleTimeout = 10 * time.Minute
+	c.Models = []config.Deployment{{ModelName: "gpt-test", Provider: "openai", UpstreamModel: "gpt-up", APIBase: base}}
+	return c
+}
+
 func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	t.Helper()
 	h := &harness{t: t, up: upstreamtest.New(t), reg: prometheus.NewRegistry()}
-	h.cfg = &config.Config{
-		Callbacks:    []string{"code_interpreter_interception"},
-		SandboxTools: []config.SandboxTool{{Name: "local", Provider: "local"}},
-		Interception: config.Interception{
-			Enabled: true, SandboxToolName: "local", FunctionName: "python", MaxIterations: 20,
-			ExecutionTimeout: 20 * time.Second, ModelOutputLimit: 16384, ContainerIdleTimeout: 10 * time.Minute,
-		},
-		Models: []config.Deployment{{ModelName: "gpt-test", Provider: "openai", UpstreamModel: "gpt-up", APIBase: h.up.URL()}},
-	}
+	h.cfg = testConfig(h.up.URL())
 	for _, o := range opts {
 		o(h)
 	}
-	prov := sharedProvider
-	h.prov = prov
-	entry := sandbox.RegistryEntry{Name: "local", Provider: prov, Backend: "local"}
-	if h.e2b != nil {
-		ep, err := e2b.New(e2b.Options{APIKey: h.e2b.APIKey(), APIBase: h.e2b.URL(), SandboxURL: h.e2b.SandboxURL(), HTTPClient: h.e2b.Client(), Tool: "local"})
+	h.store = NewMemoryStore(time.Hour, nil)
+	switch {
+	case h.local || h.e2b != nil:
+		entry := sandbox.RegistryEntry{Name: "local", Provider: sandboxes.Provider(t), Backend: "local"}
+		if h.e2b != nil {
+			ep, err := e2b.New(e2b.Options{APIKey: h.e2b.APIKey(), APIBase: h.e2b.URL(), SandboxURL: h.e2b.SandboxURL(), HTTPClient: h.e2b.Client(), Tool: "local"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			entry = sandbox.RegistryEntry{Name: "local", Provider: ep, Backend: "e2b"}
+		}
+		reg, err := sandbox.NewRegistry(nil, entry)
 		if err != nil {
 			t.Fatal(err)
 		}
-		entry = sandbox.RegistryEntry{Name: "local", Provider: ep, Backend: "e2b"}
+		h.sess = sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+		h.eng = New(Options{Sessions: h.sess, Store: h.store, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
+	default:
+		h.fake = newFakeContainers("local")
+		h.eng = New(Options{Store: h.store, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
+		h.eng.sessions = h.fake
 	}
-	reg, err := sandbox.NewRegistry(nil, entry)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.sess = sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
-	h.store = NewMemoryStore(time.Hour, nil)
-	h.eng = New(Options{Sessions: h.sess, Store: h.store, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
 	client := upstream.NewClient(upstream.ClientOptions{})
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		caller := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		target := client.Target(h.cfg.Deployments(gjson.GetBytes(body, "model").String()))
-		if !h.eng.ServeResponses(w, r, h.cfg, target, "openai", body, caller) {
-			w.WriteHeader(299) // pass-through would follow
+		req := &Request{
+			Config:   h.cfg,
+			Body:     body,
+			Upstream: client.Target(h.cfg.Deployments(gjson.GetBytes(body, "model").String())),
+			Provider: "openai",
+			Caller:   strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "),
 		}
+		if !h.eng.Handles(req) {
+			w.WriteHeader(299) // pass-through would follow
+			return
+		}
+		serveLikeRouter(w, r, func() error { return h.eng.ServeResponses(w, r, req) })
 	}))
 	t.Cleanup(func() {
 		h.srv.CloseClientConnections()
 		h.srv.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = h.sess.Close(ctx)
+		if h.sess != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = h.sess.Close(ctx)
+		}
 		if h.e2b != nil {
 			h.e2b.Close()
 		}
 		client.CloseIdleConnections()
 	})
 	return h
+}
+
+// serveLikeRouter answers as router.handle and its recoverer do around an intercept call:
+// a returned error is written (an upstream's own answer as it came, anything else OpenAI-shaped)
+// unless the client left, and a panic is a generic 500. The router itself cannot be used here:
+// it imports this package.
+func serveLikeRouter(w http.ResponseWriter, r *http.Request, serve func() error) {
+	defer func() {
+		if p := recover(); p != nil {
+			if p == http.ErrAbortHandler {
+				panic(p)
+			}
+			apierror.Write(w, apierror.From(nil))
+		}
+	}()
+	err := serve()
+	if err == nil || (errors.Is(err, context.Canceled) && r.Context().Err() != nil) {
+		return
+	}
+	var us *upstream.StatusError
+	if errors.As(err, &us) {
+		us.Write(w)
+		return
+	}
+	apierror.Write(w, apierror.From(err))
+}
+
+// live returns the containers the engine holds.
+func (h *harness) live() int {
+	if h.sess != nil {
+		return h.sess.Live()
+	}
+	return h.fake.Live()
 }
 
 // post sends body to the engine as caller and returns the status and the whole body.
@@ -228,11 +272,11 @@ func types(resp []byte) []string {
 func (h *harness) container(caller string) string {
 	h.t.Helper()
 	ctx := context.Background()
-	c, err := h.sess.Create(ctx, "local", caller, sandbox.CreateOptions{}, 10*time.Minute)
+	c, err := h.eng.sessions.Create(ctx, "local", caller, sandbox.CreateOptions{}, 10*time.Minute)
 	if err != nil {
 		h.t.Fatalf("Create: %v", err)
 	}
-	h.sess.Release(ctx, c, 10*time.Minute)
+	h.eng.sessions.Release(ctx, c, 10*time.Minute)
 	return c.ID()
 }
 

@@ -1,17 +1,12 @@
 package intercept
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
-	"strconv"
-	"time"
 
-	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
@@ -20,141 +15,40 @@ import (
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
-// maxUpstreamBody bounds a non-streaming upstream response or error body read into memory.
-const maxUpstreamBody = 64 << 20
-
-// poster is what the loop needs of an upstream target (*upstream.Target).
-type poster interface {
-	Post(ctx context.Context, path string, body []byte, h http.Header) (*http.Response, config.Deployment, error)
-}
-
-// upstreamStatusError is a non-2xx upstream answer: the client gets its status and body.
-type upstreamStatusError struct {
-	status int
-	header http.Header
-	body   []byte
-}
-
-func (e *upstreamStatusError) Error() string {
-	return "upstream answered " + strconv.Itoa(e.status)
-}
-
-// errStreamCut is an upstream stream that ended before its final event.
-var errStreamCut = errors.New("upstream stream ended before the response completed")
-
-// run is one intercepted request's loop. It is used by one goroutine, except the container
-// creation it starts.
+// run is one intercepted request's loop: the only place with I/O. It calls the upstream through
+// the Responses seam, runs code in the container, stores the result, and moves the translator
+// along through its methods. It is used by one goroutine, except the container creation it
+// starts (containers.go).
 type run struct {
 	e      *Engine
 	ic     config.Interception
 	tool   string // sandbox tool name
-	target poster
+	api    upstream.ResponsesAPI
 	caller string
 	hdr    http.Header
-	req    *request
+	req    *parsedRequest
+	id     string // the client-visible response id
 	tr     *translator
 	emit   func(Event) error
 
 	cont       *containerFuture
+	encrypted  bool // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
 	executions int
 	iterations int
 	stored     map[string]StoredCall
 }
 
-// containerFuture is the request's container, opened or being created.
-type containerFuture struct {
-	done    chan struct{}
-	cancel  context.CancelFunc
-	c       runner
-	err     error
-	created bool // this request created the sandbox (it is not the client's already)
-	shown   bool // its id reached the client (in an item) or the response store
-}
-
-// get waits for the container.
-func (f *containerFuture) get(ctx context.Context) (runner, error) {
-	select {
-	case <-f.done:
-		return f.c, f.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
+// newRun prepares the loop of one parsed request; events go to emit. mint makes the ids of
+// response and call items (nil: random ids).
+func (e *Engine) newRun(ic config.Interception, tool string, api upstream.ResponsesAPI, caller string, hdr http.Header, req *parsedRequest, emit func(Event) error, mint func(string) string) *run {
+	if mint == nil {
+		mint = newID
 	}
-}
-
-// startContainer opens the container the request names (synchronously: a wrong id must be a 404
-// before anything is written) or starts creating one beside the first upstream call, so the
-// model's first code does not wait for a cold start.
-func (r *run) startContainer(ctx context.Context) *apierror.Error {
-	f := &containerFuture{done: make(chan struct{})}
-	r.cont = f
-	if id := r.req.container.id; id != "" {
-		f.cancel = func() {}
-		f.c, f.err = r.e.sessions.Open(ctx, id, r.caller)
-		close(f.done)
-		if f.err != nil {
-			if errors.Is(f.err, sandbox.ErrNotFound) {
-				return apierror.NotFound("Container with id '"+id+"' not found.", "tools["+strconv.Itoa(r.req.container.toolIndex)+"].container")
-			}
-			r.e.m.sandboxErr.WithLabelValues("open").Inc()
-			return sandboxUnavailable(f.err)
-		}
-		return nil
+	id := mint("resp_")
+	return &run{
+		e: e, ic: ic, tool: tool, api: api, caller: caller, hdr: hdr, req: req, id: id,
+		tr: newTranslator(req, id, 0, mint), emit: emit, encrypted: req.encryptedFirst, stored: map[string]StoredCall{},
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	f.cancel = cancel
-	go func() {
-		defer close(f.done)
-		if prev := r.req.prevContainer; prev != "" {
-			// A conversation keeps its container while it lives.
-			if c, err := r.e.sessions.Open(cctx, prev, r.caller); err == nil {
-				f.c = c
-				return
-			}
-		}
-		f.c, f.err = r.e.sessions.Create(cctx, r.tool, r.caller, sandbox.CreateOptions{MemoryLimit: r.req.container.memoryLimit}, r.ic.ContainerIdleTimeout)
-		f.created = f.err == nil
-	}()
-	return nil
-}
-
-// containerID is the translator's hook: the container's id, waiting for it if needed.
-func (r *run) containerID(ctx context.Context) (string, error) {
-	c, err := r.cont.get(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return "", ctx.Err()
-		}
-		r.e.m.sandboxErr.WithLabelValues("create").Inc()
-		return "", sandboxUnavailable(err)
-	}
-	r.cont.shown = true
-	return c.ID(), nil
-}
-
-// releaseContainer ends the request's use of its container, on every path. A creation still in
-// progress is cancelled (nothing needs it any more) and waited for, so nothing is lost. A sandbox
-// this request created but whose id never reached anyone (the request failed before any code
-// ran) is deleted at once: nobody could ever reuse it.
-func (r *run) releaseContainer(ctx context.Context) {
-	f := r.cont
-	if f == nil {
-		return
-	}
-	f.cancel()
-	<-f.done
-	if f.c != nil {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		idle := r.ic.ContainerIdleTimeout
-		if f.created && !f.shown {
-			idle = 0
-		}
-		r.e.sessions.Release(rctx, f.c, idle)
-	}
-}
-
-func sandboxUnavailable(err error) *apierror.Error {
-	return apierror.BadGateway("The code interpreter sandbox is unavailable.", "sandbox_unavailable", err)
 }
 
 // loop calls the upstream until the model answers without calling the stand-in function, runs
@@ -164,64 +58,56 @@ func (r *run) loop(ctx context.Context) error {
 	var turns [][]byte
 	none := false
 	for call := 0; ; call++ {
-		body, err := r.req.body(callSpec{first: call == 0, none: none, turns: turns, encrypted: r.req.addedEncrypted})
+		body, err := r.req.body(callSpec{first: call == 0, none: none, turns: turns, encrypted: r.encrypted})
 		if err != nil {
 			return fmt.Errorf("building the upstream body: %w", err)
 		}
-		r.tr.begin()
+		r.tr.begin(r.encrypted)
 		if err := r.callUpstream(ctx, body); err != nil {
 			return err
 		}
 		r.iterations++
-		if r.tr.finalType == "response.failed" {
-			// Every failed stream carries the nested error event before response.failed, so
-			// SDKs raise it, even when the upstream sent response.failed alone.
-			if r.tr.errDetail == nil {
-				r.tr.errDetail = r.tr.upstreamError()
-				if err := r.emit(errorEvent(r.tr.errDetail)); err != nil {
-					return err
-				}
-			}
-			return r.emit(r.tr.failed(r.tr.errDetail))
+		end := r.tr.outcome()
+		if end == outcomeFailed {
+			return r.emitAll(r.tr.upstreamFailed()...)
 		}
-		calls := r.tr.pending()
+		calls := r.tr.calls()
 		if len(calls) == 0 {
 			return r.complete(ctx, nil)
 		}
 		// An incomplete response (max_output_tokens, content filter) or a call made with tools
 		// off ends the loop: its calls are shown, not run.
-		stop := none || r.req.noCode || r.tr.finalType == "response.incomplete" || gjson.GetBytes(r.tr.final, "status").String() == "incomplete"
+		stop := none || r.req.noCode || end == outcomeIncomplete
 		outputs := make([][]byte, 0, len(calls))
-		for _, s := range calls {
+		for _, c := range calls {
 			var ex execution
+			if err := r.emit(r.tr.interpreting(c.ref)); err != nil {
+				return err
+			}
 			switch {
 			case stop || (r.req.maxToolCalls > 0 && r.executions >= r.req.maxToolCalls):
 				ex = skipped()
-				if err := r.emitAll(r.tr.interpreting(s)); err != nil {
-					return err
-				}
 			default:
-				ex, err = r.execute(ctx, s)
+				ex, err = r.execute(ctx, c)
 				if err != nil {
 					return err
 				}
 			}
-			if err := r.emitAll(r.tr.executed(s, ex)...); err != nil {
+			if err := r.emitAll(r.tr.executed(c.ref, ex)...); err != nil {
 				return err
 			}
-			out := functionOutput(s.callID, ex.model)
-			outputs = append(outputs, out)
-			r.stored[s.ciID] = StoredCall{Owner: r.caller, CallID: s.callID, Code: s.code, Output: ex.model}
+			outputs = append(outputs, functionOutput(c.callID, ex.model))
+			r.stored[c.ciID] = StoredCall{Owner: r.caller, CallID: c.callID, Code: c.code, Output: ex.model}
 		}
 		if stop || r.tr.clientCalls() {
 			// The client's own function is the client's to run: return with its call; ours are
 			// answered when the conversation continues.
 			return r.complete(ctx, outputs)
 		}
-		if r.req.includeEncrypted != nil && !r.req.addedEncrypted && r.tr.reasoned() {
+		if r.req.includeEncrypted != nil && !r.encrypted && r.tr.reasoned() {
 			// An unstored reasoning model: from now on ask for its reasoning encrypted, so the
 			// next turns can be carried (and strip it from what the client did not ask for).
-			r.req.addedEncrypted = true
+			r.encrypted = true
 		}
 		turns = append(turns, r.tr.turn()...)
 		turns = append(turns, outputs...)
@@ -235,42 +121,31 @@ func (r *run) maxIterations() int {
 	if r.ic.MaxIterations > 0 {
 		return r.ic.MaxIterations
 	}
-	return 20
+	return config.DefaultMaxIterations
 }
 
 // complete emits the final Response and remembers it for previous_response_id.
 func (r *run) complete(ctx context.Context, pending [][]byte) error {
 	ev := r.tr.completed()
-	if r.e.store != nil {
-		sr := StoredResponse{Owner: r.caller, UpstreamID: gjson.GetBytes(r.tr.final, "id").String(), Pending: pending}
-		if f := r.cont; f != nil {
-			select {
-			case <-f.done:
-				if f.c != nil {
-					sr.ContainerID = f.c.ID()
-					f.shown = true
-				}
-			default:
-			}
-		}
-		if r.req.store {
-			sr.Body = ev.Response
-		}
-		r.e.store.Put(ctx, r.tr.id, sr, r.stored)
+	sr := StoredResponse{Owner: r.caller, UpstreamID: r.tr.upstreamID(), Pending: pending}
+	if c, ok := r.cont.ready(); ok {
+		sr.ContainerID = c.ID()
+		r.cont.stored = true
 	}
+	if r.req.store {
+		sr.Body = ev.Response
+	}
+	r.e.store.Put(ctx, r.id, sr, r.stored)
 	return r.emit(ev)
 }
 
 // execute runs one stand-in call in the container.
-func (r *run) execute(ctx context.Context, s *slot) (execution, error) {
-	if err := r.emitAll(r.tr.interpreting(s)); err != nil {
-		return execution{}, err
-	}
-	if s.parseErr != nil {
+func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
+	if c.parseErr != nil {
 		r.e.m.executions.WithLabelValues(statusFailed).Inc()
-		return unparsed(s.parseErr), nil
+		return unparsed(c.parseErr), nil
 	}
-	c, err := r.cont.get(ctx)
+	box, err := r.cont.get(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return execution{}, ctx.Err()
@@ -279,7 +154,7 @@ func (r *run) execute(ctx context.Context, s *slot) (execution, error) {
 	}
 	r.executions++
 	start := r.e.now()
-	res, runErr := c.Run(ctx, s.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout})
+	res, runErr := box.Run(ctx, c.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout})
 	if ctx.Err() != nil {
 		return execution{}, ctx.Err()
 	}
@@ -304,10 +179,14 @@ func (r *run) emitAll(evs ...Event) error {
 
 // callUpstream makes one upstream call and feeds its answer through the translator.
 func (r *run) callUpstream(ctx context.Context, body []byte) error {
-	resp, _, err := r.target.Post(ctx, "/responses", body, r.hdr)
+	answer, err := r.api.Responses(ctx, body, r.hdr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		var us *upstream.StatusError
+		if errors.As(err, &us) {
+			return us
 		}
 		var ae *apierror.Error
 		if errors.As(err, &ae) {
@@ -315,65 +194,42 @@ func (r *run) callUpstream(ctx context.Context, body []byte) error {
 		}
 		return apierror.BadGateway("The upstream could not be reached.", "upstream_unavailable", err)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return &upstreamStatusError{status: resp.StatusCode, header: resp.Header, body: b}
-	}
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
-		b, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
-		if err != nil {
-			return r.readFailure(ctx, err)
-		}
-		evs, err := r.tr.response(b)
-		if e := r.emitAll(evs...); e != nil {
-			return e
-		}
-		if err != nil && errors.Is(err, errUpstreamShape) {
-			return apierror.BadGateway("The upstream's response could not be read.", "upstream_error", err)
-		}
-		return err
-	}
-	rd := upstream.NewSSEReader(resp.Body)
+	defer answer.Close()
 	for !r.tr.ended() {
-		ev, err := rd.Next()
+		data, err := answer.Next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
 			return r.readFailure(ctx, err)
 		}
-		if bytes.Equal(ev.Data, []byte("[DONE]")) {
-			continue
+		evs, err := r.tr.event(data)
+		if errors.Is(err, errNeedContainer) {
+			if err := r.handContainer(ctx); err != nil {
+				return err
+			}
+			evs, err = r.tr.event(data)
 		}
-		evs, err := r.tr.upstream(ev.Data)
 		if e := r.emitAll(evs...); e != nil {
 			return e
 		}
 		if err != nil {
-			if errors.Is(err, errUpstreamShape) {
-				return apierror.BadGateway("The upstream's response could not be read.", "upstream_error", err)
-			}
-			return err
+			return r.readFailure(ctx, err)
 		}
 	}
-	if !r.tr.ended() {
-		if r.tr.errDetail != nil {
-			// An error event without response.failed: the error was forwarded already.
-			r.tr.finalType = "response.failed"
-			return nil
-		}
+	if !r.tr.answerEnded() {
 		return r.readFailure(ctx, errStreamCut)
 	}
 	return nil
 }
 
+// readFailure is the error for an upstream answer that could not be read to its end.
 func (r *run) readFailure(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	if errors.Is(err, upstream.ErrMalformed) {
+		return apierror.BadGateway("The upstream's response could not be read.", "upstream_error", err)
 	}
 	return apierror.BadGateway("The upstream's response ended early.", "upstream_error", err)
 }

@@ -8,11 +8,12 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
 func TestSingleCallJSON(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, withLocal())
 	h.up.Enqueue(
 		upstreamtest.Turn{Items: []upstreamtest.Item{call("x = 6 * 7\nprint('hi')\nx")}},
 		upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("The answer is 42.")}},
@@ -59,7 +60,7 @@ func calls(codes ...string) upstreamtest.Turn {
 }
 
 func TestLoopTellsTheModel(t *testing.T) {
-	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.ExecutionTimeout = 1e9; c.Interception.ModelOutputLimit = 64 }))
+	h := newHarness(t, withLocal(), withConfig(func(c *config.Config) { c.Interception.ExecutionTimeout = 1e9; c.Interception.ModelOutputLimit = 64 }))
 	tests := []struct {
 		name       string
 		turn       upstreamtest.Turn
@@ -114,7 +115,8 @@ func TestLoopTellsTheModel(t *testing.T) {
 }
 
 func TestOutputsOnlyWhenIncluded(t *testing.T) {
-	h := newHarness(t)
+	testutil.PythonModules(t, "", "matplotlib")
+	h := newHarness(t, withLocal())
 	plot := "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\nprint('plotted')"
 	h.up.Enqueue(calls(plot), text("A chart."))
 	status, resp := h.post(body(`"include":["code_interpreter_call.outputs"]`), "k")

@@ -1,9 +1,9 @@
 package intercept
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ciproxy/ciproxy/internal/promreg"
 )
 
 // metrics are the engine's Prometheus collectors.
@@ -15,7 +15,8 @@ type metrics struct {
 	sandboxErr *prometheus.CounterVec   // by stage
 }
 
-// newMetrics creates the collectors and registers them on reg (nil: unregistered).
+// newMetrics creates the collectors and registers them on reg (nil: unregistered). An engine
+// built on a registry that already holds them counts on those (promreg), so none goes unserved.
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -41,15 +42,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Sandbox failures by stage (create, open, run).",
 		}, []string{"stage"}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.iterations, m.executions, m.execTime, m.sandboxErr} {
-			if err := reg.Register(c); err != nil {
-				var are prometheus.AlreadyRegisteredError
-				if !errors.As(err, &are) {
-					panic(err)
-				}
-			}
-		}
-	}
+	m.requests = promreg.Register(reg, m.requests)
+	m.iterations = promreg.Register(reg, m.iterations)
+	m.executions = promreg.Register(reg, m.executions)
+	m.execTime = promreg.Register(reg, m.execTime)
+	m.sandboxErr = promreg.Register(reg, m.sandboxErr)
 	return m
 }

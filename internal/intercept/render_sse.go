@@ -1,14 +1,9 @@
 package intercept
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
 
-	"github.com/tidwall/gjson"
-	"github.com/tidwall/sjson"
 	"go.uber.org/zap"
 )
 
@@ -17,12 +12,11 @@ import (
 type renderer interface {
 	// emit renders one event. An error means the client is gone.
 	emit(ev Event) error
-	// started reports whether anything was written.
+	// started reports whether anything was written. Until it has, a failure is the caller's to
+	// answer as an HTTP error.
 	started() bool
 	// done completes the response after the terminal event.
 	done()
-	// writeError answers with err; only when nothing was written.
-	writeError(err error)
 }
 
 // sseRenderer writes events as server-sent events, numbering them and flushing after each one.
@@ -32,7 +26,8 @@ type sseRenderer struct {
 	log     *zap.Logger
 	seq     int
 	begun   bool
-	buf     []byte
+	data    []byte // the event's JSON object being written
+	buf     []byte // the frame being written
 	flushOK bool
 }
 
@@ -53,14 +48,9 @@ func (s *sseRenderer) emit(ev Event) error {
 		h.Del("Content-Length")
 		s.w.WriteHeader(http.StatusOK)
 	}
-	data := numbered(ev.Data, s.seq)
+	s.data = ev.appendJSON(s.data[:0], s.seq)
 	s.seq++
-	if bytes.IndexByte(data, '\n') >= 0 {
-		var c bytes.Buffer
-		if json.Compact(&c, data) == nil {
-			data = c.Bytes()
-		}
-	}
+	data := compactJSON(s.data) // a data: line holds no line break
 	b := s.buf[:0]
 	b = append(b, "event: "...)
 	b = append(b, ev.Type...)
@@ -85,23 +75,4 @@ func (s *sseRenderer) emit(ev Event) error {
 	return nil
 }
 
-// numbered returns data with its sequence_number set to n.
-func numbered(data []byte, n int) []byte {
-	r := gjson.GetBytes(data, "sequence_number")
-	if !r.Exists() || r.Index <= 0 {
-		out, err := sjson.SetBytes(data, "sequence_number", n)
-		if err != nil {
-			return data
-		}
-		return out
-	}
-	num := strconv.Itoa(n)
-	out := make([]byte, 0, len(data)+len(num))
-	out = append(out, data[:r.Index]...)
-	out = append(out, num...)
-	return append(out, data[r.Index+len(r.Raw):]...)
-}
-
 func (s *sseRenderer) done() {}
-
-func (s *sseRenderer) writeError(err error) { writeError(s.w, err) }

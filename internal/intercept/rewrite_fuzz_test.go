@@ -33,11 +33,11 @@ func FuzzRewrite(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	ic := config.Interception{FunctionName: "python", MaxIterations: 20}
+	ic := config.Defaults().Interception
 	turn := callPair("python", "call_1", "print(1)", "1\n")
 	f.Fuzz(func(t *testing.T, body []byte) {
 		orig := bytes.Clone(body)
-		req, aerr := parseRequest(body, ic, lookup{ctx: context.Background(), store: NewMemoryStore(0, nil)})
+		req, aerr := parseRequest(body, ic)
 		if !bytes.Equal(body, orig) {
 			t.Fatal("parseRequest modified its input")
 		}
@@ -47,6 +47,7 @@ func FuzzRewrite(f *testing.F) {
 			}
 			return
 		}
+		req.resolve(lookup{ctx: context.Background(), store: NewMemoryStore(0, nil)})
 		for _, cs := range []callSpec{{first: true}, {turns: turn}, {none: true, turns: turn}, {encrypted: true, turns: turn}} {
 			out, err := req.body(cs)
 			if err != nil {

@@ -31,10 +31,11 @@ func TestRewriteGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			orig := bytes.Clone(raw)
-			req, aerr := parseRequest(raw, config.Interception{FunctionName: "python"}, lookup{ctx: context.Background(), store: NewMemoryStore(0, nil)})
+			req, aerr := parseRequest(raw, config.Defaults().Interception)
 			if aerr != nil {
 				t.Fatalf("parseRequest: %v", aerr)
 			}
+			req.resolve(lookup{ctx: context.Background(), store: NewMemoryStore(0, nil)})
 			turn := callPair("python", "call_1", "1+1", "2")
 			for suffix, cs := range map[string]callSpec{".first.json": {first: true}, ".later.json": {turns: turn}} {
 				got, err := req.body(cs)
@@ -91,7 +92,7 @@ func TestContainerValidation(t *testing.T) {
 				tool = `{"type":"code_interpreter","container":` + tc.container + `}`
 			}
 			body := []byte(`{"model":"m","input":"x","tools":[` + tool + `]}`)
-			_, aerr := parseRequest(body, config.Interception{FunctionName: "python"}, lookup{ctx: context.Background(), store: NewMemoryStore(0, nil)})
+			_, aerr := parseRequest(body, config.Defaults().Interception)
 			switch {
 			case tc.param == "" && aerr != nil:
 				t.Errorf("parseRequest(%s) = %v; want accepted", tc.container, aerr)

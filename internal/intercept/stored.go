@@ -1,39 +1,48 @@
 package intercept
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 )
 
-// ServeStored answers GET and DELETE /v1/responses/{id} for a response this proxy minted, as
-// OpenAI answers for its stored responses: GET returns the Response the client received (kept
-// when the request had store true), DELETE forgets it. It reports false, having written nothing,
-// when id is not one of ours, so that the request passes through to the upstream. A response
-// minted for another caller is a 404, as if it did not exist.
-func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) bool {
-	if r.Method != http.MethodGet && r.Method != http.MethodDelete {
-		return false
-	}
-	sr, ok := e.store.Response(r.Context(), id)
-	if !ok {
-		return false
-	}
-	if sr.Owner != caller || (r.Method == http.MethodGet && sr.Body == nil) {
-		apierror.Write(w, apierror.NotFound("Response with id '"+id+"' not found.", ""))
-		return true
-	}
-	if r.Method == http.MethodDelete {
-		e.store.Delete(r.Context(), id)
-		writeJSON(w, http.StatusOK, []byte(`{"id":`+string(jsonString(id))+`,"object":"response","deleted":true}`))
-		return true
-	}
-	writeJSON(w, http.StatusOK, sr.Body)
-	return true
+// Minted reports whether id is a response id this proxy minted and still remembers, whoever its
+// owner: GET and DELETE /v1/responses/{id} for it are ServeStored's, since the upstream has never
+// heard of it. Any other id passes through to the upstream.
+func (e *Engine) Minted(ctx context.Context, id string) bool {
+	_, ok := e.store.Response(ctx, id)
+	return ok
 }
 
-func writeJSON(w http.ResponseWriter, status int, body []byte) {
+// ServeStored answers GET and DELETE /v1/responses/{id} for a response this proxy minted, as
+// OpenAI answers for its stored responses: GET returns the Response the client received (kept
+// when the request had store true), DELETE forgets it. A response minted for another caller, or
+// one not kept, is a 404, as if it did not exist. An error means nothing was written; the caller
+// writes it.
+func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error {
+	notFound := apierror.NotFound("Response with id '"+id+"' not found.", "")
+	sr, ok := e.store.Response(r.Context(), id)
+	if !ok || sr.Owner != caller {
+		return notFound
+	}
+	switch r.Method {
+	case http.MethodGet:
+		if sr.Body == nil {
+			return notFound
+		}
+		writeJSON(w, sr.Body)
+	case http.MethodDelete:
+		e.store.Delete(r.Context(), id)
+		writeJSON(w, marshal(deletedResponse{ID: id, Object: "response", Deleted: true}))
+	default:
+		return &apierror.Error{Status: http.StatusMethodNotAllowed, Message: "Method " + r.Method + " is not allowed for " + r.URL.Path + ".", Type: "invalid_request_error"}
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
+	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
 }

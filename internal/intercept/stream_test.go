@@ -18,7 +18,7 @@ func eventTypes(evs []sseEvent) []string {
 }
 
 func TestSingleCallStream(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, withLocal())
 	h.up.Enqueue(
 		upstreamtest.Turn{Items: []upstreamtest.Item{call("print('a\u00e9\"')\n1+1")}},
 		upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("Two.")}},

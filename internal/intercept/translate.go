@@ -4,50 +4,95 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
 	"github.com/ciproxy/ciproxy/internal/intercept/argstream"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
-// errUpstreamShape marks an upstream event or response the translator cannot read.
-var errUpstreamShape = errors.New("unexpected upstream response")
+// outcome is how an upstream call, and so the response, ended.
+type outcome uint8
 
-// translator turns the upstream's output, over every iteration of one request's loop, into the
-// client-visible events and Response: calls of the stand-in function become
-// code_interpreter_call items, everything else passes with output_index shifted so indexes run
-// on across iterations. One translator serves one request; it is not safe for concurrent use.
+const (
+	outcomePending    outcome = iota // no final Response yet
+	outcomeCompleted                 // response.completed
+	outcomeIncomplete                // response.incomplete, or a Response whose status is incomplete
+	outcomeFailed                    // response.failed, or an error event that ended the stream
+)
+
+// terminalOutcome returns the outcome a terminal event type stands for.
+func terminalOutcome(typ string) (outcome, bool) {
+	for _, o := range []outcome{outcomeCompleted, outcomeIncomplete, outcomeFailed} {
+		if typ == o.eventType() {
+			return o, true
+		}
+	}
+	return outcomePending, false
+}
+
+// eventType is the terminal event type for o, as the upstream sends it and the client gets it.
+func (o outcome) eventType() string {
+	switch o {
+	case outcomeIncomplete:
+		return "response.incomplete"
+	case outcomeFailed:
+		return "response.failed"
+	}
+	return "response.completed"
+}
+
+// status is the Response status for o.
+func (o outcome) status() string {
+	switch o {
+	case outcomeIncomplete:
+		return "incomplete"
+	case outcomeFailed:
+		return "failed"
+	}
+	return "completed"
+}
+
+// translator is the pure state machine between the upstream's Responses events and the client's:
+// upstream events go in (event), client events come out, and each upstream call ends with a typed
+// outcome. Calls of the stand-in function become code_interpreter_call items with their native
+// events; everything else passes with output_index shifted, so indexes run on across the loop's
+// iterations. The translator does no I/O and never waits: when an event would start a stand-in
+// call before it knows the container, it takes nothing and says so (errNeedContainer); the loop
+// resolves the container, hands its id over (setContainer) and feeds the event again. The loop
+// reports each execution back to it (interpreting, executed). One translator serves one request;
+// it is not safe for concurrent use.
 //
-// Streaming upstream events enter through upstream; a non-streaming upstream response enters
-// through response, which feeds its items through the same code, so both renderings get the same
-// items and the same final Response.
+// A non-streaming upstream answer arrives as one terminal event carrying the whole Response
+// (upstream.ResponseEvents); its items go through the same code as streamed ones, so both
+// renderings get the same items and the same final Response. The Response the client sees is
+// assembled in response.go.
 type translator struct {
-	req       *request
+	req       *parsedRequest
 	id        string // the client-visible response id
 	createdAt int64
-
-	// containerID returns the cntr_ id to show in a call item, waiting for the container if it is
-	// still starting. It is called from the loop's goroutine.
-	containerID func() (string, error)
 	// mint returns a new id with the given prefix (newID; tests make ids predictable).
 	mint func(prefix string) string
+	// container is the cntr_ id shown in call items; "" until the loop hands it over.
+	container string
 
 	out       [][]byte // client-visible items by output_index (nil while in progress)
 	announced bool     // response.created and response.in_progress were sent
 	skeleton  []byte   // the latest upstream Response object (fields other than ours come from it)
 	usage     usage
-	calls     []*slot // every stand-in call of the request, in order
+	started   int // stand-in calls started over the request
 
 	// The current upstream call.
 	base      int              // output_index of the call's first item
 	slots     []*slot          // its items, by upstream output_index
 	byID      map[string]*slot // upstream item id → slot
 	final     []byte           // its final Response (completed, incomplete or failed)
-	finalType string           // the upstream event type that carried final
+	end       outcome          // how it ended
 	errDetail []byte           // the error event's detail, if the upstream sent one
+	strip     bool             // remove encrypted_content the proxy asked for on its own behalf
 }
 
 // slot is one item of the current upstream call.
@@ -58,37 +103,106 @@ type slot struct {
 	done   bool
 
 	// Stand-in calls only.
-	ours      bool
-	added     bool // output_item.added was sent
-	ciID      string
-	callID    string
-	container string
-	dec       *argstream.Decoder
-	args      strings.Builder // the arguments so far
-	streamed  strings.Builder // the code deltas sent so far
-	code      string
-	codeDone  bool
-	parseErr  error
-	exec      *execution
+	ours     bool
+	ciID     string
+	callID   string
+	dec      *argstream.Decoder
+	args     strings.Builder // the arguments so far
+	streamed strings.Builder // the code deltas sent so far
+	code     string
+	codeDone bool
+	parseErr error
 }
 
-func newTranslator(req *request, id string, createdAt int64, containerID func() (string, error)) *translator {
-	return &translator{req: req, id: id, createdAt: createdAt, containerID: containerID, mint: newID, byID: map[string]*slot{}}
+// standIn is one stand-in call of the current upstream call, as the loop runs it.
+type standIn struct {
+	ref      int    // the call's handle for interpreting and executed
+	ciID     string // the code_interpreter_call item id the client sees
+	callID   string // the upstream's call_id
+	code     string
+	parseErr error // the arguments could not be read: nothing runs
 }
 
-// begin starts a new upstream call.
-func (t *translator) begin() {
+func newTranslator(req *parsedRequest, id string, createdAt int64, mint func(string) string) *translator {
+	if mint == nil {
+		mint = newID
+	}
+	return &translator{req: req, id: id, createdAt: createdAt, mint: mint, byID: map[string]*slot{}}
+}
+
+// begin starts the next upstream call. stripEncrypted: the call asks for reasoning's encrypted
+// content on the proxy's behalf, so the client must not see it.
+func (t *translator) begin(stripEncrypted bool) {
 	t.base = len(t.out)
 	t.slots = t.slots[:0]
 	clear(t.byID)
 	t.final = nil
-	t.finalType = ""
+	t.end = outcomePending
 	t.errDetail = nil
+	t.strip = stripEncrypted
 }
 
-// upstream translates one upstream stream event into zero or more client events.
-func (t *translator) upstream(data []byte) ([]Event, error) {
+// errNeedContainer is event's answer to an event that would start a stand-in call before the
+// container id was handed over. Nothing of the event was taken: the loop hands the id over
+// (setContainer) and feeds the same event again.
+var errNeedContainer = errors.New("intercept: a stand-in call starts; the container id is needed")
+
+// setContainer hands over the container's cntr_ id, for the call items.
+func (t *translator) setContainer(id string) { t.container = id }
+
+// needsContainer reports whether an event of type typ would start a stand-in call while the
+// container id is not known yet.
+func (t *translator) needsContainer(typ string, data []byte) bool {
+	if t.container != "" {
+		return false
+	}
+	switch typ {
+	case "response.output_item.added":
+		return t.isOurs(gjson.GetBytes(data, "item"))
+	case "response.output_item.done":
+		return t.startsCall(int(gjson.GetBytes(data, "output_index").Int()), gjson.GetBytes(data, "item"))
+	default:
+		if _, ok := terminalOutcome(typ); !ok {
+			return false
+		}
+		needs := false
+		gjson.GetBytes(data, "response.output").ForEach(func(k, item gjson.Result) bool {
+			needs = t.startsCall(int(k.Int()), item)
+			return !needs
+		})
+		return needs
+	}
+}
+
+// startsCall reports whether a finished item at upstream output_index i is a stand-in call not
+// started yet.
+func (t *translator) startsCall(i int, item gjson.Result) bool {
+	if !t.isOurs(item) {
+		return false
+	}
+	return i < 0 || i >= len(t.slots) || t.slots[i] == nil || !t.slots[i].ours
+}
+
+// errTooDeep is an upstream event (or a non-streaming answer's Response, which arrives as one)
+// nesting deeper than jsondepth.Max: read no further, since gjson's validator recurses once per
+// level (see package jsondepth).
+var errTooDeep = fmt.Errorf("%w: JSON nested deeper than %d levels", upstream.ErrMalformed, jsondepth.Max)
+
+// event translates one upstream event into zero or more client events. An error wraps
+// upstream.ErrMalformed (the event cannot be read), or is errNeedContainer. Every event's depth
+// is bounded here, whichever implementation of the Responses seam delivered it, before anything
+// recursive sees it.
+func (t *translator) event(data []byte) ([]Event, error) {
+	if !jsondepth.Within(data, jsondepth.Max) {
+		return nil, errTooDeep
+	}
 	typ := gjson.GetBytes(data, "type").String()
+	if t.needsContainer(typ, data) {
+		return nil, errNeedContainer
+	}
+	if o, ok := terminalOutcome(typ); ok {
+		return t.terminal(o, data)
+	}
 	switch typ {
 	case "response.created", "response.in_progress", "response.queued":
 		resp := gjson.GetBytes(data, "response")
@@ -97,81 +211,85 @@ func (t *translator) upstream(data []byte) ([]Event, error) {
 		}
 		return t.announce(), nil
 	case "response.output_item.added":
-		return t.itemAdded(data)
+		return t.itemAdded(data), nil
 	case "response.output_item.done":
 		item := gjson.GetBytes(data, "item")
-		return t.itemDone(int(gjson.GetBytes(data, "output_index").Int()), []byte(item.Raw))
+		return t.itemDone(int(gjson.GetBytes(data, "output_index").Int()), []byte(item.Raw)), nil
 	case "response.function_call_arguments.delta", "response.function_call_arguments.done":
 		s := t.byID[gjson.GetBytes(data, "item_id").String()]
 		if oi := gjson.GetBytes(data, "output_index"); s == nil && oi.Exists() && int(oi.Int()) < len(t.slots) {
 			s = t.slots[oi.Int()] // an upstream that names items by index only
 		}
 		if s != nil && s.ours {
-			return t.argsEvent(s, typ, data)
-		}
-	case "response.completed", "response.incomplete", "response.failed":
-		resp := gjson.GetBytes(data, "response")
-		if !resp.IsObject() {
-			return nil, fmt.Errorf("%w: %s without a response", errUpstreamShape, typ)
-		}
-		// Items the stream never finished (a server that skips output_item.done) are finished
-		// from the final response, so no stand-in call is left unrun or shown raw.
-		var evs []Event
-		var err error
-		resp.Get("output").ForEach(func(k, item gjson.Result) bool {
-			i := int(k.Int())
-			if i < len(t.slots) && t.slots[i] != nil && t.slots[i].done {
-				return true
+			if typ == "response.function_call_arguments.delta" {
+				return t.feedArgs(s, gjson.GetBytes(data, "delta").String()), nil
 			}
-			var more []Event
-			more, err = t.itemDone(i, []byte(item.Raw))
-			evs = append(evs, more...)
-			return err == nil
-		})
-		t.finish(typ, []byte(resp.Raw))
-		return evs, err
+			return t.codeDone(s, gjson.GetBytes(data, "arguments").String()), nil
+		}
 	case "error":
-		t.errDetail = errorDetail(data)
-		return append(t.announce(), errorEvent(t.errDetail)), nil
+		t.errDetail = errorEventDetail(data)
+		return append(t.announce(), newErrorEvent(t.errDetail)), nil
 	}
 	return append(t.announce(), t.pass(data)), nil
 }
 
-// response feeds a complete (non-streaming) upstream Response through the same path as events.
-func (t *translator) response(body []byte) ([]Event, error) {
-	root := gjson.ParseBytes(body)
-	if !root.IsObject() || !root.Get("output").IsArray() {
-		return nil, fmt.Errorf("%w: no output in the response", errUpstreamShape)
+// terminal handles the event that ends an upstream call. Items the stream never finished (a
+// server that skips output_item.done, or a non-streaming answer, which has no other events) are
+// finished from the final Response, so no stand-in call is left unrun or shown raw.
+func (t *translator) terminal(o outcome, data []byte) ([]Event, error) {
+	resp := gjson.GetBytes(data, "response")
+	if !resp.IsObject() {
+		return nil, fmt.Errorf("%w: %s without a response", upstream.ErrMalformed, o.eventType())
 	}
-	t.skeleton = body
+	raw := []byte(resp.Raw)
+	if !t.announced {
+		// Nothing came before it (a non-streaming answer): its Response is the skeleton.
+		t.skeleton = raw
+	}
 	evs := t.announce()
-	var err error
-	root.Get("output").ForEach(func(k, item gjson.Result) bool {
-		var more []Event
-		more, err = t.itemDone(int(k.Int()), []byte(item.Raw))
-		evs = append(evs, more...)
-		return err == nil
+	resp.Get("output").ForEach(func(k, item gjson.Result) bool {
+		i := int(k.Int())
+		if i < len(t.slots) && t.slots[i] != nil && t.slots[i].done {
+			return true
+		}
+		evs = append(evs, t.itemDone(i, []byte(item.Raw))...)
+		return true
 	})
-	if err != nil {
-		return evs, err
+	if o != outcomeFailed && resp.Get("status").String() == "incomplete" {
+		o = outcomeIncomplete
 	}
-	typ := "response.completed"
-	switch root.Get("status").String() {
-	case "incomplete":
-		typ = "response.incomplete"
-	case "failed":
-		typ = "response.failed"
-	}
-	t.finish(typ, body)
+	t.final = raw
+	t.end = o
+	t.skeleton = raw
+	t.usage.add(resp.Get("usage"))
 	return evs, nil
 }
 
-func (t *translator) finish(typ string, resp []byte) {
-	t.final = resp
-	t.finalType = typ
-	t.skeleton = resp
-	t.usage.add(gjson.GetBytes(resp, "usage"))
+// ended reports whether the current upstream call delivered its final Response.
+func (t *translator) ended() bool { return t.final != nil }
+
+// answerEnded is told that the upstream's answer ended. It reports whether the call is complete:
+// it delivered its final Response, or an error event that the client has seen already (a stream
+// that ends after it fails).
+func (t *translator) answerEnded() bool {
+	if t.final != nil {
+		return true
+	}
+	if t.errDetail != nil {
+		t.end = outcomeFailed
+		return true
+	}
+	return false
 }
+
+// outcome returns how the current upstream call ended.
+func (t *translator) outcome() outcome { return t.end }
+
+// upstreamID returns the id of the current call's final upstream Response.
+func (t *translator) upstreamID() string { return gjson.GetBytes(t.final, "id").String() }
+
+// startedCalls reports whether a call item, and so the container id, reached the client.
+func (t *translator) startedCalls() bool { return t.started > 0 }
 
 // announce returns response.created and response.in_progress the first time it is called.
 func (t *translator) announce() []Event {
@@ -180,7 +298,7 @@ func (t *translator) announce() []Event {
 	}
 	t.announced = true
 	resp := t.patch(t.skeleton, "in_progress", []byte("[]"), false)
-	return []Event{responseEvent("response.created", resp), responseEvent("response.in_progress", resp)}
+	return []Event{newResponseEvent(evCreated, resp), newResponseEvent(evInProgress, resp)}
 }
 
 // slotAt returns the slot of upstream output_index i, creating it.
@@ -205,49 +323,41 @@ func (t *translator) slotAt(i int, upID string) *slot {
 	return s
 }
 
+// isOurs reports whether item calls the stand-in function. Without a code_interpreter tool in
+// the request, a function of that name is the client's own.
 func (t *translator) isOurs(item gjson.Result) bool {
-	return item.Get("type").String() == "function_call" && item.Get("name").String() == t.req.fn
+	return t.req.code && item.Get("type").String() == "function_call" && item.Get("name").String() == t.req.fn
 }
 
-func (t *translator) itemAdded(data []byte) ([]Event, error) {
+func (t *translator) itemAdded(data []byte) []Event {
 	evs := t.announce()
 	item := gjson.GetBytes(data, "item")
 	i := int(gjson.GetBytes(data, "output_index").Int())
 	s := t.slotAt(i, item.Get("id").String())
 	if !t.isOurs(item) {
-		if t.req.addedEncrypted && item.Get("type").String() == "reasoning" && item.Get("encrypted_content").Exists() {
+		if t.strip && item.Get("type").String() == "reasoning" && item.Get("encrypted_content").Exists() {
 			data, _ = sjson.SetRawBytes(data, "item", stripEncrypted([]byte(item.Raw)))
 		}
-		return append(evs, t.pass(data)), nil
+		return append(evs, t.pass(data))
 	}
-	s.ours = true
 	s.callID = item.Get("call_id").String()
-	s.dec = argstream.New("code")
-	more, err := t.startCall(s)
-	evs = append(evs, more...)
-	if err != nil {
-		return evs, err
-	}
+	evs = append(evs, t.startCall(s)...)
 	if a := item.Get("arguments").String(); a != "" {
 		evs = append(evs, t.feedArgs(s, a)...)
 	}
-	return evs, nil
+	return evs
 }
 
-// startCall announces a stand-in call as a code_interpreter_call.
-func (t *translator) startCall(s *slot) ([]Event, error) {
-	cid, err := t.containerID()
-	if err != nil {
-		return nil, err
-	}
-	s.container = cid
+// startCall announces a stand-in call as a code_interpreter_call, in the container handed over.
+func (t *translator) startCall(s *slot) []Event {
+	s.ours = true
+	s.dec = argstream.New("code")
 	s.ciID = t.mint("ci_")
-	s.added = true
-	t.calls = append(t.calls, s)
+	t.started++
 	return []Event{
-		itemEvent("response.output_item.added", s.index, ciItem(s.ciID, "in_progress", "", cid, nil, false)),
-		ciEvent("response.code_interpreter_call.in_progress", s.index, s.ciID, "", nil),
-	}, nil
+		newItemEvent(evItemAdded, s.index, ciItem(s.ciID, "in_progress", "", t.container, nil, false)),
+		newCallEvent(evCallInProgress, s.index, s.ciID),
+	}
 }
 
 // feedArgs streams a chunk of the call's arguments as code deltas.
@@ -255,16 +365,9 @@ func (t *translator) feedArgs(s *slot, chunk string) []Event {
 	s.args.WriteString(chunk)
 	if d := s.dec.Write(chunk); d != "" {
 		s.streamed.WriteString(d)
-		return []Event{ciEvent("response.code_interpreter_call_code.delta", s.index, s.ciID, "delta", jsonString(d))}
+		return []Event{{Type: evCallCodeDelta, minted: codeDeltaEvent{callEvent{head{Type: evCallCodeDelta}, s.index, s.ciID}, d}}}
 	}
 	return nil
-}
-
-func (t *translator) argsEvent(s *slot, typ string, data []byte) ([]Event, error) {
-	if typ == "response.function_call_arguments.delta" {
-		return t.feedArgs(s, gjson.GetBytes(data, "delta").String()), nil
-	}
-	return t.codeDone(s, gjson.GetBytes(data, "arguments").String()), nil
 }
 
 // codeDone fixes the call's code from its complete arguments. Arguments that were not streamed
@@ -291,10 +394,10 @@ func (t *translator) codeDone(s *slot, args string) []Event {
 		// Nothing runs; the client sees the code as far as it could be read.
 		s.code = s.streamed.String()
 	}
-	return append(evs, ciEvent("response.code_interpreter_call_code.done", s.index, s.ciID, "code", jsonString(s.code)))
+	return append(evs, Event{Type: evCallCodeDone, minted: codeDoneEvent{callEvent{head{Type: evCallCodeDone}, s.index, s.ciID}, s.code}})
 }
 
-func (t *translator) itemDone(i int, item []byte) ([]Event, error) {
+func (t *translator) itemDone(i int, item []byte) []Event {
 	evs := t.announce()
 	it := gjson.ParseBytes(item)
 	s := t.slotAt(i, it.Get("id").String())
@@ -302,21 +405,15 @@ func (t *translator) itemDone(i int, item []byte) ([]Event, error) {
 	s.upItem = item
 	if !t.isOurs(it) {
 		client := item
-		if t.req.addedEncrypted && it.Get("type").String() == "reasoning" {
+		if t.strip && it.Get("type").String() == "reasoning" {
 			client = stripEncrypted(item)
 		}
 		t.out[s.index] = client
-		return append(evs, itemEvent("response.output_item.done", s.index, client)), nil
+		return append(evs, newItemEvent(evItemDone, s.index, client))
 	}
 	if !s.ours {
-		s.ours = true
 		s.callID = it.Get("call_id").String()
-		s.dec = argstream.New("code")
-		more, err := t.startCall(s)
-		evs = append(evs, more...)
-		if err != nil {
-			return evs, err
-		}
+		evs = append(evs, t.startCall(s)...)
 	}
 	if id := it.Get("call_id").String(); id != "" {
 		s.callID = id
@@ -325,7 +422,7 @@ func (t *translator) itemDone(i int, item []byte) ([]Event, error) {
 	if !it.Get("arguments").Exists() {
 		args = s.args.String()
 	}
-	return append(evs, t.codeDone(s, args)...), nil
+	return append(evs, t.codeDone(s, args)...)
 }
 
 // pass forwards an upstream event with its output_index shifted.
@@ -336,18 +433,15 @@ func (t *translator) pass(data []byte) Event {
 			data, _ = sjson.SetBytes(data, "output_index", t.base+int(oi.Int()))
 		}
 	}
-	return Event{Type: typ, Data: data}
+	return Event{Type: typ, passed: data}
 }
 
-// ended reports whether the current upstream call delivered its final Response.
-func (t *translator) ended() bool { return t.final != nil }
-
-// pending returns the stand-in calls of the current upstream call, in output order.
-func (t *translator) pending() []*slot {
-	var out []*slot
-	for _, s := range t.slots {
+// calls returns the stand-in calls of the current upstream call, in output order.
+func (t *translator) calls() []standIn {
+	var out []standIn
+	for i, s := range t.slots {
 		if s != nil && s.ours {
-			out = append(out, s)
+			out = append(out, standIn{ref: i, ciID: s.ciID, callID: s.callID, code: s.code, parseErr: s.parseErr})
 		}
 	}
 	return out
@@ -398,137 +492,21 @@ func (t *translator) reasoned() bool {
 	return false
 }
 
-// interpreting returns the event sent before a call runs.
-func (t *translator) interpreting(s *slot) Event {
-	return ciEvent("response.code_interpreter_call.interpreting", s.index, s.ciID, "", nil)
+// interpreting returns the event sent before call ref runs (or is skipped).
+func (t *translator) interpreting(ref int) Event {
+	s := t.slots[ref]
+	return newCallEvent(evCallInterpreting, s.index, s.ciID)
 }
 
-// executed records a call's execution and returns its closing events.
-func (t *translator) executed(s *slot, ex execution) []Event {
-	s.exec = &ex
-	item := ciItem(s.ciID, ex.status, s.code, s.container, &ex, t.req.includeOutputs)
+// executed records call ref's execution and returns its closing events.
+func (t *translator) executed(ref int, ex execution) []Event {
+	s := t.slots[ref]
+	item := ciItem(s.ciID, ex.status, s.code, t.container, &ex, t.req.includeOutputs)
 	t.out[s.index] = item
 	return []Event{
-		ciEvent("response.code_interpreter_call.completed", s.index, s.ciID, "", nil),
-		itemEvent("response.output_item.done", s.index, item),
+		newCallEvent(evCallCompleted, s.index, s.ciID),
+		newItemEvent(evItemDone, s.index, item),
 	}
-}
-
-// completed returns the terminal event for a loop that ended normally.
-func (t *translator) completed() Event {
-	typ, status := "response.completed", "completed"
-	if gjson.GetBytes(t.final, "status").String() == "incomplete" || t.finalType == "response.incomplete" {
-		typ, status = "response.incomplete", "incomplete"
-	}
-	if t.finalType == "response.failed" {
-		return t.failed(nil)
-	}
-	return responseEvent(typ, t.patch(t.final, status, t.output(), true))
-}
-
-// failed returns the terminal event of a failed loop. detail is the error event's detail (nil:
-// the upstream's own error, if any).
-func (t *translator) failed(detail []byte) Event {
-	resp := t.patch(t.skeleton, "failed", t.output(), true)
-	var code, msg string
-	if detail != nil {
-		d := gjson.ParseBytes(detail)
-		code, msg = d.Get("code").String(), d.Get("message").String()
-		if code == "" {
-			code = d.Get("type").String()
-		}
-	} else if e := gjson.GetBytes(t.skeleton, "error"); e.IsObject() {
-		code, msg = e.Get("code").String(), e.Get("message").String()
-	}
-	if code == "" {
-		code = "server_error"
-	}
-	if msg == "" {
-		msg = "The response failed."
-	}
-	e := []byte(`{"code":` + string(jsonString(code)) + `,"message":` + string(jsonString(msg)) + `}`)
-	resp, _ = sjson.SetRawBytes(resp, "error", e)
-	return responseEvent("response.failed", resp)
-}
-
-// upstreamError returns the error of the upstream's failed Response as an error event detail.
-func (t *translator) upstreamError() []byte {
-	e := gjson.GetBytes(t.final, "error")
-	code := e.Get("code").String()
-	if code == "" {
-		code = "server_error"
-	}
-	msg := e.Get("message").String()
-	if msg == "" {
-		msg = "The response failed."
-	}
-	return []byte(`{"type":` + string(jsonString(code)) + `,"code":` + string(jsonString(code)) + `,"message":` + string(jsonString(msg)) + `,"param":null}`)
-}
-
-// output renders the client-visible output list. Items still in progress (a failure cut them
-// short) are left out.
-func (t *translator) output() []byte {
-	size := 2
-	for _, it := range t.out {
-		size += len(it) + 1
-	}
-	b := make([]byte, 0, size)
-	b = append(b, '[')
-	for _, it := range t.out {
-		if it != nil {
-			b = appendElem(b, it)
-		}
-	}
-	return append(b, ']')
-}
-
-// patch returns resp (an upstream Response, possibly nil) as the client's Response: the proxy's
-// id, the client's model, tools and tool_choice, the given status and output, and (when
-// withUsage) the usage summed over the loop.
-func (t *translator) patch(resp []byte, status string, output []byte, withUsage bool) []byte {
-	if !gjson.ValidBytes(resp) || !gjson.ParseBytes(resp).IsObject() {
-		resp = []byte(`{"id":"","object":"response","created_at":0,"status":"","error":null,"incomplete_details":null,"output":[],"usage":null}`)
-	}
-	set := func(path string, raw []byte) {
-		if raw == nil {
-			return
-		}
-		if out, err := sjson.SetRawBytes(resp, path, raw); err == nil {
-			resp = out
-		}
-	}
-	set("id", jsonString(t.id))
-	if t.createdAt == 0 {
-		t.createdAt = gjson.GetBytes(resp, "created_at").Int()
-	}
-	set("created_at", []byte(strconv.FormatInt(t.createdAt, 10)))
-	set("status", jsonString(status))
-	if status != "failed" && gjson.GetBytes(resp, "error").Exists() {
-		set("error", []byte("null"))
-	}
-	set("model", t.req.model)
-	set("tools", t.req.tools)
-	if t.req.toolChoice != nil {
-		set("tool_choice", t.req.toolChoice)
-	} else {
-		set("tool_choice", []byte(`"auto"`))
-	}
-	if t.req.previousID != nil {
-		set("previous_response_id", t.req.previousID)
-	} else if gjson.GetBytes(resp, "previous_response_id").Exists() {
-		set("previous_response_id", []byte("null"))
-	}
-	set("max_tool_calls", t.req.maxToolCallsRaw)
-	set("output", output)
-	switch {
-	case withUsage && t.usage.seen:
-		set("usage", t.usage.json())
-	case !withUsage && gjson.GetBytes(resp, "usage").Exists():
-		// An in-progress response has no usage yet, even when its skeleton came from an
-		// upstream's finished (JSON) answer.
-		set("usage", []byte("null"))
-	}
-	return resp
 }
 
 // stripEncrypted removes encrypted_content that the proxy asked for on its own behalf.
@@ -538,79 +516,4 @@ func stripEncrypted(item []byte) []byte {
 		return item
 	}
 	return out
-}
-
-// errorDetail returns the detail of an upstream error event in the nested shape.
-func errorDetail(data []byte) []byte {
-	if e := gjson.GetBytes(data, "error"); e.IsObject() {
-		return []byte(e.Raw)
-	}
-	ev := gjson.ParseBytes(data)
-	code := ev.Get("code")
-	typ := code.String()
-	if typ == "" {
-		typ = "server_error"
-	}
-	b := []byte(`{"type":` + string(jsonString(typ)) + `,"code":`)
-	if code.Exists() {
-		b = append(b, code.Raw...)
-	} else {
-		b = append(b, "null"...)
-	}
-	b = append(b, `,"message":`...)
-	b = appendJSONString(b, ev.Get("message").String())
-	b = append(b, `,"param":`...)
-	if p := ev.Get("param"); p.Exists() {
-		b = append(b, p.Raw...)
-	} else {
-		b = append(b, "null"...)
-	}
-	return append(b, '}')
-}
-
-// usage is token usage summed over the loop's upstream calls.
-type usage struct {
-	seen                   bool
-	in, cached, cacheWrite int64
-	out, reasoning, total  int64
-	hasCacheWrite          bool
-}
-
-func (u *usage) add(r gjson.Result) {
-	if !r.IsObject() {
-		return
-	}
-	u.seen = true
-	u.in += r.Get("input_tokens").Int()
-	u.cached += r.Get("input_tokens_details.cached_tokens").Int()
-	if cw := r.Get("input_tokens_details.cache_write_tokens"); cw.Exists() {
-		u.hasCacheWrite = true
-		u.cacheWrite += cw.Int()
-	}
-	u.out += r.Get("output_tokens").Int()
-	u.reasoning += r.Get("output_tokens_details.reasoning_tokens").Int()
-	if tt := r.Get("total_tokens"); tt.Exists() {
-		u.total += tt.Int()
-	} else {
-		u.total += r.Get("input_tokens").Int() + r.Get("output_tokens").Int()
-	}
-}
-
-func (u *usage) json() []byte {
-	b := make([]byte, 0, 192)
-	b = append(b, `{"input_tokens":`...)
-	b = strconv.AppendInt(b, u.in, 10)
-	b = append(b, `,"input_tokens_details":{"cached_tokens":`...)
-	b = strconv.AppendInt(b, u.cached, 10)
-	if u.hasCacheWrite {
-		b = append(b, `,"cache_write_tokens":`...)
-		b = strconv.AppendInt(b, u.cacheWrite, 10)
-	}
-	b = append(b, `},"output_tokens":`...)
-	b = strconv.AppendInt(b, u.out, 10)
-	b = append(b, `,"output_tokens_details":{"reasoning_tokens":`...)
-	b = strconv.AppendInt(b, u.reasoning, 10)
-	b = append(b, `},"total_tokens":`...)
-	b = strconv.AppendInt(b, u.total, 10)
-	return append(b, '}')
 }

@@ -3,6 +3,7 @@ package intercept
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -32,14 +33,16 @@ func TestTranslateGolden(t *testing.T) {
 	if len(ups) == 0 {
 		t.Fatal("no golden cases")
 	}
-	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: sharedProvider, Backend: "local"})
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: sandboxes.Provider(t), Backend: "local"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sess := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
 	defer sess.Close(context.Background())
 	e := New(Options{Sessions: sess})
-	ic := config.Interception{Enabled: true, FunctionName: "python", MaxIterations: 20, ExecutionTimeout: 20 * time.Second, ModelOutputLimit: 16384, ContainerIdleTimeout: time.Minute}
+	ic := config.Defaults().Interception
+	ic.ExecutionTimeout = 20 * time.Second
+	ic.ContainerIdleTimeout = time.Minute
 	// One container serves every case: kernel start-ups dominate the test's time.
 	c, err := sess.Create(context.Background(), "local", "golden", sandbox.CreateOptions{}, time.Minute)
 	if err != nil {
@@ -59,18 +62,23 @@ func TestTranslateGolden(t *testing.T) {
 				bodies = append(bodies, []byte(part))
 			}
 			client := []byte(`{"model":"gpt-test","input":"x","stream":true,"include":["code_interpreter_call.outputs"],"tools":[{"type":"code_interpreter","container":"` + c.ID() + `"}]}`)
-			req, aerr := parseRequest(client, ic, lookup{ctx: context.Background()})
+			req, aerr := parseRequest(client, ic)
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
+			req.resolve(lookup{ctx: context.Background()})
 			w := httptest.NewRecorder()
 			rend := newSSERenderer(w, zap.NewNop())
-			r := &run{e: e, ic: ic, tool: "local", target: &cannedPoster{bodies: bodies, stream: true}, caller: "golden",
-				req: req, hdr: http.Header{}, emit: rend.emit, stored: map[string]StoredCall{}}
-			ctx := context.Background()
-			r.tr = newTranslator(req, "resp_golden", 0, func() (string, error) { return r.containerID(ctx) })
 			n := 0
-			r.tr.mint = func(prefix string) string { n++; return fmt.Sprintf("%sgolden%d", prefix, n) }
+			mint := func(prefix string) string {
+				if prefix == "resp_" {
+					return "resp_golden"
+				}
+				n++
+				return fmt.Sprintf("%sgolden%d", prefix, n)
+			}
+			r := e.newRun(ic, "local", &cannedUpstream{bodies: bodies, stream: true}, "golden", http.Header{}, req, rend.emit, mint)
+			ctx := context.Background()
 			if aerr := r.startContainer(ctx); aerr != nil {
 				t.Fatal(aerr)
 			}
@@ -125,33 +133,78 @@ func TestTranslatorLenientUpstreams(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Interception{}, lookup{ctx: context.Background()})
+			req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception)
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
-			tr := newTranslator(req, "resp_t", 1, func() (string, error) { return "cntr_t", nil })
-			tr.begin()
+			req.resolve(lookup{ctx: context.Background()})
+			tr := newTranslator(req, "resp_t", 1, nil)
+			tr.begin(false)
+			asked := 0
 			var code strings.Builder
 			for _, ev := range tt.events {
-				evs, err := tr.upstream([]byte(ev))
+				evs, err := tr.event([]byte(ev))
+				if errors.Is(err, errNeedContainer) {
+					if len(evs) != 0 {
+						t.Fatalf("events %v beside errNeedContainer", evs)
+					}
+					asked++
+					tr.setContainer("cntr_t") // as the loop does, once the container is open
+					evs, err = tr.event([]byte(ev))
+				}
 				if err != nil {
 					t.Fatal(err)
 				}
 				for _, e := range evs {
-					if strings.Contains(string(e.Data), `"python"`) {
-						t.Errorf("the stand-in leaked: %s", e.Data)
+					data := e.appendJSON(nil, 0)
+					if strings.Contains(string(data), `"python"`) {
+						t.Errorf("the stand-in leaked: %s", data)
+					}
+					if strings.Contains(string(data), `"container_id":""`) {
+						t.Errorf("a call item without its container: %s", data)
 					}
 					if e.Type == "response.code_interpreter_call_code.delta" {
-						code.WriteString(gjsonString(e.Data, "delta"))
+						code.WriteString(gjsonString(data, "delta"))
 					}
 				}
 			}
-			p := tr.pending()
+			p := tr.calls()
 			if !tr.ended() || len(p) != 1 || p[0].code != "1+1" || p[0].callID != "call_1" || code.String() != "1+1" {
-				t.Fatalf("ended %v, pending %d, deltas %q", tr.ended(), len(p), code.String())
+				t.Fatalf("ended %v, calls %d, deltas %q", tr.ended(), len(p), code.String())
+			}
+			if asked != 1 {
+				t.Errorf("the container was asked for %d times; want once, before the call started", asked)
 			}
 		})
 	}
 }
 
 func gjsonString(data []byte, path string) string { return gjson.GetBytes(data, path).String() }
+
+// TestTranslatorNeedsNoContainerWithoutACall: text and the client's own calls never make the
+// translator ask for the container, so a request that runs no code never waits for one.
+func TestTranslatorNeedsNoContainerWithoutACall(t *testing.T) {
+	req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception)
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	req.resolve(lookup{ctx: context.Background()})
+	tr := newTranslator(req, "resp_t", 1, nil)
+	tr.begin(false)
+	weather := `{"id":"fc_1","type":"function_call","status":"completed","arguments":"{}","call_id":"call_1","name":"get_weather"}`
+	for _, ev := range []string{
+		`{"type":"response.created","response":{"id":"up_1","status":"in_progress","output":[]}}`,
+		`{"type":"response.output_item.added","output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","content":[],"role":"assistant"}}`,
+		`{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":"hi"}`,
+		`{"type":"response.output_item.added","output_index":1,"item":` + weather + `}`,
+		`{"type":"response.output_item.done","output_index":1,"item":` + weather + `}`,
+		`{"type":"response.completed","response":{"id":"up_1","status":"completed","output":[{"id":"msg_1","type":"message","status":"completed","content":[],"role":"assistant"},` + weather + `]}}`,
+	} {
+		if _, err := tr.event([]byte(ev)); err != nil {
+			t.Fatalf("event(%s) = %v", ev, err)
+		}
+	}
+	if !tr.ended() || len(tr.calls()) != 0 || !tr.clientCalls() {
+		t.Errorf("ended %v, stand-in calls %d, client calls %v; want ended, none, the client's", tr.ended(), len(tr.calls()), tr.clientCalls())
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -28,7 +29,7 @@ func BenchmarkPassthrough(b *testing.B) {
 	cfg := testConfig(up.URL+"/v1", func(c *config.Config) { c.General.MasterKey = masterKey })
 	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel))
 	srv := httptest.NewServer(New(Options{
-		Store:    config.NewStore(cfg),
+		Store:    snapshot.NewStore(&snapshot.Snapshot{Config: cfg}),
 		Client:   upstream.NewClient(upstream.ClientOptions{Logger: log}),
 		Balancer: upstream.NewBalancer(),
 		Logger:   log,

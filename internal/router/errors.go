@@ -8,15 +8,18 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
 // handlerFunc is a handler that reports failure by returning an error instead of writing it.
 type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 
-// handle adapts h to http.Handler. A returned error is written in one place: an *apierror.Error in
-// its chain is sent as it is (its cause only logged); anything else becomes a generic 500 whose
-// details reach the log only. When the response has already started, nothing more can be sent
-// honestly, so the error is logged instead. A request whose client went away is not an error.
+// handle adapts h to http.Handler. A returned error is written in one place: an upstream's own
+// error answer (*upstream.StatusError, as the interceptor returns it) is sent as it came, as
+// pass-through would have sent it; an *apierror.Error in the chain is sent as it is (its cause
+// only logged); anything else becomes a generic 500 whose details reach the log only. When the
+// response has already started, nothing more can be sent honestly, so the error is logged
+// instead. A request whose client went away is not an error.
 func (s *server) handle(h handlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ww := wrapWriter(w)
@@ -26,6 +29,15 @@ func (s *server) handle(h handlerFunc) http.HandlerFunc {
 		}
 		if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 			return // the client left; the access log records 499
+		}
+		var us *upstream.StatusError
+		if errors.As(err, &us) && !ww.started() {
+			if us.Status >= 500 {
+				s.log.Warn("upstream failed", zap.String("request_id", RequestID(r.Context())),
+					zap.String("path", r.URL.Path), zap.Int("status", us.Status))
+			}
+			us.Write(ww)
+			return
 		}
 		e := apierror.From(err)
 		fields := []zap.Field{

@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/intercept"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -48,6 +51,10 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 	if err != nil {
 		return nil, err
 	}
+	if !jsondepth.Within(body, jsondepth.Max) {
+		return nil, apierror.BadRequest(fmt.Sprintf("The JSON body of your request nests deeper than %d levels of arrays and objects.", jsondepth.Max), "", "")
+	}
+	// The depth is bounded now, so gjson's recursive validator is safe.
 	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() {
 		return nil, apierror.BadRequest("We could not parse the JSON body of your request. The API expects a JSON object.", "", "")
 	}
@@ -64,15 +71,25 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 	return &resolved{cfg: cfg, body: body, model: m.Str, deps: deps, target: s.client.Target(deps)}, nil
 }
 
-// responses serves POST /v1/responses: the interceptor first, pass-through otherwise.
+// responses serves POST /v1/responses: the interceptor when it handles the request, pass-through
+// otherwise. The interceptor reaches the model's upstream through the Responses seam; the target
+// is the implementation for an upstream that speaks the Responses API.
 func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 	req, err := s.resolve(w, r)
 	if err != nil {
 		return err
 	}
-	if s.interceptor != nil &&
-		s.interceptor.ServeResponses(w, r, req.cfg, req.target, req.deps[0].Provider, req.body, Caller(r.Context())) {
-		return nil
+	if s.interceptor != nil {
+		ir := &intercept.Request{
+			Config:   req.cfg,
+			Body:     req.body,
+			Upstream: req.target,
+			Provider: req.deps[0].Provider,
+			Caller:   Caller(r.Context()),
+		}
+		if s.interceptor.Handles(ir) {
+			return s.interceptor.ServeResponses(w, r, ir)
+		}
 	}
 	req.target.Proxy(w, r, req.body)
 	return nil
@@ -92,8 +109,8 @@ func (s *server) modelPassthrough(w http.ResponseWriter, r *http.Request) error 
 // storedResponse serves GET and DELETE /v1/responses/{id}: the interceptor answers for the ids it
 // minted; every other id goes to byID.
 func (s *server) storedResponse(w http.ResponseWriter, r *http.Request) error {
-	if s.interceptor != nil && s.interceptor.ServeStored(w, r, chi.URLParam(r, "id"), Caller(r.Context())) {
-		return nil
+	if id := chi.URLParam(r, "id"); s.interceptor != nil && s.interceptor.Minted(r.Context(), id) {
+		return s.interceptor.ServeStored(w, r, id, Caller(r.Context()))
 	}
 	return s.byID(w, r)
 }

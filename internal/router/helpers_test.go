@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -85,7 +86,7 @@ type proxy struct {
 	*httptest.Server
 	logs  *observer.ObservedLogs
 	reg   *prometheus.Registry
-	store *config.Store
+	store *snapshot.Store
 }
 
 func newProxy(t *testing.T, cfg *config.Config, mutate ...func(*Options)) *proxy {
@@ -94,7 +95,7 @@ func newProxy(t *testing.T, cfg *config.Config, mutate ...func(*Options)) *proxy
 	log := zap.New(core)
 	reg := prometheus.NewRegistry()
 	opts := Options{
-		Store:    config.NewStore(cfg),
+		Store:    snapshot.NewStore(&snapshot.Snapshot{Config: cfg}),
 		Client:   upstream.NewClient(upstream.ClientOptions{Logger: log}),
 		Balancer: upstream.NewBalancer(),
 		Logger:   log,

@@ -8,6 +8,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ciproxy/ciproxy/internal/promreg"
 )
 
 // Metrics are the router's Prometheus collectors. Create them once per registry with NewMetrics;
@@ -19,8 +21,8 @@ type Metrics struct {
 	reloads  *prometheus.CounterVec
 }
 
-// NewMetrics creates the router's collectors and registers them on reg. It panics if they are
-// already registered there, as prometheus.MustRegister does.
+// NewMetrics creates the router's collectors and registers them on reg; collectors already
+// registered there are reused (promreg).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -41,7 +43,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Configuration reload attempts, by result (success or failure).",
 		}, []string{"result"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.inFlight, m.reloads)
+	m.requests = promreg.Register(reg, m.requests)
+	m.duration = promreg.Register(reg, m.duration)
+	m.inFlight = promreg.Register(reg, m.inFlight)
+	m.reloads = promreg.Register(reg, m.reloads)
 	// Both series exist from the start, so a rate() over a failure counter works before any failure.
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")

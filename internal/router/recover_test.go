@@ -1,14 +1,14 @@
 package router
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 
-	"github.com/ciproxy/ciproxy/internal/config"
-	"github.com/ciproxy/ciproxy/internal/upstream"
+	"github.com/ciproxy/ciproxy/internal/intercept"
 )
 
 // panicking is an interceptor that panics with value, after writing a partial response if partial.
@@ -17,9 +17,11 @@ type panicking struct {
 	partial bool
 }
 
-func (panicking) ServeStored(http.ResponseWriter, *http.Request, string, string) bool { return false }
+func (panicking) Handles(*intercept.Request) bool                                      { return true }
+func (panicking) Minted(context.Context, string) bool                                  { return false }
+func (panicking) ServeStored(http.ResponseWriter, *http.Request, string, string) error { return nil }
 
-func (p panicking) ServeResponses(w http.ResponseWriter, _ *http.Request, _ *config.Config, _ *upstream.Target, _ string, _ []byte, _ string) bool {
+func (p panicking) ServeResponses(w http.ResponseWriter, _ *http.Request, _ *intercept.Request) error {
 	if p.partial {
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, "event: response.created\ndata: {}\n\n")

@@ -13,31 +13,45 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/intercept"
+	"github.com/ciproxy/ciproxy/internal/snapshot"
+	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
-// Interceptor runs OpenAI's code_interpreter tool in the proxy. ServeResponses is called for every
-// POST /v1/responses after authentication, body read and model resolution; it returns false, having
-// written nothing, when the request is not for it, and pass-through follows.
+// Interceptor runs OpenAI's code_interpreter tool in the proxy (*intercept.Engine). Its methods
+// are called concurrently, from the request's goroutine.
 //
-// ServeStored is called for GET and DELETE /v1/responses/{id} before pass-through: it answers for
-// the response ids it minted (the upstream has never heard of them) and returns false, having
-// written nothing, for any other id.
+// Every POST /v1/responses, once authenticated, its body read and its model resolved, is offered
+// to Handles; a request it accepts goes to ServeResponses, any other passes through. An error from
+// ServeResponses means nothing was written, and handle writes it (the one error path); once the
+// response has started, failures are the interceptor's to end in its own stream.
+//
+// GET and DELETE /v1/responses/{id} go to ServeStored when Minted reports that the id is one the
+// interceptor minted (the upstream has never heard of it); every other id passes through.
+// ServeStored's errors are written the same way.
 type Interceptor interface {
-	ServeResponses(w http.ResponseWriter, r *http.Request, cfg *config.Config, target *upstream.Target, provider string, body []byte, caller string) bool
-	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) bool
+	Handles(req *intercept.Request) bool
+	ServeResponses(w http.ResponseWriter, r *http.Request, req *intercept.Request) error
+	Minted(ctx context.Context, id string) bool
+	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error
 }
+
+var _ Interceptor = (*intercept.Engine)(nil)
 
 // Options configures New. Store, Client and Balancer are required; New panics without them.
 type Options struct {
-	// Store holds the live configuration; each request loads one snapshot from it.
-	Store *config.Store
+	// Store holds the live configuration and sandbox registry; each request holds one snapshot of
+	// them, from its first middleware to its last byte.
+	Store *snapshot.Store
 	// Client sends requests upstream.
 	Client *upstream.Client
 	// Balancer orders a model's deployments for each request.
 	Balancer *upstream.Balancer
 	// Interceptor is offered every POST /v1/responses first. Nil: pass-through only.
 	Interceptor Interceptor
+	// Files stores the Files API's files (/v1/files). Nil: the Files API is not served.
+	Files store.Files
 	// Logger receives the access log and error details. Nil: no logging.
 	Logger *zap.Logger
 	// Registry is where the router's metrics are registered and what /metrics serves.
@@ -56,10 +70,11 @@ type Options struct {
 
 // server holds what the handlers share. It is immutable after New.
 type server struct {
-	store       *config.Store
+	store       *snapshot.Store
 	client      *upstream.Client
 	balancer    *upstream.Balancer
 	interceptor Interceptor
+	files       store.Files
 	log         *zap.Logger
 	metrics     *Metrics
 	ready       func() bool
@@ -78,6 +93,7 @@ func New(opts Options) http.Handler {
 		client:      opts.Client,
 		balancer:    opts.Balancer,
 		interceptor: opts.Interceptor,
+		files:       opts.Files,
 		log:         opts.Logger,
 		metrics:     opts.Metrics,
 		ready:       opts.Ready,
@@ -113,6 +129,12 @@ func New(opts Options) http.Handler {
 	r.Get("/healthz", healthz)
 	r.Get("/readyz", s.readyz)
 	r.With(auth).Method(http.MethodGet, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if s.files != nil {
+		// Uploads are bounded by max_file_upload_size, not max_request_body_size, and streamed to
+		// the store, so they skip bodyLimit.
+		r.With(auth).Post("/v1/files", s.handle(s.createFile))
+		r.With(auth).Post("/files", s.handle(s.createFile))
+	}
 
 	r.Route("/v1", func(v chi.Router) {
 		v.Use(auth, bodyLimit)
@@ -139,20 +161,28 @@ func (s *server) api(r chi.Router) {
 	r.Post("/embeddings", s.handle(s.modelPassthrough))
 	r.Get("/models", s.handle(s.models))
 	r.Get("/models/*", s.handle(s.model)) // a wildcard: model names may contain "/"
+	if s.files != nil {
+		r.Get("/files", s.handle(s.listFiles))
+		r.Get("/files/{id}", s.handle(s.getFile))
+		r.Delete("/files/{id}", s.handle(s.deleteFile))
+		r.Get("/files/{id}/content", s.handle(s.fileContent))
+	}
 }
 
-type ctxKeyConfig struct{}
-
-// snapshot loads the configuration once for the request; everything below reads that snapshot.
+// snapshot holds the configuration snapshot (config and sandbox registry) for the whole request;
+// everything below reads that snapshot, the interceptor's sandboxes included (snapshot.NewContext).
 func (s *server) snapshot(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		cfg := s.store.Load()
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKeyConfig{}, cfg)))
+		snap := s.store.Acquire()
+		defer s.store.Release(snap)
+		next.ServeHTTP(w, r.WithContext(snapshot.NewContext(r.Context(), snap)))
 	})
 }
 
 // configFrom returns the request's configuration snapshot, or nil when none is loaded.
 func configFrom(ctx context.Context) *config.Config {
-	c, _ := ctx.Value(ctxKeyConfig{}).(*config.Config)
-	return c
+	if snap := snapshot.FromContext(ctx); snap != nil {
+		return snap.Config
+	}
+	return nil
 }

@@ -2,7 +2,9 @@ package router
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -12,7 +14,9 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -299,41 +303,55 @@ func TestReadiness(t *testing.T) {
 	}
 }
 
-// interceptCall is what one ServeResponses call received.
+// interceptCall is what one Handles call received.
 type interceptCall struct {
 	cfg      *config.Config
-	target   *upstream.Target
+	target   upstream.ResponsesAPI
 	provider string
 	body     string
 	caller   string
 }
 
-// recordingInterceptor claims requests whose input is "intercept me" and records its arguments.
+// recordingInterceptor claims requests whose input is "intercept me" (answering them), "fail me"
+// (failing with a client error) or "upstream error" (failing with an upstream's 429), and
+// records what Handles was given.
 type recordingInterceptor struct {
 	mu    sync.Mutex
 	calls []interceptCall
 }
 
-func (ri *recordingInterceptor) ServeResponses(w http.ResponseWriter, r *http.Request, cfg *config.Config, target *upstream.Target, provider string, body []byte, caller string) bool {
+func (ri *recordingInterceptor) Handles(req *intercept.Request) bool {
 	ri.mu.Lock()
-	ri.calls = append(ri.calls, interceptCall{cfg, target, provider, string(body), caller})
+	ri.calls = append(ri.calls, interceptCall{req.Config, req.Upstream, req.Provider, string(req.Body), req.Caller})
 	ri.mu.Unlock()
-	if gjson.GetBytes(body, "input").Str != "intercept me" {
-		return false
+	switch gjson.GetBytes(req.Body, "input").Str {
+	case "intercept me", "fail me", "upstream error":
+		return true
+	}
+	return false
+}
+
+func (ri *recordingInterceptor) ServeResponses(w http.ResponseWriter, r *http.Request, req *intercept.Request) error {
+	switch gjson.GetBytes(req.Body, "input").Str {
+	case "fail me":
+		return apierror.BadRequest("Refused by the interceptor.", "input", "refused")
+	case "upstream error":
+		return fmt.Errorf("calling upstream: %w", &upstream.StatusError{Status: http.StatusTooManyRequests,
+			Header: http.Header{"Content-Type": {"application/json"}, "Retry-After": {"7"}},
+			Body:   []byte(`{"error":{"message":"Slow down.","type":"rate_limit_exceeded","param":null,"code":"rate_limit_exceeded"}}`)})
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write([]byte(`{"object":"response","intercepted":true}`))
-	return true
+	return nil
 }
 
-// ServeStored claims the id "resp_ours" and lets every other id pass through.
-func (ri *recordingInterceptor) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) bool {
-	if id != "resp_ours" {
-		return false
-	}
+// Minted claims the id "resp_ours" and lets every other id pass through.
+func (ri *recordingInterceptor) Minted(_ context.Context, id string) bool { return id == "resp_ours" }
+
+func (ri *recordingInterceptor) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write([]byte(`{"id":"resp_ours","stored":true,"method":"` + r.Method + `","caller":"` + caller + `"}`))
-	return true
+	return nil
 }
 
 func (ri *recordingInterceptor) recorded() []interceptCall {
@@ -372,6 +390,16 @@ func TestInterceptor(t *testing.T) {
 	status, _, _ = p.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"gpt-test","input":"intercept me"}`)
 	if n := len(ri.recorded()); status != http.StatusOK || n != 2 {
 		t.Errorf("chat completions = %d, interceptor calls %d; only /responses may reach the interceptor", status, n)
+	}
+
+	// The interceptor's errors before the first byte are written by the router's error path.
+	status, _, got = p.do(t, http.MethodPost, "/v1/responses", `{"model":"gpt-test","input":"fail me"}`)
+	if _, typ, param, code := decodeError(t, got); status != http.StatusBadRequest || typ != "invalid_request_error" || param != "input" || code != "refused" {
+		t.Errorf("a refused request = %d %s; want the interceptor's 400", status, got)
+	}
+	status, hdr, got := p.do(t, http.MethodPost, "/v1/responses", `{"model":"gpt-test","input":"upstream error"}`)
+	if status != http.StatusTooManyRequests || hdr.Get("Retry-After") != "7" || gjson.GetBytes(got, "error.code").Str != "rate_limit_exceeded" {
+		t.Errorf("an upstream's error = %d %v %s; want its 429, body and Retry-After as they came", status, hdr, got)
 	}
 
 	// Stored responses: the interceptor answers for its own ids, the upstream for the others.

@@ -10,7 +10,7 @@ import (
 	"testing/iotest"
 )
 
-// Transcripts as e2b's code-interpreter server writes them (spec/e2b.md section 3).
+// Transcripts as e2b's code-interpreter server writes them (docs/wire-e2b.md).
 const (
 	transcriptHello = `{"type": "number_of_executions", "execution_count": 1}
 {"type": "stdout", "text": "hi\n", "timestamp": "2026-08-21T18:51:27.123456+00:00"}

@@ -1,10 +1,11 @@
 package sandbox
 
 import (
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ciproxy/ciproxy/internal/promreg"
 )
 
 // Operation names used as the "op" label.
@@ -39,26 +40,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Sandbox operations that returned an error, by op and tool.",
 		}, []string{"op", "tool"}),
 	}
-	if reg != nil {
-		m.live = register(reg, m.live)
-		m.duration = register(reg, m.duration)
-		m.failures = register(reg, m.failures)
-	}
+	m.live = promreg.Register(reg, m.live)
+	m.duration = promreg.Register(reg, m.duration)
+	m.failures = promreg.Register(reg, m.failures)
 	return m
-}
-
-// register registers c, or returns the collector already registered under its name (a second
-// Sessions on the same registry, as in tests).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-	}
-	return c
 }
 
 // observe records one operation that started at start (wall clock: latency is measured for real

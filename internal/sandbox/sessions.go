@@ -41,7 +41,8 @@ type SessionOptions struct {
 	Key []byte
 	// Now is the clock for expiry (default time.Now). Tests inject one.
 	Now func() time.Time
-	// Registry returns the current sandbox tools (a reload swaps it). Required.
+	// Registry returns the current sandbox tools (a reload swaps it), for calls whose context carries
+	// no registry of its own (WithRegistry). Nil: none.
 	Registry func() *Registry
 	// Logger, nil for none.
 	Logger *zap.Logger
@@ -167,7 +168,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	if closed {
 		return nil, fmt.Errorf("%w: shutting down", ErrUnavailable)
 	}
-	ent, ok := s.opts.Registry().entry(tool)
+	ent, ok := s.registry(ctx).entry(tool)
 	if !ok {
 		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", ErrUnavailable, tool)
 	}
@@ -268,7 +269,7 @@ func (s *Sessions) Open(ctx context.Context, id, owner string) (*Container, erro
 // revive rebuilds a container this process does not hold from its token.
 func (s *Sessions) revive(ctx context.Context, id string, tok Token) (*Container, error) {
 	tool := tok.Handle.Tool
-	ent, ok := s.opts.Registry().entry(tool)
+	ent, ok := s.registry(ctx).entry(tool)
 	if !ok || ent.Backend != "" && ent.Backend != tok.Handle.Backend {
 		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", ErrNotFound, tool)
 	}

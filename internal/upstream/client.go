@@ -1,5 +1,7 @@
 // Package upstream is the HTTP side that faces model providers: the tuned client, round-robin
-// balancing and failover over a model's deployments, byte-preserving passthrough, and the SSE reader.
+// balancing and failover over a model's deployments, byte-preserving passthrough, the SSE reader,
+// and the Responses seam (ResponsesAPI, responses.go) through which the intercept engine reaches
+// an upstream whatever API it speaks.
 package upstream
 
 import (

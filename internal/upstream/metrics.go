@@ -1,11 +1,12 @@
 package upstream
 
 import (
-	"errors"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ciproxy/ciproxy/internal/promreg"
 )
 
 // Metrics counts upstream traffic. A nil *Metrics is valid and records nothing. Labels are the
@@ -18,44 +19,28 @@ type Metrics struct {
 }
 
 // NewMetrics creates the upstream metrics and registers them with reg (nil: not registered).
-// Registering twice with the same registry reuses the collectors already there, so a Client may be
-// rebuilt without a panic.
+// Registering twice with the same registry reuses the collectors already there (promreg), so a
+// Client may be rebuilt.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return &Metrics{
-		requests: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		requests: promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ciproxy_upstream_requests_total",
 			Help: "Upstream requests that got a response, by provider and status class (2xx, 4xx, 5xx...).",
 		}, []string{"provider", "class"})),
-		errors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		errors: promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ciproxy_upstream_errors_total",
 			Help: "Failed upstream attempts by provider and kind: connect, 5xx, canceled (the caller went away).",
 		}, []string{"provider", "kind"})),
-		failovers: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		failovers: promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ciproxy_upstream_failovers_total",
 			Help: "Attempts made on a further deployment after an earlier one failed, by the provider tried.",
 		}, []string{"provider"})),
-		firstByte: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		firstByte: promreg.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ciproxy_upstream_first_byte_seconds",
 			Help:    "Time from sending an upstream request to its response headers.",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 		}, []string{"provider"})),
 	}
-}
-
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if reg == nil {
-		return c
-	}
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		panic(err) // a name clash with a different metric is a programming error
-	}
-	return c
 }
 
 func (m *Metrics) answered(provider string, status int, took time.Duration) {

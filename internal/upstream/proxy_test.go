@@ -32,21 +32,6 @@ func gzipped(t testing.TB, s string) []byte {
 	return buf.Bytes()
 }
 
-// eventually polls cond until it holds or a deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(5 * time.Second)
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 func TestProxyPassesBytesThrough(t *testing.T) {
 	jsonBody := "{\n  \"id\" : \"resp_1\",\"output\":[ ],\"x\":\"\\u00e9\"}\n"
 	sseBody := ": keepalive\r\nevent: response.created\r\ndata: {\"a\":1}\r\n\r\n" +

@@ -16,7 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
-	"github.com/ciproxy/ciproxy/internal/intercept/streamcheck"
+	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 

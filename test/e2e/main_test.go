@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
 // proxyBin is the binary TestMain built.
@@ -73,29 +75,11 @@ type proxy struct {
 	URL  string // http://127.0.0.1:port, without /v1
 	Addr string // 127.0.0.1:port
 	cmd  *exec.Cmd
-	log  *logBuffer
+	log  *testutil.LockedBuffer
 
 	stopOnce sync.Once
 	exited   chan struct{} // closed when the process has exited
 	waitErr  error
-}
-
-// logBuffer collects the proxy's stderr; safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startProxy writes cfg to a temporary file and starts the binary on a free port with env added
@@ -107,14 +91,14 @@ func startProxy(t *testing.T, cfg string, env ...string) *proxy {
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(proxyBin, "--config", path, "--host", "127.0.0.1", "--port", "0")
+	cmd := exec.Command(proxyBin, "--config", path, "--host", "127.0.0.1", "--port", "0", "--data-dir", filepath.Join(t.TempDir(), "data"))
 	cmd.Env = append(os.Environ(), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd.Stdout = io.Discard
-	p := &proxy{t: t, cmd: cmd, log: &logBuffer{}, exited: make(chan struct{})}
+	p := &proxy{t: t, cmd: cmd, log: &testutil.LockedBuffer{}, exited: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting the proxy: %v", err)
 	}

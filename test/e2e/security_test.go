@@ -32,6 +32,8 @@ func TestMasterKey(t *testing.T) {
 	p := startProxy(t, setup{Upstream: up.URL(), MasterKey: master}.yaml())
 
 	body := []byte(`{"model":"` + clientModel + `","input":"hi","messages":[{"role":"user","content":"hi"}],"prompt":"hi"}`)
+	// The scripted upstream refuses Responses fields on chat completions, as OpenAI does.
+	chatBody := []byte(`{"model":"` + clientModel + `","messages":[{"role":"user","content":"hi"}]}`)
 	routes := []struct {
 		method, path string
 		body         []byte
@@ -42,7 +44,7 @@ func TestMasterKey(t *testing.T) {
 		{"DELETE", "/responses/resp_123", nil, false},
 		{"GET", "/responses/resp_123/input_items", nil, false},
 		{"POST", "/responses/resp_123/cancel", nil, false},
-		{"POST", "/chat/completions", body, true},
+		{"POST", "/chat/completions", chatBody, true},
 		{"POST", "/completions", body, false},
 		{"POST", "/embeddings", body, false},
 		{"GET", "/models", nil, true},

@@ -1,5 +1,6 @@
-// Package backends builds the sandbox tool registry from the configuration: the one place that
-// knows every backend, so that a new backend is one new folder and one case here.
+// Package backends is the one place that knows every sandbox backend: All hands config each
+// backend's keys and decoder, and Build provisions the sandbox registry from the decoded tools. A new
+// backend is one new folder (its Keys, DecodeSettings and a sandbox.Provisioner) and one line in All.
 package backends
 
 import (
@@ -17,22 +18,41 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/settings"
 )
 
-// closeTimeout bounds closing the providers that a failed Build had already started, and the
-// providers that a reload retires at once.
+// closeTimeout bounds closing the providers that a failed Build had already started.
 const closeTimeout = 30 * time.Second
 
-// Build returns the registry for tools. A tool whose settings are unchanged since prev (nil at
-// start) keeps prev's provider, so a reload neither restarts the local warm pool nor forgets the
-// containers that run on it. Every provider of prev that the new registry does not keep is retired:
-// no new container starts on it, the containers that already run on it keep working with the
-// settings and credentials they were created with, and it is closed when the last of them is
-// deleted. Call Build only to apply its result: retiring is not undone.
+// All returns every sandbox backend, for config.ParseOptions.Backends, in the order messages list
+// them ("local or e2b").
+func All() []config.SandboxBackend {
+	return []config.SandboxBackend{
+		{Name: local.Backend, Keys: local.Keys(), Decode: decoder(local.DecodeSettings)},
+		{Name: "e2b", Keys: e2b.Keys(), Decode: decoder(e2b.DecodeSettings)},
+	}
+}
+
+// decoder adapts a backend's DecodeSettings to config.SandboxBackend.Decode.
+func decoder[S sandbox.Provisioner](decode func(*settings.Map) S) func(*settings.Map) any {
+	return func(p *settings.Map) any { return decode(p) }
+}
+
+// ParseOptions are the options to parse a configuration file with every backend and the given
+// environment (nil: the process's).
+func ParseOptions(lookup func(string) (string, bool)) config.ParseOptions {
+	return config.ParseOptions{LookupEnv: lookup, Backends: All()}
+}
+
+// Build provisions the registry for tools, which must have been parsed with All. A tool whose
+// backend and settings are unchanged since prev (nil at start) keeps prev's provider, so a reload
+// neither restarts the local warm pool nor forgets the containers that run on it; every other tool
+// is provisioned anew (the local backend checks its host then).
 //
-// On error (a backend that cannot be set up), the providers started by this call are closed, prev is
-// left as it was, and the error names the tool.
-func Build(tools []config.SandboxTool, prev *sandbox.Registry, log *zap.Logger) (*sandbox.Registry, error) {
+// Build does not touch prev: once the new registry is published in prev's place, the caller retires
+// what it no longer holds with prev.Retire. On error (a tool that cannot be provisioned), the
+// providers started by this call are closed and the error names each tool that failed.
+func Build(ctx context.Context, tools []config.SandboxTool, prev *sandbox.Registry, log *zap.Logger) (*sandbox.Registry, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -42,17 +62,26 @@ func Build(tools []config.SandboxTool, prev *sandbox.Registry, log *zap.Logger) 
 		errs    []error
 	)
 	for _, t := range tools {
-		fp := fingerprint(t)
-		if old, ok := prev.Entry(t.Name); ok && old.Fingerprint == fp {
-			entries = append(entries, old)
+		p, ok := t.Settings.(sandbox.Provisioner)
+		if !ok {
+			errs = append(errs, fmt.Errorf("sandbox tool %q: sandbox_provider %q has no settings to provision (the configuration was not parsed with its backend)", t.Name, t.Provider))
 			continue
 		}
-		p, err := newProvider(t, log)
+		fp, err := fingerprint(t)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("sandbox tool %q: %w", t.Name, err))
 			continue
 		}
-		e := sandbox.RegistryEntry{Name: t.Name, Provider: p, Fingerprint: fp, Backend: t.Provider}
+		if old, ok := prev.Entry(t.Name); ok && old.Fingerprint == fp {
+			entries = append(entries, old)
+			continue
+		}
+		prov, err := p.Provision(ctx, t.Name, log.With(zap.String("sandbox_tool", t.Name)))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sandbox tool %q: %w", t.Name, err))
+			continue
+		}
+		e := sandbox.RegistryEntry{Name: t.Name, Provider: prov, Fingerprint: fp, Backend: t.Provider}
 		entries = append(entries, e)
 		started = append(started, e)
 	}
@@ -60,101 +89,32 @@ func Build(tools []config.SandboxTool, prev *sandbox.Registry, log *zap.Logger) 
 	if err != nil {
 		errs = append(errs, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	if len(errs) == 0 {
+		return reg, nil
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
 	defer cancel()
-	if len(errs) > 0 {
-		for _, e := range started {
-			if c, ok := e.Provider.(interface{ Close(context.Context) error }); ok {
-				if err := c.Close(ctx); err != nil {
-					log.Warn("closing sandbox tool", zap.String("tool", e.Name), zap.Error(err))
-				}
+	for _, e := range started {
+		if c, ok := e.Provider.(interface{ Close(context.Context) error }); ok {
+			if err := c.Close(cctx); err != nil {
+				log.Warn("closing sandbox tool", zap.String("tool", e.Name), zap.Error(err))
 			}
 		}
-		return nil, errors.Join(errs...)
 	}
-	if err := prev.Retire(ctx, reg); err != nil {
-		log.Warn("closing retired sandbox tools", zap.Error(err))
-	}
-	return reg, nil
+	return nil, errors.Join(errs...)
 }
 
-// newProvider starts the backend of one tool.
-func newProvider(t config.SandboxTool, log *zap.Logger) (sandbox.Provider, error) {
-	tlog := log.With(zap.String("sandbox_tool", t.Name))
-	switch t.Provider {
-	case "local":
-		pool := t.PoolSize
-		if pool == 0 {
-			pool = -1 // the config's 0 means no warm pool; local.Options' 0 means its default
-		}
-		return local.New(local.Options{
-			Python:       t.Python,
-			WorkDir:      t.WorkDir,
-			MemoryLimit:  t.MemoryLimitBytes,
-			MaxMemory:    t.MaxMemoryBytes,
-			MaxFileSize:  t.MaxFileSizeBytes,
-			MaxDiskSize:  t.MaxDiskSizeBytes,
-			MaxProcesses: t.MaxProcesses,
-			PoolSize:     pool,
-			Tool:         t.Name,
-			Logger:       tlog,
-		})
-	case "e2b":
-		if t.MissingEnv != "" {
-			// The tool stays listed, so requests get a clear 502 instead of a config error at start.
-			return missingEnv{name: t.Name, env: t.MissingEnv}, nil
-		}
-		return e2b.New(e2b.Options{
-			APIKey:              t.APIKey,
-			APIBase:             t.APIBase,
-			Domain:              t.Domain,
-			SandboxURL:          t.SandboxURL,
-			Template:            t.Template,
-			Timeout:             t.Timeout,
-			AllowInternetAccess: t.AllowInternetAccess,
-			Tool:                t.Name,
-			Logger:              tlog,
-		})
-	default:
-		return nil, fmt.Errorf("unknown sandbox_provider %q (want local or e2b)", t.Provider)
-	}
-}
-
-// fingerprint identifies a tool's settings without holding its API key in clear. Line is left out:
-// moving an entry in the file changes nothing.
-func fingerprint(t config.SandboxTool) string {
-	t.Line = 0
-	b, err := json.Marshal(t)
+// fingerprint identifies a tool's backend and settings without holding its API key in clear. The
+// name and line are left out: the registry matches by name, and moving an entry in the file changes
+// nothing.
+func fingerprint(t config.SandboxTool) (string, error) {
+	b, err := json.Marshal(struct {
+		Backend  string
+		Settings any
+	}{t.Provider, t.Settings})
 	if err != nil {
-		panic(fmt.Sprintf("backends: marshal sandbox tool: %v", err)) // plain fields: cannot fail
+		return "", fmt.Errorf("fingerprinting its settings: %w", err)
 	}
 	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
-}
-
-// missingEnv stands in for an e2b tool whose API key names an environment variable that is not set:
-// every sandbox creation fails with a message naming the variable (not a secret).
-type missingEnv struct {
-	name, env string
-}
-
-var _ sandbox.Provider = missingEnv{}
-
-func (m missingEnv) err() error {
-	return fmt.Errorf("%w: sandbox tool %q needs environment variable %s, which is not set",
-		sandbox.ErrUnavailable, m.name, m.env)
-}
-
-func (m missingEnv) Create(context.Context, sandbox.CreateOptions) (sandbox.Handle, error) {
-	return sandbox.Handle{}, m.err()
-}
-
-func (m missingEnv) Run(context.Context, sandbox.Handle, string, sandbox.RunOptions) (sandbox.Result, error) {
-	return sandbox.Result{}, fmt.Errorf("%w: no such sandbox", sandbox.ErrNotFound)
-}
-
-func (m missingEnv) Delete(context.Context, sandbox.Handle) error { return nil }
-
-func (m missingEnv) KeepAlive(context.Context, sandbox.Handle, time.Duration) error {
-	return fmt.Errorf("%w: no such sandbox", sandbox.ErrNotFound)
+	return hex.EncodeToString(sum[:]), nil
 }

@@ -3,6 +3,8 @@ package backends
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -29,14 +31,19 @@ func needBubblewrap(t *testing.T) {
 	}
 }
 
-func localTool(name string) config.SandboxTool {
-	return config.SandboxTool{Name: name, Provider: "local", PoolSize: -1, MaxProcesses: 64,
-		MemoryLimit: "1g", MemoryLimitBytes: 1 << 30, Line: 3}
+// parseTools parses a sandbox_tools section with every backend and no environment.
+func parseTools(t *testing.T, section string) []config.SandboxTool {
+	t.Helper()
+	cfg, err := config.ParseWith([]byte("sandbox_tools:\n"+section), "c.yaml", ParseOptions(func(string) (string, bool) { return "", false }))
+	if err != nil {
+		t.Fatalf("parsing the sandbox tools: %v", err)
+	}
+	return cfg.SandboxTools
 }
 
 func mustBuild(t *testing.T, tools []config.SandboxTool, prev *sandbox.Registry) *sandbox.Registry {
 	t.Helper()
-	reg, err := Build(tools, prev, nil)
+	reg, err := Build(context.Background(), tools, prev, nil)
 	if err != nil {
 		t.Fatalf("Build() error = %v", err)
 	}
@@ -44,18 +51,22 @@ func mustBuild(t *testing.T, tools []config.SandboxTool, prev *sandbox.Registry)
 }
 
 func TestBuildErrors(t *testing.T) {
+	e2bTool := func(name string) config.SandboxTool {
+		return config.SandboxTool{Name: name, Provider: "e2b", Settings: parseTools(t, "  - {sandbox_tool_name: x, litellm_params: {sandbox_provider: e2b, api_key: k}}\n")[0].Settings}
+	}
 	tests := []struct {
 		name  string
 		tools []config.SandboxTool
 		want  string
 	}{
-		{"unknown backend", []config.SandboxTool{{Name: "x", Provider: "docker"}}, `sandbox tool "x": unknown sandbox_provider "docker"`},
-		{"duplicate names", []config.SandboxTool{
-			{Name: "x", Provider: "e2b", APIKey: "k"}, {Name: "x", Provider: "e2b", APIKey: "k2"}}, `listed twice`},
+		{"settings not decoded", []config.SandboxTool{{Name: "x", Provider: "local"}}, `sandbox tool "x": sandbox_provider "local" has no settings to provision`},
+		{"duplicate names", []config.SandboxTool{e2bTool("x"), e2bTool("x")}, `listed twice`},
+		{"a local tool that cannot run here", parseTools(t, "  - {sandbox_tool_name: py, litellm_params: {sandbox_provider: local, python: /nonexistent/python3, pool_size: 0}}\n"),
+			`sandbox tool "py": cannot run on this host`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			reg, err := Build(tt.tools, nil, nil)
+			reg, err := Build(context.Background(), tt.tools, nil, nil)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Build() = %v, %v; want an error containing %q", reg, err, tt.want)
 			}
@@ -72,7 +83,8 @@ func TestBuildEmpty(t *testing.T) {
 
 // An e2b tool whose key names an unset variable stays listed and fails each create clearly.
 func TestBuildMissingEnv(t *testing.T) {
-	reg := mustBuild(t, []config.SandboxTool{{Name: "cloud", Provider: "e2b", MissingEnv: "E2B_API_KEY"}}, nil)
+	tools := parseTools(t, "  - {sandbox_tool_name: cloud, litellm_params: {sandbox_provider: e2b}}\n")
+	reg := mustBuild(t, tools, nil)
 	defer reg.Close(context.Background())
 	s := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
 	defer s.Close(context.Background())
@@ -82,24 +94,71 @@ func TestBuildMissingEnv(t *testing.T) {
 	}
 }
 
+// Sessions create through the registry a request carries (sandbox.WithRegistry), not the current
+// one: a request sees the sandbox tools of the configuration it started with.
+func TestSessionsUseTheRequestsRegistry(t *testing.T) {
+	current := mustBuild(t, parseTools(t, "  - {sandbox_tool_name: t, litellm_params: {sandbox_provider: e2b, api_key: os.environ/CURRENT_KEY}}\n"), nil)
+	defer current.Close(context.Background())
+	request := mustBuild(t, parseTools(t, "  - {sandbox_tool_name: t, litellm_params: {sandbox_provider: e2b, api_key: os.environ/REQUEST_KEY}}\n"), nil)
+	defer request.Close(context.Background())
+	s := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return current }, SweepInterval: -1})
+	defer s.Close(context.Background())
+
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		want string
+	}{
+		{"without a registry of its own", context.Background(), "CURRENT_KEY"},
+		{"with the request's registry", sandbox.WithRegistry(context.Background(), request), "REQUEST_KEY"},
+	} {
+		_, err := s.Create(tc.ctx, "t", "", sandbox.CreateOptions{}, time.Minute)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Create() error = %v; want the tool that needs %s", tc.name, err, tc.want)
+		}
+	}
+}
+
+// A failed Build closes what it started: the local provider it had made leaves nothing in work_dir.
+func TestBuildFailureClosesWhatItStarted(t *testing.T) {
+	needBubblewrap(t)
+	dir := t.TempDir()
+	tools := parseTools(t, "  - {sandbox_tool_name: good, litellm_params: {sandbox_provider: local, pool_size: 1, work_dir: "+dir+"}}\n"+
+		"  - {sandbox_tool_name: bad, litellm_params: {sandbox_provider: local, python: /nonexistent/python3, work_dir: "+dir+"}}\n")
+	if reg, err := Build(context.Background(), tools, nil, nil); err == nil {
+		reg.Close(context.Background())
+		t.Fatal("Build() succeeded; want the bad tool to fail it")
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 0 {
+		t.Errorf("work_dir after a failed Build holds %v; want nothing left", entries)
+	}
+}
+
 // A reload keeps the provider of an unchanged tool, and a changed tool's old provider serves its
 // containers until the last one is deleted.
 func TestBuildReload(t *testing.T) {
 	needBubblewrap(t)
 	ctx := context.Background()
-	tools := []config.SandboxTool{localTool("py"), {Name: "cloud", Provider: "e2b", APIKey: "k1", APIBase: "http://127.0.0.1:1"}}
-	r1 := mustBuild(t, tools, nil)
+	const py = "  - sandbox_tool_name: py\n    litellm_params: {sandbox_provider: local, pool_size: 0%s}\n"
+	const cloud = "  - sandbox_tool_name: cloud\n    litellm_params: {sandbox_provider: e2b, api_key: %s, api_base: \"http://127.0.0.1:1\"}\n"
+	r1 := mustBuild(t, parseTools(t, fmt.Sprintf(py, "")+fmt.Sprintf(cloud, "k1")), nil)
 	p1, _ := r1.Get("py")
 	c1, _ := r1.Get("cloud")
 
-	moved := append([]config.SandboxTool(nil), tools...)
-	moved[0].Line, moved[1].Line = 40, 41 // the entries moved in the file: same settings
-	r2 := mustBuild(t, moved, r1)
+	// The entries moved in the file (other lines, other order): same settings.
+	r2 := mustBuild(t, parseTools(t, "\n\n"+fmt.Sprintf(cloud, "k1")+fmt.Sprintf(py, "")), r1)
 	if p, _ := r2.Get("py"); p != p1 {
 		t.Errorf("unchanged local tool got a new provider; want the previous one kept")
 	}
 	if p, _ := r2.Get("cloud"); p != c1 {
 		t.Errorf("unchanged e2b tool got a new provider; want the previous one kept")
+	}
+	if err := r1.Retire(ctx, r2); err != nil {
+		t.Fatal(err)
 	}
 
 	var current = r2
@@ -113,10 +172,7 @@ func TestBuildReload(t *testing.T) {
 		t.Fatalf("Run() error = %v", err)
 	}
 
-	changed := append([]config.SandboxTool(nil), moved...)
-	changed[0].MaxProcesses = 32
-	changed[1].APIKey = "k2"
-	r3 := mustBuild(t, changed, r2)
+	r3 := mustBuild(t, parseTools(t, fmt.Sprintf(py, ", max_processes: 32")+fmt.Sprintf(cloud, "k2")), r2)
 	current = r3
 	if p, _ := r3.Get("py"); p == p1 {
 		t.Fatalf("changed local tool kept its provider; want a new one")
@@ -124,20 +180,24 @@ func TestBuildReload(t *testing.T) {
 	if p, _ := r3.Get("cloud"); p == c1 {
 		t.Errorf("changed e2b key kept its provider; want a new one")
 	}
+	// Build leaves the old registry alone: it still creates until it is retired.
+	if _, err := p1.Create(ctx, sandbox.CreateOptions{}); err != nil {
+		t.Fatalf("the old provider stopped before its registry was retired: %v", err)
+	}
+	if err := r2.Retire(ctx, r3); err != nil {
+		t.Fatal(err)
+	}
 	// The container made before the reload still runs, on the old provider, with its state.
 	res, err := c.Run(ctx, "x + 1", sandbox.RunOptions{})
 	if err != nil || len(res.Results) != 1 || res.Results[0].Text != "42" {
 		t.Fatalf("Run() after reload = %+v, %v; want 42", res, err)
 	}
 	old := p1.(*local.Provider)
-	if old.Live() != 1 {
-		t.Errorf("old provider Live() = %d; want 1", old.Live())
-	}
 	s.Release(ctx, c, 0)
+	// Retired and unused: closed, so it starts nothing any more (and the sandbox made above is gone).
 	if old.Live() != 0 {
 		t.Errorf("old provider Live() = %d after the last container; want 0", old.Live())
 	}
-	// Retired and unused: closed, so it starts nothing any more.
 	if _, err := old.Create(ctx, sandbox.CreateOptions{}); err == nil {
 		t.Errorf("retired provider still creates sandboxes; want it closed")
 	}
@@ -151,7 +211,7 @@ func TestBuildReload(t *testing.T) {
 func TestSessionsLocal(t *testing.T) {
 	needBubblewrap(t)
 	ctx := context.Background()
-	reg := mustBuild(t, []config.SandboxTool{localTool("py")}, nil)
+	reg := mustBuild(t, parseTools(t, "  - {sandbox_tool_name: py, litellm_params: {sandbox_provider: local, pool_size: 0}}\n"), nil)
 	defer reg.Close(ctx)
 	p, _ := reg.Get("py")
 	lp := p.(*local.Provider)
@@ -219,15 +279,15 @@ func TestSessionsLocal(t *testing.T) {
 func TestSessionsE2B(t *testing.T) {
 	needBubblewrap(t)
 	ctx := context.Background()
-	lp, err := local.New(local.Options{Tool: "exec", PoolSize: -1})
+	lp, err := local.New(local.Options{Tool: "exec"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lp.Close(ctx)
 	srv := e2btest.New(lp)
 	defer srv.Close()
-	tools := []config.SandboxTool{{Name: "cloud", Provider: "e2b", APIKey: srv.APIKey(), APIBase: srv.URL(),
-		SandboxURL: srv.SandboxURL(), Timeout: 300 * time.Second}}
+	tools := parseTools(t, fmt.Sprintf("  - {sandbox_tool_name: cloud, litellm_params: {sandbox_provider: e2b, api_key: %s, api_base: %q, sandbox_url: %q}}\n",
+		srv.APIKey(), srv.URL(), srv.SandboxURL()))
 	reg := mustBuild(t, tools, nil)
 	defer reg.Close(ctx)
 	key := sandbox.KeyFromSecret("shared secret")

@@ -1,6 +1,6 @@
 // Package e2b is the sandbox backend that runs code in e2b cloud sandboxes: the REST control plane
 // creates, extends and kills sandboxes, and the code-interpreter server inside each sandbox runs
-// code and streams NDJSON back (spec/e2b.md).
+// code and streams NDJSON back. docs/wire-e2b.md describes the protocol as this client uses it.
 package e2b
 
 import (
@@ -22,7 +22,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
-// Defaults, as the official SDKs have them (spec/e2b.md §5), except AllowInternetAccess, which is
+// Defaults, as the official SDKs have them (docs/wire-e2b.md), except AllowInternetAccess, which is
 // off unless the operator turns it on.
 const (
 	DefaultDomain         = "e2b.app"
@@ -41,8 +41,9 @@ const (
 	errBodyLimit = 4 << 10
 )
 
-// Options configure a Provider. Zero values mean the defaults above. Environment fallbacks
-// (E2B_API_KEY, ...) are resolved by the config package, never here.
+// Options configure a Provider. Zero values mean the defaults above (DefaultOptions).
+// DecodeSettings makes them from a sandbox tool's litellm_params, environment fallbacks (E2B_API_KEY,
+// ...) included; New reads no environment.
 type Options struct {
 	// APIKey is sent as X-API-Key to the control plane only; it never reaches a sandbox, a log line or
 	// an error message.
@@ -66,11 +67,23 @@ type Options struct {
 	RunTimeout time.Duration
 	// HTTPClient sends every request; nil means a client of its own. It must not set a Timeout that
 	// is shorter than an execution, since /execute streams for the whole run.
-	HTTPClient *http.Client
+	HTTPClient *http.Client `json:"-"`
 	// Tool is the sandbox_tool_name, copied into every Handle.
 	Tool string
 	// Logger receives debug lines about sandbox lifecycles; nil means no logging.
-	Logger *zap.Logger
+	Logger *zap.Logger `json:"-"`
+}
+
+// DefaultOptions returns the options of an e2b sandbox tool that sets nothing (no API key): the one
+// place the defaults are applied.
+func DefaultOptions() Options {
+	return Options{
+		Domain:         DefaultDomain,
+		Template:       DefaultTemplate,
+		Timeout:        DefaultTimeout,
+		RequestTimeout: DefaultRequestTimeout,
+		RunTimeout:     DefaultRunTimeout,
+	}
 }
 
 // Provider talks to e2b. It is safe for concurrent use.
@@ -86,20 +99,21 @@ var _ sandbox.Provider = (*Provider)(nil)
 
 // New returns a Provider. It does not contact e2b.
 func New(opts Options) (*Provider, error) {
+	def := DefaultOptions()
 	if opts.Domain == "" {
-		opts.Domain = DefaultDomain
+		opts.Domain = def.Domain
 	}
 	if opts.Template == "" {
-		opts.Template = DefaultTemplate
+		opts.Template = def.Template
 	}
 	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
+		opts.Timeout = def.Timeout
 	}
 	if opts.RequestTimeout <= 0 {
-		opts.RequestTimeout = DefaultRequestTimeout
+		opts.RequestTimeout = def.RequestTimeout
 	}
 	if opts.RunTimeout <= 0 {
-		opts.RunTimeout = DefaultRunTimeout
+		opts.RunTimeout = def.RunTimeout
 	}
 	apiBase := opts.APIBase
 	if apiBase == "" {

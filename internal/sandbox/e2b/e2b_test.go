@@ -5,47 +5,25 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
-// execProvider is the local sandbox every emulator in these tests executes through; one provider
-// (and its warm pool) serves the whole package, since tests run one at a time.
-var execProvider *local.Provider
+// sandboxes is the local sandbox every emulator in these tests executes through; one provider
+// serves the whole package, since tests run one at a time. Tests skip where it cannot run.
+var sandboxes = testutil.NewLocalSandbox(local.Options{PoolSize: -1})
 
-func TestMain(m *testing.M) {
-	p, err := local.New(local.Options{PoolSize: -1})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "local.New:", err)
-		os.Exit(1)
-	}
-	execProvider = p
-	code := m.Run()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	if err := p.Close(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "local Close:", err)
-		code = 1
-	}
-	cancel()
-	if err := goleak.Find(); err != nil && code == 0 {
-		fmt.Fprintln(os.Stderr, "goleak:", err)
-		code = 1
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testutil.Main(m, sandboxes.Close) }
 
 // env is an e2b Provider talking to the emulator, which runs code in a real local sandbox.
 type env struct {
@@ -57,6 +35,7 @@ type env struct {
 
 func newEnv(t testing.TB) (*env, *e2btest.Server) {
 	t.Helper()
+	execProvider := sandboxes.Provider(t)
 	srv := e2btest.New(execProvider)
 	e := &env{srv: srv, exec: execProvider, start: time.Date(2026, 8, 21, 18, 0, 0, 0, time.UTC)}
 	srv.SetClock(func() time.Time { return e.start })

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"mime/multipart"
 	"net/http"
@@ -18,36 +17,16 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
-// execProvider is the local sandbox every emulator in these tests executes through; one provider
-// (and its warm pool) serves the whole package, since tests run one at a time.
-var execProvider *local.Provider
+// sandboxes is the local sandbox every emulator in these tests executes through; one provider
+// serves the whole package, since tests run one at a time. Tests skip where it cannot run.
+var sandboxes = testutil.NewLocalSandbox(local.Options{PoolSize: -1})
 
-func TestMain(m *testing.M) {
-	p, err := local.New(local.Options{PoolSize: -1})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "local.New:", err)
-		os.Exit(1)
-	}
-	execProvider = p
-	code := m.Run()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	if err := p.Close(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "local Close:", err)
-		code = 1
-	}
-	cancel()
-	if err := goleak.Find(); err != nil && code == 0 {
-		fmt.Fprintln(os.Stderr, "goleak:", err)
-		code = 1
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testutil.Main(m, sandboxes.Close) }
 
 // env is an emulator executing through a real local provider.
 type env struct {
@@ -60,6 +39,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	execProvider := sandboxes.Provider(t)
 	srv := e2btest.New(execProvider)
 	e := &env{t: t, srv: srv, exec: execProvider, http: srv.Client(), start: time.Date(2026, 8, 21, 18, 0, 0, 0, time.UTC)}
 	// A fixed clock: expiry happens only when a test advances it.
@@ -712,7 +692,7 @@ func TestClientDisconnectInterrupts(t *testing.T) {
 }
 
 func TestCloseDeletesEverything(t *testing.T) {
-	exec := execProvider
+	exec := sandboxes.Provider(t)
 	srv := e2btest.New(exec)
 	e := &env{t: t, srv: srv, exec: exec, http: srv.Client()}
 	e.create(`{"templateID":"code-interpreter-v1","timeout":300}`)

@@ -1,7 +1,7 @@
 // Package e2btest is an e2b emulator for tests: an httptest server that speaks e2b's control-plane
 // REST API, its edge proxy's routing and errors, the code-interpreter server (port 49999) and envd's
 // health check (port 49983), closely enough that e2b's own SDKs cannot tell it from the service
-// (spec/e2b.md §6, §7). Code runs through another sandbox.Provider, normally the local bubblewrap
+// (docs/wire-e2b.md). Code runs through another sandbox.Provider, normally the local bubblewrap
 // backend, one exec sandbox per emulated kernel.
 //
 // Faults can be injected (failing creates, slow, failing, cut or broken executions), the clock can be

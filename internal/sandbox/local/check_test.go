@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/ciproxy/ciproxy/internal/settings"
 )
 
 // TestCheckMemoryLimit: the start check runs the kernel under the real limit, and when that is too
@@ -25,7 +27,7 @@ func TestCheckMemoryLimit(t *testing.T) {
 	if m == nil || !strings.Contains(err.Error(), "too low") {
 		t.Fatalf("Check with 24 MiB: %v; want it to say the least memory_limit", err)
 	}
-	least, _ := parseSize(m[1] + "m")
+	least, _ := settings.ParseSize(m[1] + "m")
 	if err := Check(ctx, Options{MemoryLimit: least}); err != nil {
 		t.Errorf("Check with the suggested %s MiB: %v", m[1], err)
 	}

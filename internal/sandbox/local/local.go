@@ -44,7 +44,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -53,6 +52,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/settings"
 )
 
 //go:embed kernel.py
@@ -61,7 +61,8 @@ var kernelSource []byte
 // Backend is the Handle.Backend of local sandboxes.
 const Backend = "local"
 
-// Defaults for zero Options fields.
+// Defaults of a local sandbox tool; config.example.yaml documents the same values. A zero Options
+// field means its default (DefaultOptions), except PoolSize, whose zero means no warm pool.
 const (
 	DefaultPython       = "/usr/bin/python3"
 	DefaultMemoryLimit  = 1 << 30
@@ -75,7 +76,7 @@ const (
 	DefaultMaxOpenFiles = 256
 )
 
-// Options configure a Provider. Zero values mean the defaults above.
+// Options configure a Provider. DecodeSettings makes them from a sandbox tool's litellm_params.
 type Options struct {
 	// Python is the interpreter run inside the sandbox. Outside /usr its prefix is bound read-only
 	// too, so it must be readable by an unprivileged user.
@@ -90,7 +91,8 @@ type Options struct {
 	MaxFileSize, MaxDiskSize int64
 	// MaxProcesses bounds the processes and threads of one sandbox.
 	MaxProcesses int
-	// PoolSize is how many started kernels are kept warm; negative means none.
+	// PoolSize is how many started kernels are kept warm; 0 or less means none. (Its default,
+	// DefaultPoolSize, is what a tool that does not set pool_size gets.)
 	PoolSize int
 	// ExecTimeout bounds an execution when RunOptions.Timeout is zero.
 	ExecTimeout time.Duration
@@ -104,42 +106,55 @@ type Options struct {
 	// Tool is the sandbox_tool_name put in handles.
 	Tool string
 	// Logger; nil means no logging.
-	Logger *zap.Logger
+	Logger *zap.Logger `json:"-"`
 }
 
+// DefaultOptions returns the options of a local sandbox tool that sets nothing: the one place the
+// defaults are applied.
+func DefaultOptions() Options {
+	return Options{
+		Python:       DefaultPython,
+		WorkDir:      filepath.Join(os.TempDir(), "ciproxy-sandboxes"),
+		MemoryLimit:  DefaultMemoryLimit,
+		MaxMemory:    DefaultMaxMemory,
+		MaxFileSize:  DefaultMaxFileSize,
+		MaxDiskSize:  DefaultMaxDiskSize,
+		MaxProcesses: DefaultMaxProcesses,
+		PoolSize:     DefaultPoolSize,
+		ExecTimeout:  DefaultExecTimeout,
+	}
+}
+
+// withDefaults fills the zero fields from DefaultOptions (PoolSize aside: zero is no pool).
 func (o Options) withDefaults() Options {
+	def := DefaultOptions()
 	if o.Python == "" {
-		o.Python = DefaultPython
+		o.Python = def.Python
 	}
 	if o.WorkDir == "" {
-		o.WorkDir = filepath.Join(os.TempDir(), "ciproxy-sandboxes")
+		o.WorkDir = def.WorkDir
 	}
 	if o.MemoryLimit <= 0 {
-		o.MemoryLimit = DefaultMemoryLimit
+		o.MemoryLimit = def.MemoryLimit
 	}
 	if o.MaxMemory <= 0 {
-		o.MaxMemory = DefaultMaxMemory
+		o.MaxMemory = def.MaxMemory
 	}
 	if o.MemoryLimit > o.MaxMemory {
 		o.MaxMemory = o.MemoryLimit
 	}
 	if o.MaxFileSize <= 0 {
-		o.MaxFileSize = DefaultMaxFileSize
+		o.MaxFileSize = def.MaxFileSize
 	}
 	if o.MaxDiskSize <= 0 {
-		o.MaxDiskSize = DefaultMaxDiskSize
+		o.MaxDiskSize = def.MaxDiskSize
 	}
 	if o.MaxProcesses <= 0 {
-		o.MaxProcesses = DefaultMaxProcesses
+		o.MaxProcesses = def.MaxProcesses
 	}
-	if o.PoolSize == 0 {
-		o.PoolSize = DefaultPoolSize
-	}
-	if o.PoolSize < 0 {
-		o.PoolSize = 0
-	}
+	o.PoolSize = max(o.PoolSize, 0)
 	if o.ExecTimeout <= 0 {
-		o.ExecTimeout = DefaultExecTimeout
+		o.ExecTimeout = def.ExecTimeout
 	}
 	if o.CPULimit <= 0 {
 		o.CPULimit = DefaultCPULimit
@@ -372,44 +387,20 @@ func (p *Provider) fillPool() {
 	}
 }
 
-// memoryFor turns a request's memory_limit ("1g", "4g", "512m", bytes) into bytes, capped at
-// MaxMemory; "" is the default.
+// memoryFor turns a request's memory_limit ("1g", "4g", "512m", bytes; settings.ParseSize) into
+// bytes, capped at MaxMemory; "" is the default.
 func (p *Provider) memoryFor(s string) (int64, error) {
 	if s == "" {
 		return p.opts.MemoryLimit, nil
 	}
-	n, err := parseSize(s)
+	n, err := settings.ParseSize(s)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("memory limit: %w", err)
+	}
+	if n <= 0 {
+		return 0, fmt.Errorf("memory limit %q is not more than 0", s)
 	}
 	return min(n, p.opts.MaxMemory), nil
-}
-
-// parseSize reads "1g", "4G", "512m", "100k", "1gb", "1gi" or plain bytes.
-func parseSize(s string) (int64, error) {
-	t := strings.ToLower(strings.TrimSpace(s))
-	t = strings.TrimSuffix(strings.TrimSuffix(t, "b"), "i")
-	mult := int64(1)
-	if t != "" {
-		switch t[len(t)-1] {
-		case 'k':
-			mult = 1 << 10
-		case 'm':
-			mult = 1 << 20
-		case 'g':
-			mult = 1 << 30
-		case 't':
-			mult = 1 << 40
-		}
-		if mult > 1 {
-			t = t[:len(t)-1]
-		}
-	}
-	n, err := strconv.ParseFloat(strings.TrimSpace(t), 64)
-	if err != nil || n <= 0 || n*float64(mult) > 1<<50 {
-		return 0, fmt.Errorf("invalid memory limit %q", s)
-	}
-	return int64(n * float64(mult)), nil
 }
 
 // lookup returns the live sandbox of h, or an error wrapping sandbox.ErrNotFound.

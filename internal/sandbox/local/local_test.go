@@ -33,7 +33,7 @@ var (
 
 func sharedProvider(t testing.TB) *Provider {
 	t.Helper()
-	sharedOnce.Do(func() { sharedP, sharedErr = New(Options{Tool: "local-test"}) })
+	sharedOnce.Do(func() { sharedP, sharedErr = New(Options{Tool: "local-test", PoolSize: DefaultPoolSize}) })
 	if sharedErr != nil {
 		t.Fatal(sharedErr)
 	}

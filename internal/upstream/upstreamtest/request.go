@@ -34,8 +34,12 @@ type Request struct {
 	// Messages holds a chat completions request's messages.
 	Messages []json.RawMessage
 
-	// History is what the model sees: the items of the previous_response_id chain (each
-	// response's inputs then its output), followed by Input, with item references resolved.
+	// History is what the model sees, as Responses items: for /v1/responses the items of the
+	// previous_response_id chain (each response's inputs then its output), followed by Input,
+	// with item references resolved; for /v1/chat/completions the messages as items (a message
+	// item per system, developer, user or assistant text, a reasoning item per assistant
+	// reasoning, a function_call per tool call, a function_call_output per tool message), so one
+	// script serves both APIs.
 	History []json.RawMessage
 }
 
@@ -74,13 +78,20 @@ func (r Request) FunctionOutput(callID string) (string, bool) {
 	return "", false
 }
 
-// ToolNames returns, for each tool, its name for function tools and its type otherwise.
+// ToolNames returns, for each tool, its name for function tools (Responses' {"name"} or Chat
+// Completions' {"function":{"name"}}) and its type otherwise.
 func (r Request) ToolNames() []string {
 	var out []string
 	for _, t := range r.Tools {
-		var v struct{ Type, Name string }
+		var v struct {
+			Type, Name string
+			Function   struct{ Name string }
+		}
 		_ = json.Unmarshal(t, &v)
 		if v.Type == "function" {
+			if v.Name == "" {
+				v.Name = v.Function.Name
+			}
 			out = append(out, v.Name)
 		} else {
 			out = append(out, v.Type)

@@ -15,12 +15,16 @@ type Turn struct {
 	Usage *Usage
 	// Incomplete, when set, ends the response with status "incomplete" and this reason
 	// ("max_output_tokens", "content_filter"); the stream's terminal event is response.incomplete.
+	// A chat completion ends with finish_reason "content_filter" for that reason, "length" for
+	// any other.
 	Incomplete string
 
 	// Error, when set, is the whole answer: an HTTP status and body instead of a response.
 	Error *HTTPError
 	// Fail, when set, makes the response fail after Fail.After items: a stream sends the error
-	// event and response.failed; a JSON answer is a Response with status "failed".
+	// event and response.failed; a JSON answer is a Response with status "failed". A chat
+	// completion fails as the flavour's server does: a JSON answer is a 500 error, a stream sends
+	// the first Fail.After items, then an error chunk.
 	Fail *Failure
 	// Cut drops the connection: for a stream after CutAfter events (0: right after the headers),
 	// for a JSON answer after CutAfter bytes of the body.
@@ -33,6 +37,11 @@ type Turn struct {
 	// TextChunk is the size in bytes of each output_text.delta and reasoning summary delta
 	// (0: the server's default, 4); text deltas never split a UTF-8 sequence.
 	TextChunk int
+
+	// ChatInterleave makes a chat stream send the deltas of parallel tool calls round by round,
+	// one chunk holding the next delta of every call, as some servers do, instead of one call
+	// after the other.
+	ChatInterleave bool
 
 	// Hold, when set, delays the answer (JSON or stream) until it is closed or the request's
 	// context ends.

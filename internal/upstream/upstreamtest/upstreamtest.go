@@ -1,6 +1,6 @@
-// Package upstreamtest is a scripted upstream that speaks OpenAI's Responses API (and a minimal
-// Chat Completions API), for tests of the whole proxy. Tests script the model's turns and assert
-// what the proxy sent.
+// Package upstreamtest is a scripted upstream that speaks OpenAI's Responses API and its Chat
+// Completions API (as OpenAI, vLLM or llama.cpp serve it), for tests of the whole proxy. Tests
+// script the model's turns and assert what the proxy sent.
 //
 // API:
 //
@@ -10,6 +10,8 @@
 //	func WithSeed(seed uint64) Option                // ids and obfuscation padding
 //	func WithArgsChunk(n int) Option                 // bytes per function_call_arguments.delta (3)
 //	func WithTextChunk(n int) Option                 // bytes per output_text.delta (4)
+//	func WithChatFlavour(f ChatFlavour) Option       // ChatOpenAI (default), ChatVLLM, ChatLlamaCpp
+//	func WithChatReasoningField(name string) Option  // "reasoning_content" (default) or "reasoning"
 //	func (s *Server) URL() string                    // "http://127.0.0.1:port/v1"
 //	func (s *Server) Close()
 //	func (s *Server) Enqueue(turns ...Turn)          // answered in order, one per POST
@@ -20,7 +22,7 @@
 //	func (s *Server) Response(id string) (json.RawMessage, bool) // a stored response
 //
 //	type Turn{Items []Item; Usage *Usage; Incomplete string; Error *HTTPError; Fail *Failure;
-//	          Cut bool; CutAfter int; ArgsChunk, TextChunk int; Hold <-chan struct{};
+//	          Cut bool; CutAfter int; ArgsChunk, TextChunk int; ChatInterleave bool; Hold <-chan struct{};
 //	          BeforeEvent func(ctx, seq int, typ string) error; Delay time.Duration; Model, ID string}
 //	func Text(s string) Item; func FunctionCall(name, args string) Item; func Reasoning(summary string) Item
 //	func RawItem(raw string) Item
@@ -38,14 +40,25 @@
 // Routes: POST /v1/responses answers JSON, or SSE when the body has "stream":true, exactly as
 // OpenAI streams it (event: and data: lines, sequence_number from 0, no [DONE]).
 // GET /v1/responses/{id} returns a stored response. POST /v1/chat/completions answers the same
-// turns as a chat completion (JSON, or chunks ending with [DONE]). Anything else is a 404.
+// turns as a chat completion (JSON, or chunks ending with [DONE]) in the shapes of the chosen
+// ChatFlavour: text as content, function calls as tool_calls streamed by index with the
+// arguments in pieces, reasoning items as reasoning_content (vLLM, llama.cpp), usage in a last
+// chunk when stream_options.include_usage is set; a Fail turn streams an error chunk after
+// Fail.After items. Anything else is a 404.
 //
 // Like OpenAI, the server rejects with an OpenAI-shaped error: a body that is not JSON, a missing
 // model, an unknown previous_response_id (400 previous_response_not_found), a function_call_output
 // without its function_call in the history or a function_call without its output (400), a
 // reasoning item or item_reference naming an item that was never stored (404), encrypted reasoning
 // content it did not mint (400), a reasoning input item not followed by the item it led to (400),
-// and a tool_choice naming a tool that is not in tools (400).
+// and a tool_choice naming a tool that is not in tools (400). A chat completions request is
+// refused as OpenAI refuses it: a Responses-only field (input, instructions, max_output_tokens,
+// text, reasoning, previous_response_id, include, ...), no messages, an unknown role, a content
+// part of a Responses type (input_text), an assistant tool call not answered by a tool message
+// before the next other message, a tool message answering no call, reasoning_content or
+// reasoning on a message (ChatOpenAI only), a tool that is not {"type":"function","function":
+// {"name"}}, a tool_choice or parallel_tool_calls without tools, a tool_choice naming no tool,
+// stream_options without stream, a malformed response_format.
 // Responses are stored unless the request says "store":false. Reasoning items carry
 // encrypted_content when the request includes "reasoning.encrypted_content".
 //
@@ -75,6 +88,9 @@ type Server struct {
 	now    func() time.Time
 	args   int
 	text   int
+
+	flavour        ChatFlavour
+	reasoningField string
 
 	mu        sync.Mutex
 	rng       *rand.Rand
@@ -248,8 +264,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	s.serveResponses(w, r, req, turn)
 }
 
-// check returns the error OpenAI would answer req with, or nil. For a POST /v1/responses it
-// also fills req.History.
+// check returns the error OpenAI would answer req with, or nil. For a POST it also fills
+// req.History.
 func (s *Server) check(req *Request, isJSON bool) *HTTPError {
 	if s.apiKey != "" && req.Header.Get("Authorization") != "Bearer "+s.apiKey {
 		return APIError(http.StatusUnauthorized, "invalid_api_key",
@@ -274,7 +290,7 @@ func (s *Server) check(req *Request, isJSON bool) *HTTPError {
 		if req.Path == "/v1/responses" {
 			return s.resolve(req)
 		}
-		return nil
+		return s.checkChat(req)
 	}
 	return APIError(http.StatusNotFound, "", fmt.Sprintf("Invalid URL (%s %s)", req.Method, req.Path), "")
 }

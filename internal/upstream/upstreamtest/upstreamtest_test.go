@@ -20,7 +20,7 @@ import (
 	"github.com/openai/openai-go/v3/packages/ssestream"
 	"github.com/openai/openai-go/v3/responses"
 
-	"github.com/ciproxy/ciproxy/internal/intercept/streamcheck"
+	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -576,6 +576,7 @@ func TestStreamFailures(t *testing.T) {
 func TestEventsArriveOneByOne(t *testing.T) {
 	s := upstreamtest.New(t)
 	gate := make(chan struct{})
+	held5 := make(chan struct{}) // closed when the server holds event 5
 	var mu sync.Mutex
 	var seen []int
 	s.Enqueue(upstreamtest.Turn{
@@ -585,6 +586,7 @@ func TestEventsArriveOneByOne(t *testing.T) {
 			seen = append(seen, seq)
 			mu.Unlock()
 			if seq == 5 {
+				close(held5)
 				select {
 				case <-gate:
 				case <-ctx.Done():
@@ -622,6 +624,12 @@ func TestEventsArriveOneByOne(t *testing.T) {
 	for i := range 5 {
 		readEvent()
 		_ = i
+	}
+	// Event 4 may arrive before the server asks about event 5.
+	select {
+	case <-held5:
+	case <-ctx(t).Done():
+		t.Fatal("the server never reached event 5")
 	}
 	mu.Lock()
 	held := slices.Clone(seen)

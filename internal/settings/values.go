@@ -1,4 +1,4 @@
-package config
+package settings
 
 import (
 	"fmt"
@@ -83,4 +83,18 @@ func ParseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("%q is too large", orig)
 	}
 	return int64(v), nil
+}
+
+// FormatSize writes n bytes as ParseSize reads them, in the largest binary unit that divides n
+// ("1g", "512m", "16384"), so that messages show defaults as the file would write them.
+func FormatSize(n int64) string {
+	for _, u := range []struct {
+		suffix string
+		size   int64
+	}{{"t", 1 << 40}, {"g", 1 << 30}, {"m", 1 << 20}, {"k", 1 << 10}} {
+		if n != 0 && n%u.size == 0 {
+			return strconv.FormatInt(n/u.size, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
 }

@@ -1,0 +1,355 @@
+package intercept
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
+)
+
+const (
+	includeOutputs   = "code_interpreter_call.outputs"
+	includeEncrypted = "reasoning.encrypted_content"
+)
+
+// parsedRequest is one intercepted /v1/responses request, parsed once: the client's bytes, kept
+// unmodified, and what the loop derives from them. Every upstream body is built from base, itself
+// built from raw (rewrite.go). parseRequest and resolve build it; nothing changes it after.
+type parsedRequest struct {
+	raw  []byte // the client's body; never modified
+	base []byte // raw with tools, include and previous_response_id rewritten
+
+	fn string // the stand-in function's name
+	// code: the request has a code_interpreter tool. Without one the loop runs no code and needs
+	// no container: one upstream call, its answer passed on under a minted id (the engine serves
+	// such requests only when its caller routes them to it).
+	code           bool
+	stream         bool
+	store          bool // store != false
+	includeOutputs bool // the client asked for code_interpreter_call.outputs
+	keepEncrypted  bool // the client asked for reasoning.encrypted_content (else it is stripped from output)
+	// encryptedFirst: the proxy asks for reasoning.encrypted_content from the first upstream call
+	// on (unstored, with a reasoning object); the loop may start asking later (includeEncrypted).
+	encryptedFirst bool
+	// includeEncrypted is the include list plus reasoning.encrypted_content, for the calls after
+	// an unstored turn showed reasoning items (nil when the proxy never adds it).
+	includeEncrypted []byte
+	maxToolCalls     int // max_tool_calls; 0: no limit from the request
+	// noCode: the client's tool_choice rules code_interpreter out ("none", or allowed_tools
+	// without it). A model that calls the stand-in anyway (servers that ignore tool_choice) gets
+	// its calls shown, never run.
+	noCode bool
+
+	container     containerSpec
+	prevContainer string // container of the previous response in a chain, reused while it lives
+
+	// Client values echoed in the Response (raw JSON; nil when absent).
+	model, tools, toolChoice, previousID, maxToolCallsRaw []byte
+
+	toolChoiceFirst []byte // tool_choice on the first upstream call (nil: as sent / absent)
+	toolChoiceLater []byte // tool_choice once the model has called a tool (nil: unchanged)
+
+	inputString bool     // input was a string and no item had to be added before it
+	input       [][]byte // the client's input items, translated for the upstream
+}
+
+// validMemoryLimit reports whether s is one of the values OpenAI's container memory_limit allows.
+func validMemoryLimit(s string) bool {
+	switch s {
+	case "1g", "4g", "16g", "64g":
+		return true
+	}
+	return false
+}
+
+// containerSpec is the code_interpreter tool's container.
+type containerSpec struct {
+	id          string // "cntr_..." when the tool names one
+	memoryLimit string // container.memory_limit of an auto container
+	toolIndex   int    // index of the code_interpreter tool in tools, for error params
+}
+
+// lookup is what parsing needs from the store: the records of responses and calls this proxy
+// minted, which only their owner may use.
+type lookup struct {
+	ctx    context.Context
+	store  Store
+	caller string
+}
+
+// wants reports whether a request is one the engine intercepts: the tools list holds a
+// code_interpreter tool.
+func wants(body []byte) bool {
+	if !jsondepth.Valid(body) {
+		return false
+	}
+	found := false
+	gjson.GetBytes(body, "tools").ForEach(func(_, t gjson.Result) bool {
+		if t.Get("type").String() == "code_interpreter" {
+			found = true
+			return false
+		}
+		return true
+	})
+	return found
+}
+
+// parseRequest validates the client's body and derives the request, without I/O; resolve then
+// completes it from the store. The error is client-visible.
+func parseRequest(body []byte, ic config.Interception) (*parsedRequest, *apierror.Error) {
+	fn := ic.FunctionName
+	if fn == "" {
+		fn = config.DefaultFunctionName
+	}
+	root := gjson.ParseBytes(body)
+	if !jsondepth.Valid(body) || !root.IsObject() {
+		return nil, apierror.BadRequest("The request body must be a JSON object.", "", "")
+	}
+	r := &parsedRequest{
+		raw:    body,
+		fn:     fn,
+		code:   wants(body),
+		stream: root.Get("stream").Bool(),
+		store:  root.Get("store").Type != gjson.False,
+	}
+	if r.code && root.Get("background").Bool() {
+		return nil, apierror.BadRequest("Background mode is not supported together with the code_interpreter tool.", "background", "")
+	}
+	if c := root.Get("conversation"); r.code && c.Exists() && c.Type != gjson.Null {
+		// Each upstream call of the loop would append the conversation's items again.
+		return nil, apierror.BadRequest("Conversations are not supported together with the code_interpreter tool on this server; use previous_response_id or send the items in input.", "conversation", "")
+	}
+	r.model = rawOf(root.Get("model"))
+	r.tools = rawOf(root.Get("tools"))
+	r.toolChoice = rawOf(root.Get("tool_choice"))
+	r.previousID = rawOf(root.Get("previous_response_id"))
+	r.maxToolCallsRaw = rawOf(root.Get("max_tool_calls"))
+	if n := root.Get("max_tool_calls"); n.Type == gjson.Number && n.Int() > 0 {
+		r.maxToolCalls = int(n.Int())
+	}
+
+	// tools: the first code_interpreter tool becomes the stand-in function; further ones are
+	// dropped (one kernel serves them all); a client function using the name is a clash.
+	tools := make([]byte, 0, len(r.tools)+1024)
+	tools = append(tools, '[')
+	seen := false
+	var bad *apierror.Error
+	root.Get("tools").ForEach(func(k, t gjson.Result) bool {
+		switch typ := t.Get("type").String(); {
+		case typ == "code_interpreter":
+			if seen {
+				return true
+			}
+			seen = true
+			r.container.toolIndex = int(k.Int())
+			c := t.Get("container")
+			param := "tools[" + k.String() + "].container"
+			switch {
+			case !c.Exists(), c.Type == gjson.Null:
+				// No container: an auto one, as the most lenient reading of a required field.
+			case c.Type == gjson.String:
+				r.container.id = c.String()
+			case c.IsObject() && c.Get("type").String() == "auto":
+				switch ml := c.Get("memory_limit"); {
+				case !ml.Exists(), ml.Type == gjson.Null:
+				case ml.Type == gjson.String && validMemoryLimit(ml.String()):
+					r.container.memoryLimit = ml.String()
+				default:
+					bad = apierror.BadRequest("Invalid value for '"+param+".memory_limit': expected one of '1g', '4g', '16g', '64g'.", param+".memory_limit", "invalid_value")
+					return false
+				}
+			default:
+				bad = apierror.BadRequest("Invalid value for '"+param+"': expected a container id or {\"type\": \"auto\"}.", param, "invalid_value")
+				return false
+			}
+			tools = appendElem(tools, standInTool(fn))
+		case r.code && (typ == "function" || typ == "custom") && t.Get("name").String() == fn:
+			bad = apierror.BadRequest("The tool name '"+fn+"' is reserved for code_interpreter on this server; rename the function.", "tools", "")
+			return false
+		default:
+			tools = appendElem(tools, []byte(t.Raw))
+		}
+		return true
+	})
+	if bad != nil {
+		return nil, bad
+	}
+	tools = append(tools, ']')
+
+	if r.code {
+		r.toolChoiceFirst, r.toolChoiceLater = rewriteToolChoice(root.Get("tool_choice"), fn)
+		r.noCode = excludesCode(root.Get("tool_choice"))
+	}
+
+	// include: outputs are the proxy's business; encrypted reasoning is asked for when the
+	// conversation is not stored upstream and the request configures reasoning (a sign of a
+	// reasoning model: non-reasoning models reject the include), so reasoning items can be
+	// carried from one iteration to the next.
+	var include []string
+	root.Get("include").ForEach(func(_, v gjson.Result) bool {
+		switch s := v.String(); s {
+		case includeOutputs:
+			r.includeOutputs = true
+		case includeEncrypted:
+			r.keepEncrypted = true
+			include = append(include, s)
+		default:
+			include = append(include, s)
+		}
+		return true
+	})
+	if !r.store && !r.keepEncrypted {
+		withEnc, _ := json.Marshal(append(slices.Clone(include), includeEncrypted))
+		r.includeEncrypted = withEnc
+		if root.Get("reasoning").IsObject() {
+			r.encryptedFirst = true
+			include = append(include, includeEncrypted)
+		}
+	}
+
+	base, err := sjson.SetRawBytes(body, "tools", tools)
+	if err != nil {
+		return nil, apierror.BadRequest("Invalid JSON body.", "", "")
+	}
+	if root.Get("include").Exists() || len(include) > 0 {
+		if len(include) == 0 {
+			base, err = sjson.DeleteBytes(base, "include")
+		} else {
+			inc, _ := json.Marshal(include)
+			base, err = sjson.SetRawBytes(base, "include", inc)
+		}
+		if err != nil {
+			return nil, apierror.BadRequest("Invalid JSON body.", "include", "")
+		}
+	}
+
+	r.base = base
+	return r, nil
+}
+
+// resolve completes the request with what it refers to in the store, its one I/O step, which the
+// engine takes before the loop starts: a previous_response_id this proxy minted stands for the
+// last upstream response of its loop, its container, and the outputs of stand-in calls the client
+// never saw as function calls; code_interpreter_call items (and references to them) sent back as
+// input become the function_call and function_call_output pairs the upstream saw. Records of
+// another caller are not used. A nil lk.store resolves nothing.
+func (r *parsedRequest) resolve(lk lookup) {
+	var pending [][]byte
+	if prev := gjson.GetBytes(r.raw, "previous_response_id").String(); prev != "" && lk.store != nil {
+		if sr, ok := lk.store.Response(lk.ctx, prev); ok && sr.Owner == lk.caller {
+			r.base, _ = sjson.SetBytes(r.base, "previous_response_id", sr.UpstreamID)
+			r.prevContainer = sr.ContainerID
+			pending = sr.Pending
+		}
+	}
+	in := gjson.GetBytes(r.raw, "input")
+	switch {
+	case in.Type == gjson.String && len(pending) == 0:
+		r.inputString = true
+	case in.Type == gjson.String:
+		r.input = append(append([][]byte(nil), pending...), userMessageOf(in))
+	default:
+		r.input = append(r.input, pending...)
+		in.ForEach(func(_, it gjson.Result) bool {
+			r.input = append(r.input, translateInputItem(it, r.fn, lk)...)
+			return true
+		})
+	}
+}
+
+// excludesCode reports whether tool_choice rules code_interpreter out: "none", or an allowed_tools
+// list without it.
+func excludesCode(tc gjson.Result) bool {
+	switch {
+	case tc.Type == gjson.String:
+		return tc.String() == "none"
+	case tc.Get("type").String() == "allowed_tools":
+		found := false
+		tc.Get("tools").ForEach(func(_, t gjson.Result) bool {
+			found = t.Get("type").String() == "code_interpreter"
+			return !found
+		})
+		return !found
+	}
+	return false
+}
+
+// translateInputItem turns replayed code_interpreter_call items (and references to ones this
+// proxy minted) into the function_call + function_call_output pair the upstream saw.
+func translateInputItem(it gjson.Result, fn string, lk lookup) [][]byte {
+	switch it.Get("type").String() {
+	case "code_interpreter_call":
+		id := it.Get("id").String()
+		sc, known := storedCall(lk, id)
+		code := it.Get("code").String()
+		if !it.Get("code").Exists() || it.Get("code").Type == gjson.Null {
+			code = sc.Code
+		}
+		output := sc.Output
+		if outs := it.Get("outputs"); !known || (outs.IsArray() && len(outs.Array()) > 0) {
+			output = logsText(outs)
+		}
+		callID := sc.CallID
+		if callID == "" {
+			callID = "call_" + strings.TrimPrefix(id, "ci_")
+		}
+		return callPair(fn, callID, code, output)
+	case "item_reference":
+		id := it.Get("id").String()
+		if strings.HasPrefix(id, "ci_") {
+			if sc, ok := storedCall(lk, id); ok {
+				return callPair(fn, sc.CallID, sc.Code, sc.Output)
+			}
+		}
+	}
+	return [][]byte{[]byte(it.Raw)}
+}
+
+func storedCall(lk lookup, id string) (StoredCall, bool) {
+	if lk.store == nil || id == "" {
+		return StoredCall{}, false
+	}
+	sc, ok := lk.store.Call(lk.ctx, id)
+	if !ok || sc.Owner != lk.caller {
+		return StoredCall{}, false
+	}
+	return sc, true
+}
+
+// logsText rebuilds what the model saw of an execution from a code_interpreter_call item's
+// outputs: the logs, then a line per image, as describe writes them.
+func logsText(outs gjson.Result) string {
+	var parts, images []string
+	outs.ForEach(func(_, o gjson.Result) bool {
+		switch o.Get("type").String() {
+		case "logs":
+			parts = append(parts, o.Get("logs").String())
+		case "image":
+			kind := "image/png"
+			if strings.HasPrefix(o.Get("url").String(), "data:image/jpeg") {
+				kind = "image/jpeg"
+			}
+			images = append(images, "["+kind+" produced: shown to the user]")
+		}
+		return true
+	})
+	s := joinLines(append(parts, images...)...)
+	if s == "" {
+		return "[no output]"
+	}
+	return s
+}
+
+func rawOf(r gjson.Result) []byte {
+	if !r.Exists() {
+		return nil
+	}
+	return []byte(r.Raw)
+}

@@ -1,0 +1,66 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"go.uber.org/zap"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/settings"
+)
+
+// Keys are the litellm_params keys of a local sandbox tool (besides sandbox_provider).
+func Keys() []string {
+	return []string{"python", "memory_limit", "max_memory", "max_processes", "max_file_size", "max_disk_size", "pool_size", "work_dir"}
+}
+
+// DecodeSettings reads a local sandbox tool's litellm_params from p: every key it does not set keeps
+// its DefaultOptions value, and each wrong value is recorded in p with its line (the default then
+// stands in, so that all problems are found in one pass). Sizes are bytes, parsed once here.
+func DecodeSettings(p *settings.Map) Options {
+	o := DefaultOptions()
+	if v := p.String("python"); v.Present {
+		if !filepath.IsAbs(v.S) {
+			p.Errorf(p.ValueLine("python"), "%s: %s must be an absolute path", p.Key("python"), v.Shown())
+		} else {
+			o.Python = v.S
+		}
+	}
+	var memText, maxText string
+	o.MemoryLimit, memText = p.Size("memory_limit", o.MemoryLimit)
+	o.MaxMemory, maxText = p.Size("max_memory", o.MaxMemory)
+	if o.MemoryLimit > o.MaxMemory {
+		line := p.ValueLine("memory_limit")
+		if line == 0 {
+			line = p.ValueLine("max_memory")
+		}
+		p.Errorf(line, "%s: memory_limit (%s) is larger than max_memory (%s)", p.Path(), memText, maxText)
+	}
+	o.MaxProcesses = p.Int("max_processes", o.MaxProcesses, 1)
+	o.MaxFileSize, _ = p.Size("max_file_size", o.MaxFileSize)
+	o.MaxDiskSize, _ = p.Size("max_disk_size", o.MaxDiskSize)
+	o.PoolSize = p.Int("pool_size", o.PoolSize, 0)
+	if v := p.String("work_dir"); v.Present {
+		if !filepath.IsAbs(v.S) {
+			p.Errorf(p.ValueLine("work_dir"), "%s: %s must be an absolute path", p.Key("work_dir"), v.Shown())
+		} else {
+			o.WorkDir = filepath.Clean(v.S)
+		}
+	}
+	return o
+}
+
+// Provision implements sandbox.Provisioner: it checks that a sandbox can start on this host with o
+// (bubblewrap, user namespaces, the interpreter), so that a broken host fails the configuration rather
+// than requests much later, and then starts the Provider of the tool.
+func (o Options) Provision(ctx context.Context, tool string, log *zap.Logger) (sandbox.Provider, error) {
+	o.Tool, o.Logger = tool, log
+	if err := Check(ctx, o); err != nil {
+		return nil, fmt.Errorf("cannot run on this host: %w", err)
+	}
+	return New(o)
+}
+
+var _ sandbox.Provisioner = Options{}

@@ -1,0 +1,47 @@
+package local
+
+import (
+	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/ciproxy/ciproxy/internal/settings"
+)
+
+func decode(t *testing.T, src string) (Options, error) {
+	t.Helper()
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte(src), &doc); err != nil {
+		t.Fatal(err)
+	}
+	d := settings.NewDecoder(func(string) (string, bool) { return "", false })
+	o := DecodeSettings(d.Map(doc.Content[0], "p", "p", Keys(), nil))
+	return o, d.Err("c.yaml")
+}
+
+// Each default is written once: what a tool that sets nothing decodes to is DefaultOptions, and New
+// keeps it as it is (pool_size 0 included, which means no warm pool, not the default pool).
+func TestDecodeSettingsDefaults(t *testing.T) {
+	o, err := decode(t, "{}")
+	if err != nil || o != DefaultOptions() {
+		t.Errorf("DecodeSettings({}) = %+v, %v; want DefaultOptions() %+v", o, err, DefaultOptions())
+	}
+	if got := o.withDefaults(); got.PoolSize != DefaultPoolSize || got.MemoryLimit != DefaultMemoryLimit {
+		t.Errorf("withDefaults changed the decoded defaults: %+v", got)
+	}
+	o, err = decode(t, "{pool_size: 0, memory_limit: 512m, max_memory: 1g}")
+	if err != nil || o.PoolSize != 0 || o.withDefaults().PoolSize != 0 || o.MemoryLimit != 512<<20 || o.MaxMemory != 1<<30 {
+		t.Errorf("DecodeSettings(pool_size 0) = %+v, %v; want no pool and the sizes in bytes", o, err)
+	}
+	if got := (Options{}).withDefaults(); got.PoolSize != 0 || got.Python != DefaultPython {
+		t.Errorf("Options{}.withDefaults() = %+v; want the defaults with no pool", got)
+	}
+}
+
+func TestDecodeSettingsErrors(t *testing.T) {
+	_, err := decode(t, "max_memory: 512m\n")
+	const want = "c.yaml:1: p: memory_limit (1g) is larger than max_memory (512m)"
+	if err == nil || err.Error() != want {
+		t.Errorf("DecodeSettings(max_memory below the default memory_limit) error = %v; want %q", err, want)
+	}
+}

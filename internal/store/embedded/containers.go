@@ -1,0 +1,403 @@
+package embedded
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ciproxy/ciproxy/internal/store"
+)
+
+// containerRecord is containers/<id>.json.
+type containerRecord struct {
+	ID           string        `json:"id"`
+	Owner        string        `json:"owner"`
+	Name         string        `json:"name,omitempty"`
+	Backend      string        `json:"backend,omitempty"`
+	Tool         string        `json:"tool,omitempty"`
+	Handle       []byte        `json:"handle,omitempty"`
+	Host         string        `json:"host,omitempty"`
+	MemoryLimit  string        `json:"memory_limit,omitempty"`
+	Status       string        `json:"status,omitempty"`
+	IdleTimeout  time.Duration `json:"idle_timeout_ns,omitempty"`
+	CreatedAt    time.Time     `json:"created_at"`
+	LastActiveAt time.Time     `json:"last_active_at,omitzero"`
+	ExpiresAt    time.Time     `json:"expires_at,omitzero"`
+	ForgetAt     time.Time     `json:"forget_at,omitzero"`
+	Version      int64         `json:"version"`
+}
+
+func (r *containerRecord) forgotten(now time.Time) bool {
+	return !r.ForgetAt.IsZero() && !now.Before(r.ForgetAt)
+}
+
+func (r *containerRecord) container() store.Container {
+	return store.Container{
+		ID: r.ID, Owner: r.Owner, Name: r.Name, Backend: r.Backend, Tool: r.Tool, Handle: slices.Clone(r.Handle),
+		Host: r.Host, MemoryLimit: r.MemoryLimit, Status: r.Status, IdleTimeout: r.IdleTimeout,
+		CreatedAt: r.CreatedAt, LastActiveAt: r.LastActiveAt, ExpiresAt: r.ExpiresAt, ForgetAt: r.ForgetAt, Version: r.Version,
+	}
+}
+
+func containerRecordOf(c store.Container) *containerRecord {
+	return &containerRecord{
+		ID: c.ID, Owner: c.Owner, Name: c.Name, Backend: c.Backend, Tool: c.Tool, Handle: slices.Clone(c.Handle),
+		Host: c.Host, MemoryLimit: c.MemoryLimit, Status: c.Status, IdleTimeout: c.IdleTimeout,
+		CreatedAt: c.CreatedAt, LastActiveAt: c.LastActiveAt, ExpiresAt: c.ExpiresAt, ForgetAt: c.ForgetAt, Version: c.Version,
+	}
+}
+
+// cfileRecord is cfiles/<id>.json.
+type cfileRecord struct {
+	ID          string    `json:"id"`
+	ContainerID string    `json:"container_id"`
+	Owner       string    `json:"owner"`
+	Path        string    `json:"path"`
+	Bytes       int64     `json:"bytes"`
+	Source      string    `json:"source"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+func (r *cfileRecord) file() store.ContainerFile {
+	return store.ContainerFile{ID: r.ID, ContainerID: r.ContainerID, Owner: r.Owner, Path: r.Path, Bytes: r.Bytes, Source: r.Source, CreatedAt: r.CreatedAt}
+}
+
+func (s *Store) loadContainers() error {
+	ids, err := s.records(dirContainers)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		var r containerRecord
+		if err := s.readRecord(dirContainers, id, &r); err != nil {
+			s.quarantine(dirContainers, id+".json", err)
+			continue
+		}
+		if r.ID != id || !store.ContainerKind.Valid(id) {
+			s.quarantine(dirContainers, id+".json", fmt.Errorf("record names id %q", r.ID))
+			continue
+		}
+		s.indexContainerLocked(&r)
+	}
+	return nil
+}
+
+// loadContainerFiles reads the container files, removing those whose container is gone (a crash
+// while a container was being deleted).
+func (s *Store) loadContainerFiles() error {
+	ids, err := s.records(dirCFiles)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		var r cfileRecord
+		if err := s.readRecord(dirCFiles, id, &r); err != nil {
+			s.quarantine(dirCFiles, id+".json", err)
+			continue
+		}
+		if c, ok := s.containers[r.ContainerID]; !ok || c.Owner != r.Owner || r.ID != id || !store.ContainerFileKind.Valid(id) {
+			if err := s.removeRecord(dirCFiles, id, cached); err != nil {
+				return err
+			}
+			continue
+		}
+		s.indexCFileLocked(&r)
+	}
+	return nil
+}
+
+func (s *Store) indexContainerLocked(r *containerRecord) {
+	s.ids.Observe(store.ContainerKind, r.ID)
+	s.containers[r.ID] = r
+	ix := s.ownerCntrs[r.Owner]
+	if ix == nil {
+		ix = &index{}
+		s.ownerCntrs[r.Owner] = ix
+	}
+	ix.add(r.ID)
+}
+
+func (s *Store) indexCFileLocked(r *cfileRecord) {
+	s.ids.Observe(store.ContainerFileKind, r.ID)
+	s.cfiles[r.ID] = r
+	ix := s.cntrFiles[r.ContainerID]
+	if ix == nil {
+		ix = &index{}
+		s.cntrFiles[r.ContainerID] = ix
+	}
+	ix.add(r.ID)
+}
+
+// dropContainerLocked removes a container: its record first (its files are then orphans, which
+// Open removes should a crash come next), then its files.
+func (s *Store) dropContainerLocked(id string) error {
+	r, ok := s.containers[id]
+	if !ok {
+		return nil
+	}
+	if err := s.removeRecord(dirContainers, id, synced); err != nil {
+		return err
+	}
+	delete(s.containers, id)
+	if ix := s.ownerCntrs[r.Owner]; ix != nil {
+		if ix.remove(id); len(*ix) == 0 {
+			delete(s.ownerCntrs, r.Owner)
+		}
+	}
+	var firstErr error
+	if ix := s.cntrFiles[id]; ix != nil {
+		for _, fid := range *ix {
+			delete(s.cfiles, fid)
+			if err := s.removeRecord(dirCFiles, fid, cached); err != nil && firstErr == nil {
+				firstErr = err
+			}
+		}
+		delete(s.cntrFiles, id)
+	}
+	return firstErr
+}
+
+// liveContainerLocked returns owner's container id unless it is forgotten.
+func (s *Store) liveContainerLocked(owner, id string) (*containerRecord, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	r, ok := s.containers[id]
+	if !ok || r.Owner != owner || r.forgotten(s.now()) {
+		return nil, fmt.Errorf("container %s: %w", id, store.ErrNotFound)
+	}
+	return r, nil
+}
+
+// CreateContainer implements [store.Containers.CreateContainer].
+func (s *Store) CreateContainer(_ context.Context, c store.Container) (store.Container, error) {
+	if c.ID != "" && !store.ContainerKind.Valid(c.ID) {
+		return store.Container{}, fmt.Errorf("%w: %q is not a container id", errInvalid, c.ID)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(); err != nil {
+		return store.Container{}, err
+	}
+	if c.ID == "" {
+		c.ID = s.ids.New(store.ContainerKind)
+	}
+	if old, taken := s.containers[c.ID]; taken {
+		if !old.forgotten(s.now()) {
+			return store.Container{}, fmt.Errorf("container %s: %w", c.ID, store.ErrExists)
+		}
+		if err := s.dropContainerLocked(c.ID); err != nil {
+			return store.Container{}, err
+		}
+	}
+	if c.CreatedAt.IsZero() {
+		c.CreatedAt = s.now()
+	}
+	c.Version = 1
+	r := containerRecordOf(c)
+	if err := s.writeRecord(dirContainers, c.ID, r, synced, time.Time{}); err != nil {
+		return store.Container{}, err
+	}
+	s.indexContainerLocked(r)
+	return r.container(), nil
+}
+
+// Container implements [store.Containers.Container].
+func (s *Store) Container(_ context.Context, owner, id string) (store.Container, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.liveContainerLocked(owner, id)
+	if err != nil {
+		return store.Container{}, err
+	}
+	return r.container(), nil
+}
+
+// UpdateContainer implements [store.Containers.UpdateContainer]. The record is written without
+// fsync: updates are frequent (every use moves last_active_at), and losing the last one to a
+// power cut costs a container some idle time at most.
+func (s *Store) UpdateContainer(_ context.Context, c store.Container) (store.Container, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, err := s.liveContainerLocked(c.Owner, c.ID)
+	if err != nil {
+		return store.Container{}, err
+	}
+	if old.Version != c.Version {
+		return store.Container{}, fmt.Errorf("container %s: version %d, not %d: %w", c.ID, old.Version, c.Version, store.ErrConflict)
+	}
+	c.CreatedAt = old.CreatedAt
+	c.Version++
+	r := containerRecordOf(c)
+	if err := s.writeRecord(dirContainers, c.ID, r, cached, time.Time{}); err != nil {
+		return store.Container{}, err
+	}
+	s.containers[c.ID] = r
+	return r.container(), nil
+}
+
+// DeleteContainer implements [store.Containers.DeleteContainer].
+func (s *Store) DeleteContainer(_ context.Context, owner, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.liveContainerLocked(owner, id); err != nil {
+		return err
+	}
+	return s.dropContainerLocked(id)
+}
+
+// ListContainers implements [store.Containers.ListContainers].
+func (s *Store) ListContainers(_ context.Context, owner string, q store.ContainerQuery) (store.List[store.Container], error) {
+	if q.After != "" && !store.ContainerKind.Valid(q.After) {
+		return store.List[store.Container]{}, fmt.Errorf("%w: after %q is not a container id", errInvalid, q.After)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(); err != nil {
+		return store.List[store.Container]{}, err
+	}
+	ix := s.ownerCntrs[owner]
+	if ix == nil {
+		return store.List[store.Container]{}, nil
+	}
+	now := s.now()
+	return page(*ix, q.Page, func(id string) (store.Container, bool) {
+		r := s.containers[id]
+		if r.forgotten(now) || (q.Name != "" && r.Name != q.Name) {
+			return store.Container{}, false
+		}
+		return r.container(), true
+	}), nil
+}
+
+// ExpiringContainers implements [store.Containers.ExpiringContainers].
+func (s *Store) ExpiringContainers(_ context.Context, before time.Time, limit int) ([]store.Container, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	now := s.now()
+	var due []*containerRecord
+	for _, r := range s.containers {
+		if !r.ExpiresAt.IsZero() && !r.ExpiresAt.After(before) && !r.forgotten(now) {
+			due = append(due, r)
+		}
+	}
+	slices.SortFunc(due, func(a, b *containerRecord) int {
+		if c := a.ExpiresAt.Compare(b.ExpiresAt); c != 0 {
+			return c
+		}
+		return compareStrings(a.ID, b.ID)
+	})
+	if limit > 0 && len(due) > limit {
+		due = due[:limit]
+	}
+	out := make([]store.Container, len(due))
+	for i, r := range due {
+		out[i] = r.container()
+	}
+	return out, nil
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// PutContainerFile implements [store.ContainerFiles.PutContainerFile].
+func (s *Store) PutContainerFile(_ context.Context, f store.ContainerFile) (store.ContainerFile, error) {
+	if f.ID != "" && !store.ContainerFileKind.Valid(f.ID) {
+		return store.ContainerFile{}, fmt.Errorf("%w: %q is not a container file id", errInvalid, f.ID)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.liveContainerLocked(f.Owner, f.ContainerID); err != nil {
+		return store.ContainerFile{}, err
+	}
+	if f.ID == "" {
+		f.ID = s.ids.New(store.ContainerFileKind)
+	} else if old, ok := s.cfiles[f.ID]; ok && (old.ContainerID != f.ContainerID || old.Owner != f.Owner) {
+		// An id names one file of one container; another container cannot take it over.
+		return store.ContainerFile{}, fmt.Errorf("container file %s: %w", f.ID, store.ErrExists)
+	}
+	if f.CreatedAt.IsZero() {
+		f.CreatedAt = s.now()
+	}
+	r := &cfileRecord{ID: f.ID, ContainerID: f.ContainerID, Owner: f.Owner, Path: f.Path, Bytes: f.Bytes, Source: f.Source, CreatedAt: f.CreatedAt}
+	if err := s.writeRecord(dirCFiles, f.ID, r, synced, time.Time{}); err != nil {
+		return store.ContainerFile{}, err
+	}
+	s.indexCFileLocked(r)
+	return r.file(), nil
+}
+
+func (s *Store) liveCFileLocked(owner, containerID, id string) (*cfileRecord, error) {
+	if _, err := s.liveContainerLocked(owner, containerID); err != nil {
+		return nil, err
+	}
+	r, ok := s.cfiles[id]
+	if !ok || r.ContainerID != containerID {
+		return nil, fmt.Errorf("container file %s: %w", id, store.ErrNotFound)
+	}
+	return r, nil
+}
+
+// ContainerFile implements [store.ContainerFiles.ContainerFile].
+func (s *Store) ContainerFile(_ context.Context, owner, containerID, id string) (store.ContainerFile, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.liveCFileLocked(owner, containerID, id)
+	if err != nil {
+		return store.ContainerFile{}, err
+	}
+	return r.file(), nil
+}
+
+// ListContainerFiles implements [store.ContainerFiles.ListContainerFiles].
+func (s *Store) ListContainerFiles(_ context.Context, owner, containerID string, q store.ContainerFileQuery) (store.List[store.ContainerFile], error) {
+	if q.After != "" && !store.ContainerFileKind.Valid(q.After) {
+		return store.List[store.ContainerFile]{}, fmt.Errorf("%w: after %q is not a container file id", errInvalid, q.After)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.liveContainerLocked(owner, containerID); err != nil {
+		return store.List[store.ContainerFile]{}, err
+	}
+	ix := s.cntrFiles[containerID]
+	if ix == nil {
+		return store.List[store.ContainerFile]{}, nil
+	}
+	return page(*ix, q.Page, func(id string) (store.ContainerFile, bool) {
+		r := s.cfiles[id]
+		if q.Path != "" && r.Path != q.Path {
+			return store.ContainerFile{}, false
+		}
+		return r.file(), true
+	}), nil
+}
+
+// DeleteContainerFile implements [store.ContainerFiles.DeleteContainerFile].
+func (s *Store) DeleteContainerFile(_ context.Context, owner, containerID, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.liveCFileLocked(owner, containerID, id); err != nil {
+		return err
+	}
+	if err := s.removeRecord(dirCFiles, id, synced); err != nil {
+		return err
+	}
+	delete(s.cfiles, id)
+	if ix := s.cntrFiles[containerID]; ix != nil {
+		if ix.remove(id); len(*ix) == 0 {
+			delete(s.cntrFiles, containerID)
+		}
+	}
+	return nil
+}

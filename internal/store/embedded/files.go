@@ -1,0 +1,373 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/ciproxy/ciproxy/internal/store"
+)
+
+// fileRecord is files/<id>.json.
+type fileRecord struct {
+	ID        string    `json:"id"`
+	Owner     string    `json:"owner"`
+	Filename  string    `json:"filename"`
+	Purpose   string    `json:"purpose"`
+	Bytes     int64     `json:"bytes"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+}
+
+func (r *fileRecord) expired(now time.Time) bool {
+	return !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt)
+}
+
+func (r *fileRecord) file() store.File {
+	return store.File{ID: r.ID, Owner: r.Owner, Filename: r.Filename, Purpose: r.Purpose, Bytes: r.Bytes, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt}
+}
+
+// loadFiles reads every file record, then removes the blobs no record names (a crash between
+// storing the bytes and the metadata, or between removing the metadata and the bytes).
+func (s *Store) loadFiles() error {
+	ids, err := s.records(dirFiles)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		var r fileRecord
+		err := s.readRecord(dirFiles, id, &r)
+		if err == nil && (r.ID != id || !store.FileKind.Valid(id)) {
+			err = fmt.Errorf("the record names id %q", r.ID)
+		}
+		if err == nil {
+			if info, serr := os.Lstat(s.path(dirBlobs, id)); serr != nil || !info.Mode().IsRegular() || info.Size() != r.Bytes {
+				err = fmt.Errorf("its bytes are missing or of another size (%v)", serr)
+			}
+		}
+		if err != nil {
+			// The record and its bytes go aside together: what an operator may recover.
+			s.quarantine(dirFiles, id+".json", err)
+			if _, serr := os.Lstat(s.path(dirBlobs, id)); serr == nil {
+				s.quarantine(dirBlobs, id, errors.New("its metadata could not be read"))
+			}
+			continue
+		}
+		s.indexFileLocked(&r)
+	}
+	blobs, err := os.ReadDir(s.path(dirBlobs))
+	if err != nil {
+		return fmt.Errorf("embedded store: %w", err)
+	}
+	for _, b := range blobs {
+		if _, ok := s.files[b.Name()]; !ok {
+			if err := os.RemoveAll(s.path(dirBlobs, b.Name())); err != nil {
+				return fmt.Errorf("embedded store: removing an orphaned blob: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Store) indexFileLocked(r *fileRecord) {
+	s.ids.Observe(store.FileKind, r.ID)
+	s.files[r.ID] = r
+	of := s.ownerFiles[r.Owner]
+	if of == nil {
+		of = &ownerFiles{}
+		s.ownerFiles[r.Owner] = of
+	}
+	of.ids.add(r.ID)
+	of.bytes += r.Bytes
+}
+
+// dropFileLocked removes a file: metadata first, so that a crash in between leaves an orphaned
+// blob (removed at Open), never metadata without bytes.
+func (s *Store) dropFileLocked(id string) error {
+	r, ok := s.files[id]
+	if !ok {
+		return nil
+	}
+	if err := s.removeRecord(dirFiles, id, synced); err != nil {
+		return err
+	}
+	delete(s.files, id)
+	of := s.ownerFiles[r.Owner]
+	of.ids.remove(id)
+	of.bytes -= r.Bytes
+	if len(of.ids) == 0 {
+		delete(s.ownerFiles, r.Owner)
+	}
+	return s.remove(dirBlobs, id, cached)
+}
+
+// liveFileLocked returns owner's unexpired file id.
+func (s *Store) liveFileLocked(owner, id string) (*fileRecord, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	r, ok := s.files[id]
+	if !ok || r.Owner != owner || r.expired(s.now()) {
+		return nil, fmt.Errorf("file %s: %w", id, store.ErrNotFound)
+	}
+	return r, nil
+}
+
+// usedLocked returns owner's bytes after dropping their expired files, so that a file past its
+// expiry stops counting even before a sweep.
+func (s *Store) usedLocked(owner string) (int64, error) {
+	of := s.ownerFiles[owner]
+	if of == nil {
+		return 0, nil
+	}
+	now := s.now()
+	var errs []error
+	for _, id := range append(index(nil), of.ids...) {
+		if s.files[id].expired(now) {
+			errs = append(errs, s.dropFileLocked(id))
+		}
+	}
+	if of := s.ownerFiles[owner]; of != nil {
+		return of.bytes, errors.Join(errs...)
+	}
+	return 0, errors.Join(errs...)
+}
+
+// BeginFile implements [store.Files.BeginFile].
+func (s *Store) BeginFile(ctx context.Context, owner string, lim store.FileLimits) (store.FileUpload, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	err := s.checkOpen()
+	var used int64
+	if err == nil {
+		used, err = s.usedLocked(owner)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if lim.OwnerBytes > 0 && used >= lim.OwnerBytes {
+		return nil, fmt.Errorf("%w: %d of %d bytes in use", store.ErrQuota, used, lim.OwnerBytes)
+	}
+	f, err := os.CreateTemp(s.path(dirTmp), "upload-*")
+	if err != nil {
+		return nil, fmt.Errorf("embedded store: %w", err)
+	}
+	u := &upload{s: s, owner: owner, lim: lim, f: f, max: -1, tooLarge: store.ErrTooLarge}
+	// The first limit to bind decides which error a file too big for it gets.
+	if lim.MaxBytes > 0 {
+		u.max = lim.MaxBytes
+	}
+	if lim.OwnerBytes > 0 && (u.max < 0 || lim.OwnerBytes-used < u.max) {
+		u.max, u.tooLarge = lim.OwnerBytes-used, store.ErrQuota
+	}
+	return u, nil
+}
+
+// upload is a file being written to tmp/.
+type upload struct {
+	s        *Store
+	owner    string
+	lim      store.FileLimits
+	f        *os.File // nil once committed or aborted
+	n        int64
+	max      int64 // -1: no limit
+	tooLarge error // what passing max is
+	failed   bool
+}
+
+// Write implements [store.FileUpload.Write].
+func (u *upload) Write(ctx context.Context, r io.Reader) (int64, error) {
+	if u.f == nil || u.failed {
+		return 0, fmt.Errorf("%w: the upload is finished", errInvalid)
+	}
+	src := r
+	if u.max >= 0 {
+		// One byte past the limit tells "exactly max" from "more than max".
+		src = io.LimitReader(r, u.max-u.n+1)
+	}
+	n, err := io.Copy(u.f, ctxReader{ctx, src})
+	u.n += n
+	switch {
+	case err != nil:
+		u.failed = true
+		return n, fmt.Errorf("embedded store: storing a file: %w", err)
+	case u.max >= 0 && u.n > u.max:
+		u.failed = true
+		return n, fmt.Errorf("%w: more than %d bytes", u.tooLarge, u.max)
+	}
+	return n, nil
+}
+
+// Commit implements [store.FileUpload.Commit].
+func (u *upload) Commit(ctx context.Context, f store.File) (store.File, error) {
+	if u.f == nil || u.failed {
+		return store.File{}, fmt.Errorf("%w: the upload is finished", errInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return store.File{}, err
+	}
+	defer func() { _ = u.Abort() }()
+	s := u.s
+	if f.ID != "" && !store.FileKind.Valid(f.ID) {
+		return store.File{}, fmt.Errorf("%w: %q is not a file id", errInvalid, f.ID)
+	}
+	// The bytes are made durable outside the lock; the lock covers the checks and the rename.
+	if err := u.f.Sync(); err != nil {
+		return store.File{}, fmt.Errorf("embedded store: %w", err)
+	}
+	if err := u.f.Close(); err != nil {
+		return store.File{}, fmt.Errorf("embedded store: %w", err)
+	}
+	tmp := u.f.Name()
+	u.f = nil
+	defer os.Remove(tmp) // gone already after the rename
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(); err != nil {
+		return store.File{}, err
+	}
+	if f.ID == "" {
+		f.ID = s.ids.New(store.FileKind)
+	} else if _, taken := s.files[f.ID]; taken {
+		return store.File{}, fmt.Errorf("file %s: %w", f.ID, store.ErrExists)
+	}
+	used, err := s.usedLocked(u.owner)
+	if err != nil {
+		return store.File{}, err
+	}
+	if u.lim.OwnerBytes > 0 && used+u.n > u.lim.OwnerBytes {
+		return store.File{}, fmt.Errorf("%w: %d bytes in use, %d more asked, %d allowed", store.ErrQuota, used, u.n, u.lim.OwnerBytes)
+	}
+	if f.CreatedAt.IsZero() {
+		f.CreatedAt = s.now()
+	}
+	f.Owner, f.Bytes = u.owner, u.n
+	r := &fileRecord{ID: f.ID, Owner: f.Owner, Filename: f.Filename, Purpose: f.Purpose, Bytes: f.Bytes, CreatedAt: f.CreatedAt, ExpiresAt: f.ExpiresAt}
+	blob := s.path(dirBlobs, f.ID)
+	if err := os.Rename(tmp, blob); err != nil {
+		return store.File{}, fmt.Errorf("embedded store: %w", err)
+	}
+	if err := s.syncDir(dirBlobs); err != nil {
+		_ = os.Remove(blob)
+		return store.File{}, err
+	}
+	if err := s.writeRecord(dirFiles, f.ID, r, synced, time.Time{}); err != nil {
+		_ = os.Remove(blob)
+		return store.File{}, err
+	}
+	s.indexFileLocked(r)
+	return r.file(), nil
+}
+
+// Abort implements [store.FileUpload.Abort].
+func (u *upload) Abort() error {
+	if u.f == nil {
+		return nil
+	}
+	name := u.f.Name()
+	_ = u.f.Close()
+	u.f = nil
+	if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("embedded store: %w", err)
+	}
+	return nil
+}
+
+// ctxReader stops a copy when ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
+// File implements [store.Files.File].
+func (s *Store) File(_ context.Context, owner, id string) (store.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.liveFileLocked(owner, id)
+	if err != nil {
+		return store.File{}, err
+	}
+	return r.file(), nil
+}
+
+// OpenFile implements [store.Files.OpenFile].
+func (s *Store) OpenFile(_ context.Context, owner, id string) (store.File, io.ReadCloser, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.liveFileLocked(owner, id)
+	if err != nil {
+		return store.File{}, nil, err
+	}
+	// Opened under the lock, so that a delete cannot come between the check and the open; once
+	// open, the bytes stay readable after a delete.
+	f, err := os.Open(filepath.Join(s.dir, dirBlobs, id))
+	if err != nil {
+		return store.File{}, nil, fmt.Errorf("embedded store: %w", err)
+	}
+	return r.file(), f, nil
+}
+
+// ListFiles implements [store.Files.ListFiles].
+func (s *Store) ListFiles(_ context.Context, owner string, q store.FileQuery) (store.List[store.File], error) {
+	if q.After != "" && !store.FileKind.Valid(q.After) {
+		return store.List[store.File]{}, fmt.Errorf("%w: after %q is not a file id", errInvalid, q.After)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(); err != nil {
+		return store.List[store.File]{}, err
+	}
+	of := s.ownerFiles[owner]
+	if of == nil {
+		return store.List[store.File]{}, nil
+	}
+	now := s.now()
+	return page(of.ids, q.Page, func(id string) (store.File, bool) {
+		r := s.files[id]
+		if r.expired(now) || (q.Purpose != "" && r.Purpose != q.Purpose) {
+			return store.File{}, false
+		}
+		return r.file(), true
+	}), nil
+}
+
+// DeleteFile implements [store.Files.DeleteFile].
+func (s *Store) DeleteFile(_ context.Context, owner, id string) (store.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.liveFileLocked(owner, id)
+	if err != nil {
+		return store.File{}, err
+	}
+	return r.file(), s.dropFileLocked(id)
+}
+
+// Usage implements [store.Files.Usage].
+func (s *Store) Usage(_ context.Context, owner string) (store.Usage, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(); err != nil {
+		return store.Usage{}, err
+	}
+	used, err := s.usedLocked(owner)
+	if of := s.ownerFiles[owner]; of != nil {
+		return store.Usage{Files: len(of.ids), Bytes: used}, err
+	}
+	return store.Usage{}, err
+}

@@ -1,0 +1,298 @@
+// Package store is the state the proxy keeps between requests: stored responses, the container
+// registry with each container's files, the Files API's files (metadata and bytes), and short
+// claims that decide which process does a piece of work. Store is the one interface; the embedded
+// implementation (package embedded) keeps everything on local disk for one process, and a shared
+// implementation lets several replicas serve the same conversations. Package storetest holds the
+// conformance suite that every implementation passes.
+//
+// Every read is scoped: an object that belongs to another owner is ErrNotFound, exactly as one that
+// does not exist. Objects carry their own expiry (ExpiresAt, ForgetAt): past it they are gone for
+// every reader at once, and an implementation frees them (keys expire, files are deleted) on its
+// own schedule.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"time"
+)
+
+// Errors. Implementations wrap them with %w; callers test with errors.Is.
+var (
+	// ErrNotFound: the object does not exist, has expired, or belongs to another owner.
+	ErrNotFound = errors.New("store: not found")
+	// ErrExists: an object with that id or key already exists (create-if-absent lost).
+	ErrExists = errors.New("store: already exists")
+	// ErrConflict: the object changed since it was read (its Version moved on).
+	ErrConflict = errors.New("store: changed since it was read")
+	// ErrTooLarge: a file is larger than FileLimits.MaxBytes. Nothing was stored.
+	ErrTooLarge = errors.New("store: file too large")
+	// ErrQuota: storing a file would take its owner past FileLimits.OwnerBytes. Nothing was stored.
+	ErrQuota = errors.New("store: owner's storage quota exceeded")
+	// ErrInvalid: an argument is malformed (an id or cursor of the wrong shape, a record that
+	// cannot be encoded).
+	ErrInvalid = errors.New("store: invalid argument")
+	// ErrClosed: the store was closed.
+	ErrClosed = errors.New("store: closed")
+	// ErrUnavailable: the store's backing service cannot be reached; the operation may succeed
+	// later. The embedded store never returns it.
+	ErrUnavailable = errors.New("store: unavailable")
+)
+
+// Store is all the state, behind one interface. Implementations are safe for concurrent use.
+type Store interface {
+	// NewID mints a fresh id of kind k. Ids minted by one Store sort in the order they were minted
+	// (see Kind), which is what list cursors rely on.
+	NewID(k Kind) string
+
+	Responses
+	Containers
+	ContainerFiles
+	Files
+	Claims
+
+	// Close releases the store. Calls after Close fail with ErrClosed; an upload in progress can
+	// only be aborted.
+	Close() error
+}
+
+// Order is the direction of a list: by creation, newest first (Desc, the default) or oldest first.
+type Order string
+
+const (
+	Desc Order = "desc"
+	Asc  Order = "asc"
+)
+
+// Page selects a slice of a list ordered by creation.
+type Page struct {
+	// After is a cursor: the id of an object of the listed kind. The list holds only the objects
+	// that come after it in Order; the object itself need not exist any more. "" starts at the
+	// beginning. An After that is not an id of the listed kind is ErrInvalid.
+	After string
+	// Limit is the most objects returned; <= 0 means no limit.
+	Limit int
+	// Order is Desc when empty.
+	Order Order
+}
+
+// List is one page of a list.
+type List[T any] struct {
+	Items []T
+	// HasMore reports that more objects follow the last one in Items.
+	HasMore bool
+}
+
+// Responses remembers what the proxy needs to continue a conversation it intercepted: which
+// upstream response a client-visible response id stands for, its container, the calls it minted,
+// and what the client received.
+//
+// Unlike every other read here, Response and Call are not scoped by owner: the caller must tell a
+// response id this proxy never minted (which passes through to the upstream) from one minted for
+// another caller (a 404), so it gets the record and compares Owner itself.
+type Responses interface {
+	// PutResponse stores r and its calls, replacing a response with the same id. Ids are 1 to 128
+	// letters, digits, '_' or '-' (ErrInvalid otherwise); the JSON fields must hold valid JSON.
+	PutResponse(ctx context.Context, r Response, calls []Call) error
+	// Response returns the response stored under id.
+	Response(ctx context.Context, id string) (Response, error)
+	// Call returns the code_interpreter_call stored under id ("ci_...").
+	Call(ctx context.Context, id string) (Call, error)
+	// DeleteResponse forgets a response; its calls stay, so a stateless client can still replay
+	// them. Deleting what does not exist is not an error.
+	DeleteResponse(ctx context.Context, id string) error
+}
+
+// Response is what a client-visible response id maps to.
+type Response struct {
+	ID    string
+	Owner string
+	// UpstreamID is the id of the last upstream response of the loop.
+	UpstreamID string
+	// ContainerID is the cntr_ id of the container the response used ("" if none).
+	ContainerID string
+	// Pending holds function_call_output items owed to the upstream when the conversation
+	// continues from UpstreamID.
+	Pending []json.RawMessage
+	// Body is the final Response as the client received it (store: true); nil when not kept.
+	Body json.RawMessage
+	// Input is the JSON array of the response's input items, for input_items; nil when not kept.
+	Input     json.RawMessage
+	CreatedAt time.Time
+	// ExpiresAt is when the response is forgotten; zero means never.
+	ExpiresAt time.Time
+}
+
+// Call is what the upstream saw of one code execution.
+type Call struct {
+	ID     string // the code_interpreter_call item id
+	Owner  string
+	CallID string // the upstream's call_id
+	Code   string
+	Output string // the function_call_output text the model was given
+	// ExpiresAt is when the call is forgotten; zero means never.
+	ExpiresAt time.Time
+}
+
+// Containers is the container registry: what a cntr_ id stands for.
+type Containers interface {
+	// CreateContainer stores c as a new container. An empty ID is minted; an ID already taken is
+	// ErrExists (create-if-absent). The stored record is returned with Version 1.
+	CreateContainer(ctx context.Context, c Container) (Container, error)
+	// Container returns owner's container id.
+	Container(ctx context.Context, owner, id string) (Container, error)
+	// UpdateContainer replaces the stored container with c if the stored Version still equals
+	// c.Version (ErrConflict otherwise) and returns it with Version incremented. ID, Owner and
+	// CreatedAt cannot change. See Modify for a read-modify-write loop.
+	UpdateContainer(ctx context.Context, c Container) (Container, error)
+	// DeleteContainer removes owner's container id and its files.
+	DeleteContainer(ctx context.Context, owner, id string) error
+	// ListContainers lists owner's containers by creation.
+	ListContainers(ctx context.Context, owner string, q ContainerQuery) (List[Container], error)
+	// ExpiringContainers returns up to limit containers of any owner whose ExpiresAt is set and not
+	// after before, the earliest first. The janitor uses it; it claims each one by an
+	// UpdateContainer that clears ExpiresAt, so that exactly one process acts on it.
+	ExpiringContainers(ctx context.Context, before time.Time, limit int) ([]Container, error)
+}
+
+// ContainerQuery selects containers.
+type ContainerQuery struct {
+	Name string // only containers with this name; "" for all
+	Page
+}
+
+// Container is one entry of the container registry.
+type Container struct {
+	ID    string // cntr_...
+	Owner string
+	Name  string
+	// Backend and Tool say which sandbox provider runs it ("local" or "e2b", and the
+	// sandbox_tool_name).
+	Backend string
+	Tool    string
+	// Handle is the sandbox handle as the backend encoded it; nil while the sandbox is being
+	// created. It may hold the sandbox's access token, so it never leaves the proxy.
+	Handle []byte
+	// Host is the replica that hosts a local sandbox ("" when any replica can reach it).
+	Host        string
+	MemoryLimit string
+	// Status is the caller's: "running", "expired", ... The store does not interpret it.
+	Status       string
+	IdleTimeout  time.Duration
+	CreatedAt    time.Time
+	LastActiveAt time.Time
+	// ExpiresAt is when the sandbox expires unless used again (the caller keeps it at
+	// LastActiveAt + IdleTimeout); zero: no expiry pending. ExpiringContainers lists by it.
+	ExpiresAt time.Time
+	// ForgetAt is when the store deletes the record and its files; zero means never.
+	ForgetAt time.Time
+	// Version counts the record's changes; the store sets it.
+	Version int64
+}
+
+// ContainerFiles are the files a container holds (cfile_ ids). Their bytes live in the container;
+// these records say what is there.
+type ContainerFiles interface {
+	// PutContainerFile stores f, replacing the file with the same ID; an empty ID is minted. The
+	// container f.ContainerID must exist and belong to f.Owner (ErrNotFound otherwise).
+	PutContainerFile(ctx context.Context, f ContainerFile) (ContainerFile, error)
+	// ContainerFile returns file id of owner's container containerID.
+	ContainerFile(ctx context.Context, owner, containerID, id string) (ContainerFile, error)
+	// ListContainerFiles lists the files of owner's container containerID by creation.
+	ListContainerFiles(ctx context.Context, owner, containerID string, q ContainerFileQuery) (List[ContainerFile], error)
+	// DeleteContainerFile removes file id of owner's container containerID.
+	DeleteContainerFile(ctx context.Context, owner, containerID, id string) error
+}
+
+// ContainerFileQuery selects container files.
+type ContainerFileQuery struct {
+	Path string // only the file at this path; "" for all
+	Page
+}
+
+// ContainerFile is one file in a container.
+type ContainerFile struct {
+	ID          string // cfile_...
+	ContainerID string
+	Owner       string
+	Path        string // absolute, under /mnt/data
+	Bytes       int64
+	Source      string // "user" or "assistant"
+	CreatedAt   time.Time
+}
+
+// Files are the Files API's files: metadata and bytes.
+type Files interface {
+	// BeginFile starts storing a file for owner under lim. Nothing is visible, and nothing counts
+	// against the owner, until FileUpload.Commit succeeds.
+	BeginFile(ctx context.Context, owner string, lim FileLimits) (FileUpload, error)
+	// File returns owner's file id.
+	File(ctx context.Context, owner, id string) (File, error)
+	// OpenFile returns owner's file id and a reader of its bytes, which the caller closes. The
+	// reader yields the bytes committed, even if the file is deleted meanwhile.
+	OpenFile(ctx context.Context, owner, id string) (File, io.ReadCloser, error)
+	// ListFiles lists owner's files by creation.
+	ListFiles(ctx context.Context, owner string, q FileQuery) (List[File], error)
+	// DeleteFile removes owner's file id and returns what it was.
+	DeleteFile(ctx context.Context, owner, id string) (File, error)
+	// Usage reports what owner's files take.
+	Usage(ctx context.Context, owner string) (Usage, error)
+}
+
+// FileLimits bound one upload. Zero fields mean no limit.
+type FileLimits struct {
+	// MaxBytes is the largest file accepted.
+	MaxBytes int64
+	// OwnerBytes is the most the owner's files may take together, this one included.
+	OwnerBytes int64
+}
+
+// FileUpload is a file being stored. It is used by one goroutine.
+type FileUpload interface {
+	// Write appends everything r yields. Past FileLimits.MaxBytes it fails with ErrTooLarge, and
+	// past what the owner has left with ErrQuota; the upload can then only be aborted.
+	Write(ctx context.Context, r io.Reader) (int64, error)
+	// Commit makes the file visible with the bytes written. f.ID, when empty, is minted (a taken
+	// ID is ErrExists); Owner and Bytes are set from the upload. The quota is checked again, with
+	// everything committed meanwhile. After a failed Commit nothing is stored.
+	Commit(ctx context.Context, f File) (File, error)
+	// Abort discards the upload. It does nothing after a successful Commit and may be called more
+	// than once, so callers defer it.
+	Abort() error
+}
+
+// FileQuery selects files.
+type FileQuery struct {
+	Purpose string // only files with this purpose; "" for all
+	Page
+}
+
+// File is one Files API file.
+type File struct {
+	ID        string // file-...
+	Owner     string
+	Filename  string
+	Purpose   string
+	Bytes     int64
+	CreatedAt time.Time
+	// ExpiresAt is when the file is deleted; zero means never.
+	ExpiresAt time.Time
+}
+
+// Usage is what an owner's files take.
+type Usage struct {
+	Files int
+	Bytes int64
+}
+
+// Claims are short leases that decide which process does a piece of work (create a container for
+// a conversation, delete an expired one).
+type Claims interface {
+	// Claim makes holder the holder of key for ttl, if no one else holds it: create-if-absent. It
+	// reports whether holder holds key now; a holder that claims again extends its lease.
+	Claim(ctx context.Context, key, holder string, ttl time.Duration) (bool, error)
+	// Release ends holder's claim on key. A claim held by someone else is left alone.
+	Release(ctx context.Context, key, holder string) error
+}

@@ -1,0 +1,661 @@
+package upstream
+
+// Responses ⇄ Chat Completions, the request side: a /v1/responses body becomes a
+// /chat/completions body for upstreams that speak only Chat Completions; input items become
+// messages in responses_chat_input.go. The answer side is in responses_chat_response.go (JSON)
+// and responses_chat_stream.go (SSE); errors, the translation's and the upstream's, in
+// responses_chat_error.go. docs/chat-completions.md holds the mapping table; keep both in step.
+//
+// Everything here is pure: no I/O, no clock, no shared state.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+)
+
+var (
+	// ErrChatUnsupported marks a Responses request field or value that a Chat Completions upstream
+	// cannot serve (a built-in tool, background mode, a stored prompt, ...). It comes wrapped in a
+	// 400 *apierror.Error whose Param names the field.
+	ErrChatUnsupported = errors.New("not translatable to Chat Completions")
+	// ErrChatInvalid marks a body that is not a valid Responses request (a wrong type, a missing
+	// required field). It comes wrapped in a 400 *apierror.Error whose Param names the field.
+	ErrChatInvalid = errors.New("invalid Responses request")
+)
+
+// ChatOptions says how Responses requests are put to one Chat Completions deployment. The zero
+// value suits most servers.
+type ChatOptions struct {
+	// MaxCompletionTokens sends max_output_tokens as max_completion_tokens (OpenAI's current name,
+	// which its reasoning models require) instead of max_tokens (the name every server knows).
+	MaxCompletionTokens bool
+	// ReasoningField names the assistant-message field that carries the text of input reasoning
+	// items back to the model: "reasoning_content" (vLLM, SGLang, DeepSeek, llama.cpp) or
+	// "reasoning" (vLLM 0.10 and later). Any other value, "" included, drops input reasoning items:
+	// OpenAI's own Chat Completions API and most providers refuse unknown message fields.
+	ReasoningField string
+	// NewID mints the ids of output items (msg_, rs_, fc_) and the call ids an upstream left out.
+	// nil means 48 random hex digits after the prefix, the shape of OpenAI's ids.
+	NewID func(prefix string) string
+}
+
+// ChatRequest is one Responses request translated for a Chat Completions upstream: the body to
+// post, and what translating the answer back needs (the fields a Response repeats from its
+// request). Build it with NewChatRequest; it is immutable, and safe for concurrent use when
+// ChatOptions.NewID is (the default is).
+type ChatRequest struct {
+	// Body is the Chat Completions request, to be posted to /chat/completions. The caller must
+	// not modify it.
+	Body []byte
+	// Stream reports whether the client asked for a stream; Body then asks the upstream for one,
+	// with usage in its last chunk.
+	Stream bool
+
+	newID    func(prefix string) string
+	logprobs bool // the client included message.output_text.logprobs
+	tmpl     responseTemplate
+}
+
+// responseEcho holds the request's values that a Response repeats, as raw JSON (nil when the
+// request left them out or sent null).
+type responseEcho struct {
+	model, instructions, maxOutputTokens, maxToolCalls, parallelToolCalls []byte
+	promptCacheKey, reasoning, safetyIdentifier, serviceTier, store       []byte
+	temperature, text, toolChoice, tools, topLogprobs, topP, truncation   []byte
+	user, metadata                                                        []byte
+}
+
+// chatOwned are Chat Completions fields that are not Responses fields: the translation writes
+// them itself, so a client may not send them to /v1/responses.
+var chatOwned = map[string]bool{
+	"messages": true, "functions": true, "function_call": true, "n": true, "max_tokens": true,
+	"max_completion_tokens": true, "response_format": true, "logprobs": true, "reasoning_effort": true,
+	"verbosity": true, "modalities": true, "audio": true, "prediction": true, "web_search_options": true,
+}
+
+// NewChatRequest translates a Responses request body into a Chat Completions request; see
+// docs/chat-completions.md for the mapping. body is neither modified nor retained.
+//
+// The request must already be resolved: previous_response_id, item_reference items and
+// code_interpreter tools are the caller's to replace (with input items, and a function tool); any
+// that remain are refused. A field that cannot be translated is a 400 *apierror.Error wrapping
+// ErrChatUnsupported, a malformed one a 400 wrapping ErrChatInvalid; either names the field in
+// Param. Fields the Responses API does not define pass into the chat body unchanged, so server
+// options such as top_k or chat_template_kwargs reach servers that take them.
+func NewChatRequest(body []byte, opts ChatOptions) (*ChatRequest, error) {
+	if !gjson.ValidBytes(body) {
+		return nil, invalid("", "We could not parse the JSON body of your request.")
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return nil, invalid("", "The request body must be a JSON object.")
+	}
+	t := &chatTranslation{opts: opts, out: chatBody{}}
+	t.msgs.field = opts.ReasoningField
+	t.msgs.open = -1
+	var err error
+	root.ForEach(func(k, v gjson.Result) bool {
+		err = t.field(k.Str, v)
+		return err == nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if t.out.Model == nil {
+		return nil, missing("model")
+	}
+	if err := t.finish(); err != nil {
+		return nil, err
+	}
+	b, err := t.marshal()
+	if err != nil {
+		return nil, invalid("", "The request body could not be translated: "+err.Error())
+	}
+	newID := opts.NewID
+	if newID == nil {
+		newID = newRandomID
+	}
+	tmpl, err := t.echo.template()
+	if err != nil {
+		// A value the Response repeats (metadata, reasoning) nested past what clients decode.
+		return nil, invalid("", "The request body could not be translated: "+err.Error())
+	}
+	return &ChatRequest{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, tmpl: tmpl}, nil
+}
+
+// chatTranslation is the state of one NewChatRequest call.
+type chatTranslation struct {
+	opts ChatOptions
+	out  chatBody
+	echo responseEcho
+	msgs messageList
+
+	instructions gjson.Result
+	input        gjson.Result
+	tools        gjson.Result
+	toolChoice   gjson.Result
+	parallel     gjson.Result
+	topLogprobs  gjson.Result
+	logprobs     bool
+	extra        []extraField
+}
+
+type extraField struct {
+	key string
+	raw []byte
+}
+
+// chatBody is the Chat Completions request, in the key order OpenAI documents.
+type chatBody struct {
+	Model                json.RawMessage    `json:"model,omitempty"`
+	Messages             []chatMessage      `json:"messages"`
+	Tools                []chatTool         `json:"tools,omitempty"`
+	ToolChoice           json.RawMessage    `json:"tool_choice,omitempty"`
+	ParallelToolCalls    json.RawMessage    `json:"parallel_tool_calls,omitempty"`
+	ResponseFormat       json.RawMessage    `json:"response_format,omitempty"`
+	ReasoningEffort      json.RawMessage    `json:"reasoning_effort,omitempty"`
+	Verbosity            json.RawMessage    `json:"verbosity,omitempty"`
+	MaxTokens            json.RawMessage    `json:"max_tokens,omitempty"`
+	MaxCompletionTokens  json.RawMessage    `json:"max_completion_tokens,omitempty"`
+	Temperature          json.RawMessage    `json:"temperature,omitempty"`
+	TopP                 json.RawMessage    `json:"top_p,omitempty"`
+	Logprobs             bool               `json:"logprobs,omitempty"`
+	TopLogprobs          json.RawMessage    `json:"top_logprobs,omitempty"`
+	Stream               bool               `json:"stream,omitempty"`
+	StreamOptions        *chatStreamOptions `json:"stream_options,omitempty"`
+	User                 json.RawMessage    `json:"user,omitempty"`
+	SafetyIdentifier     json.RawMessage    `json:"safety_identifier,omitempty"`
+	PromptCacheKey       json.RawMessage    `json:"prompt_cache_key,omitempty"`
+	PromptCacheRetention json.RawMessage    `json:"prompt_cache_retention,omitempty"`
+	ServiceTier          json.RawMessage    `json:"service_tier,omitempty"`
+}
+
+type chatStreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type chatMessage struct {
+	Role             string          `json:"role"`
+	Content          any             `json:"content,omitempty"` // json.RawMessage (a string or null) or []chatPart
+	Refusal          json.RawMessage `json:"refusal,omitempty"`
+	ReasoningContent *string         `json:"reasoning_content,omitempty"`
+	Reasoning        *string         `json:"reasoning,omitempty"`
+	ToolCalls        []chatToolCall  `json:"tool_calls,omitempty"`
+	ToolCallID       string          `json:"tool_call_id,omitempty"`
+}
+
+type chatPart struct {
+	Type     string          `json:"type"`
+	Text     json.RawMessage `json:"text,omitempty"`
+	ImageURL *chatImageURL   `json:"image_url,omitempty"`
+	File     *chatFile       `json:"file,omitempty"`
+}
+
+type chatImageURL struct {
+	URL    json.RawMessage `json:"url"`
+	Detail json.RawMessage `json:"detail,omitempty"`
+}
+
+type chatFile struct {
+	Filename json.RawMessage `json:"filename,omitempty"`
+	FileData json.RawMessage `json:"file_data"`
+}
+
+type chatToolCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function chatCallFunc `json:"function"`
+}
+
+type chatCallFunc struct {
+	Name      string          `json:"name"`
+	Arguments json.RawMessage `json:"arguments"`
+}
+
+type chatTool struct {
+	Type     string       `json:"type"`
+	Function chatFunction `json:"function"`
+}
+
+type chatFunction struct {
+	Name        string          `json:"name"`
+	Description json.RawMessage `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      json.RawMessage `json:"strict,omitempty"`
+}
+
+func present(v gjson.Result) bool { return v.Exists() && v.Type != gjson.Null }
+
+func raw(v gjson.Result) []byte {
+	if !present(v) {
+		return nil
+	}
+	return []byte(v.Raw)
+}
+
+// field handles one top-level field of the Responses request.
+func (t *chatTranslation) field(key string, v gjson.Result) error {
+	if !present(v) {
+		return nil // null means "not set" for every field
+	}
+	switch key {
+	case "model":
+		if v.Type != gjson.String {
+			return invalidType(key, "a string")
+		}
+		t.out.Model = raw(v)
+		t.echo.model = raw(v)
+	case "input":
+		if v.Type != gjson.String && !v.IsArray() {
+			return invalidType(key, "a string or an array of input items")
+		}
+		t.input = v
+	case "instructions":
+		if v.Type != gjson.String {
+			return invalidType(key, "a string")
+		}
+		t.instructions = v
+		t.echo.instructions = raw(v)
+	case "tools":
+		if !v.IsArray() {
+			return invalidType(key, "an array")
+		}
+		t.tools = v
+		t.echo.tools = raw(v)
+	case "tool_choice":
+		t.toolChoice = v
+		t.echo.toolChoice = raw(v)
+	case "parallel_tool_calls":
+		if !isBool(v) {
+			return invalidType(key, "a boolean")
+		}
+		t.parallel = v
+		t.echo.parallelToolCalls = raw(v)
+	case "max_output_tokens":
+		if !isInt(v) {
+			return invalidType(key, "an integer")
+		}
+		if t.opts.MaxCompletionTokens {
+			t.out.MaxCompletionTokens = raw(v)
+		} else {
+			t.out.MaxTokens = raw(v)
+		}
+		t.echo.maxOutputTokens = raw(v)
+	case "max_tool_calls":
+		// Counts built-in tool calls only; a chat upstream has none. Echoed, not sent.
+		if !isInt(v) {
+			return invalidType(key, "an integer")
+		}
+		t.echo.maxToolCalls = raw(v)
+	case "temperature", "top_p":
+		if v.Type != gjson.Number {
+			return invalidType(key, "a number")
+		}
+		if key == "temperature" {
+			t.out.Temperature, t.echo.temperature = raw(v), raw(v)
+		} else {
+			t.out.TopP, t.echo.topP = raw(v), raw(v)
+		}
+	case "top_logprobs":
+		if !isInt(v) {
+			return invalidType(key, "an integer")
+		}
+		t.topLogprobs = v
+		t.echo.topLogprobs = raw(v)
+	case "text":
+		return t.text(v)
+	case "reasoning":
+		if !v.IsObject() {
+			return invalidType(key, "an object")
+		}
+		t.echo.reasoning = raw(v)
+		if e := v.Get("effort"); present(e) {
+			if e.Type != gjson.String {
+				return invalidType("reasoning.effort", "a string")
+			}
+			t.out.ReasoningEffort = raw(e)
+		}
+		// reasoning.summary: chat servers return their reasoning text itself, never a summary.
+	case "stream":
+		if !isBool(v) {
+			return invalidType(key, "a boolean")
+		}
+		if v.Bool() {
+			t.out.Stream = true
+			t.out.StreamOptions = &chatStreamOptions{IncludeUsage: true}
+		}
+	case "stream_options":
+		// include_obfuscation pads Responses events; chat servers do not know it.
+		if !v.IsObject() {
+			return invalidType(key, "an object")
+		}
+	case "include":
+		if !v.IsArray() {
+			return invalidType(key, "an array")
+		}
+		v.ForEach(func(_, s gjson.Result) bool {
+			if s.String() == "message.output_text.logprobs" {
+				t.logprobs = true
+			}
+			return true
+		})
+	case "store":
+		// The proxy keeps the response; the chat field of that name is OpenAI's own storage.
+		if !isBool(v) {
+			return invalidType(key, "a boolean")
+		}
+		t.echo.store = raw(v)
+	case "metadata":
+		// Kept with the response (echoed); OpenAI's chat API takes it only with store.
+		if !v.IsObject() {
+			return invalidType(key, "an object")
+		}
+		t.echo.metadata = raw(v)
+	case "truncation":
+		// "disabled" is what every chat server does; "auto" cannot be honoured upstream, and an
+		// overflowing context fails with the upstream's own error instead.
+		if v.Type != gjson.String {
+			return invalidType(key, "a string")
+		}
+		t.echo.truncation = raw(v)
+	case "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "service_tier":
+		if v.Type != gjson.String {
+			return invalidType(key, "a string")
+		}
+		switch key {
+		case "user":
+			t.out.User, t.echo.user = raw(v), raw(v)
+		case "safety_identifier":
+			t.out.SafetyIdentifier, t.echo.safetyIdentifier = raw(v), raw(v)
+		case "prompt_cache_key":
+			t.out.PromptCacheKey, t.echo.promptCacheKey = raw(v), raw(v)
+		case "prompt_cache_retention":
+			t.out.PromptCacheRetention = raw(v)
+		case "service_tier":
+			t.out.ServiceTier, t.echo.serviceTier = raw(v), raw(v)
+		}
+	case "background":
+		if v.Type == gjson.False {
+			return nil
+		}
+		return unsupported(key, "Background mode is not supported for this model: its upstream speaks only Chat Completions.")
+	case "previous_response_id":
+		return unsupported(key, "previous_response_id must be resolved into input items before a Chat Completions upstream is called.")
+	case "conversation", "prompt", "context_management", "moderation", "prompt_cache_options":
+		return unsupported(key, "Unsupported parameter: '"+key+"' is not supported for this model: its upstream speaks only Chat Completions.")
+	default:
+		if chatOwned[key] {
+			return unsupported(key, "Unknown parameter: '"+key+"'. It is a Chat Completions parameter, not a Responses one.")
+		}
+		if !json.Valid([]byte(v.Raw)) {
+			// Valid for gjson but nested past what encoding/json (and most servers) accept.
+			return invalid(key, "Invalid value for '"+key+"': nested too deeply.")
+		}
+		for i, e := range t.extra {
+			if e.key == key {
+				t.extra[i].raw = raw(v)
+				return nil
+			}
+		}
+		t.extra = append(t.extra, extraField{key, raw(v)})
+	}
+	return nil
+}
+
+func isBool(v gjson.Result) bool { return v.Type == gjson.True || v.Type == gjson.False }
+
+func isInt(v gjson.Result) bool {
+	if v.Type != gjson.Number {
+		return false
+	}
+	_, err := strconv.ParseInt(v.Raw, 10, 64)
+	return err == nil
+}
+
+// text maps text.format to response_format and text.verbosity to verbosity.
+func (t *chatTranslation) text(v gjson.Result) error {
+	if !v.IsObject() {
+		return invalidType("text", "an object")
+	}
+	t.echo.text = raw(v)
+	if vb := v.Get("verbosity"); present(vb) {
+		if vb.Type != gjson.String {
+			return invalidType("text.verbosity", "a string")
+		}
+		t.out.Verbosity = raw(vb)
+	}
+	f := v.Get("format")
+	if !present(f) {
+		return nil
+	}
+	if !f.IsObject() {
+		return invalidType("text.format", "an object")
+	}
+	switch typ := f.Get("type").String(); typ {
+	case "text":
+	case "json_object":
+		t.out.ResponseFormat = json.RawMessage(`{"type":"json_object"}`)
+	case "json_schema":
+		name := f.Get("name")
+		if name.Type != gjson.String || name.Str == "" {
+			return missing("text.format.name")
+		}
+		schema := f.Get("schema")
+		if !schema.IsObject() {
+			return missing("text.format.schema")
+		}
+		b := make([]byte, 0, len(schema.Raw)+len(name.Raw)+96)
+		b = append(b, `{"type":"json_schema","json_schema":{"name":`...)
+		b = append(b, name.Raw...)
+		if d := f.Get("description"); present(d) {
+			if d.Type != gjson.String {
+				return invalidType("text.format.description", "a string")
+			}
+			b = append(b, `,"description":`...)
+			b = append(b, d.Raw...)
+		}
+		b = append(b, `,"schema":`...)
+		b = append(b, schema.Raw...)
+		if s := f.Get("strict"); present(s) {
+			if !isBool(s) {
+				return invalidType("text.format.strict", "a boolean")
+			}
+			b = append(b, `,"strict":`...)
+			b = append(b, s.Raw...)
+		}
+		t.out.ResponseFormat = append(b, "}}"...)
+	default:
+		return unsupportedValue("text.format.type", "Unsupported value: text.format.type '"+typ+"' is not supported for this model: its upstream speaks only Chat Completions.")
+	}
+	return nil
+}
+
+// finish translates what needs several fields at once: messages, tools and tool_choice.
+func (t *chatTranslation) finish() error {
+	if present(t.instructions) {
+		// system, not developer: every chat server knows system, and OpenAI treats it as
+		// developer for the models that have the distinction.
+		t.msgs.add(chatMessage{Role: "system", Content: json.RawMessage(t.instructions.Raw)})
+	}
+	switch {
+	case t.input.Type == gjson.String:
+		t.msgs.add(chatMessage{Role: "user", Content: json.RawMessage(t.input.Raw)})
+	case t.input.IsArray():
+		var err error
+		t.input.ForEach(func(k, it gjson.Result) bool {
+			err = t.msgs.item("input["+k.String()+"]", it)
+			return err == nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	t.out.Messages = t.msgs.list
+	if t.out.Messages == nil {
+		t.out.Messages = []chatMessage{}
+	}
+	if err := t.toolList(); err != nil {
+		return err
+	}
+	if t.logprobs {
+		t.out.Logprobs = true
+		if present(t.topLogprobs) && t.topLogprobs.Int() > 0 {
+			t.out.TopLogprobs = raw(t.topLogprobs)
+		}
+	}
+	return nil
+}
+
+// toolList maps function tools, tool_choice and parallel_tool_calls.
+func (t *chatTranslation) toolList() error {
+	var tools []chatTool
+	index := map[string]int{}
+	var err error
+	t.tools.ForEach(func(k, tool gjson.Result) bool {
+		param := "tools[" + k.String() + "]"
+		if !tool.IsObject() {
+			err = invalidType(param, "an object")
+			return false
+		}
+		if typ := tool.Get("type").String(); typ != "function" {
+			err = unsupportedValue(param+".type", "Tool type '"+typ+"' is not supported for this model: its upstream speaks only "+
+				"Chat Completions, which takes function tools only.")
+			return false
+		}
+		name := tool.Get("name")
+		if name.Type != gjson.String || name.Str == "" {
+			err = missing(param + ".name")
+			return false
+		}
+		fn := chatFunction{Name: name.Str}
+		if d := tool.Get("description"); present(d) {
+			if d.Type != gjson.String {
+				err = invalidType(param+".description", "a string")
+				return false
+			}
+			fn.Description = raw(d)
+		}
+		if p := tool.Get("parameters"); present(p) {
+			if !p.IsObject() {
+				err = invalidType(param+".parameters", "an object")
+				return false
+			}
+			fn.Parameters = raw(p)
+		}
+		if s := tool.Get("strict"); present(s) {
+			if !isBool(s) {
+				err = invalidType(param+".strict", "a boolean")
+				return false
+			}
+			fn.Strict = raw(s)
+		}
+		index[name.Str] = len(tools)
+		tools = append(tools, chatTool{Type: "function", Function: fn})
+		return true
+	})
+	if err != nil {
+		return err
+	}
+
+	tc := t.toolChoice
+	switch {
+	case !present(tc):
+	case tc.Type == gjson.String:
+		switch tc.Str {
+		case "auto", "none":
+			if len(tools) > 0 {
+				t.out.ToolChoice = raw(tc)
+			}
+			// Without tools both mean what no tool_choice means; chat servers refuse the field then.
+		case "required":
+			if len(tools) == 0 {
+				return invalidValue("tool_choice", "Invalid value for 'tool_choice': 'required' needs at least one tool in 'tools'.")
+			}
+			t.out.ToolChoice = raw(tc)
+		default:
+			return invalidValue("tool_choice", "Invalid value for 'tool_choice': '"+tc.Str+"'. Supported values are 'none', 'auto' and 'required'.")
+		}
+	case tc.IsObject():
+		switch typ := tc.Get("type").String(); typ {
+		case "function":
+			name := tc.Get("name").String()
+			if _, ok := index[name]; !ok {
+				return invalidValue("tool_choice", "Tool choice '"+name+"' not found in 'tools' parameter.")
+			}
+			b := append([]byte(`{"type":"function","function":{"name":`), appendString(nil, name)...)
+			t.out.ToolChoice = append(b, "}}"...)
+		case "allowed_tools":
+			// Chat servers other than OpenAI's have no allowed_tools: the tools list itself is cut
+			// down to the allowed ones, which offers the model exactly the same choice.
+			mode := tc.Get("mode").String()
+			if mode != "auto" && mode != "required" {
+				return invalidValue("tool_choice.mode", "Invalid value for 'tool_choice.mode': expected 'auto' or 'required'.")
+			}
+			var allowed []chatTool
+			seen := map[string]bool{}
+			tc.Get("tools").ForEach(func(k, a gjson.Result) bool {
+				param := "tool_choice.tools[" + k.String() + "]"
+				if typ := a.Get("type").String(); typ != "function" {
+					err = unsupportedValue(param+".type", "Tool type '"+typ+"' is not supported for this model: its upstream speaks only Chat Completions.")
+					return false
+				}
+				name := a.Get("name").String()
+				i, ok := index[name]
+				if !ok {
+					err = invalidValue(param, "Tool choice '"+name+"' not found in 'tools' parameter.")
+					return false
+				}
+				if !seen[name] {
+					seen[name] = true
+					allowed = append(allowed, tools[i])
+				}
+				return true
+			})
+			if err != nil {
+				return err
+			}
+			if len(allowed) == 0 {
+				return missing("tool_choice.tools")
+			}
+			tools = allowed
+			t.out.ToolChoice = json.RawMessage(`"` + mode + `"`)
+		default:
+			return unsupportedValue("tool_choice.type", "Tool choice type '"+typ+"' is not supported for this model: its upstream speaks only "+
+				"Chat Completions, which takes function tools only.")
+		}
+	default:
+		return invalidType("tool_choice", "a string or an object")
+	}
+	t.out.Tools = tools
+	if len(tools) > 0 && present(t.parallel) {
+		// Chat servers refuse parallel_tool_calls without tools.
+		t.out.ParallelToolCalls = raw(t.parallel)
+	}
+	return nil
+}
+
+// marshal encodes the chat body, then the fields passed through.
+func (t *chatTranslation) marshal() ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(&t.out); err != nil {
+		return nil, err
+	}
+	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	if len(t.extra) == 0 {
+		return b, nil
+	}
+	b = b[:len(b)-1] // the closing brace; messages is always there, so a comma follows
+	for _, e := range t.extra {
+		b = append(b, ',')
+		b = appendString(b, e.key)
+		b = append(b, ':')
+		b = append(b, e.raw...)
+	}
+	return append(b, '}'), nil
+}

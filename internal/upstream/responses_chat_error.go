@@ -1,0 +1,227 @@
+package upstream
+
+// Responses ⇄ Chat Completions, errors: what chat servers answer when they refuse, in their own
+// shapes, mapped into OpenAI's {"error":{"message","type","param","code"}}; and the 400s of the
+// request translation.
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/apierror"
+)
+
+// maxErrorMessage bounds an error message taken from an upstream's plain-text or unknown body.
+const maxErrorMessage = 1024
+
+// ChatError returns a non-2xx answer of a Chat Completions upstream (its status, headers and
+// body) as the OpenAI-shaped error the client gets. The status is kept (one outside 400-599
+// becomes 502), and so are the headers that tell a client when to retry (Retry-After,
+// Retry-After-Ms, X-Should-Retry). The message, type, param and code are read from the
+// provider's shape:
+//
+//	OpenAI, Together, Anthropic:  {"error":{"message","type","param","code"}}
+//	llama.cpp, vLLM 0.10+:        {"error":{"code":400,"message","type"}}   (a numeric code is the status)
+//	vLLM before 0.10, Mistral:    {"object":"error","message","type","param","code":400}
+//	Gemini:                       [{"error":{"code":400,"message","status":"INVALID_ARGUMENT"}}]
+//	Ollama:                       {"error":"message"}
+//	FastAPI validation (422):     {"detail":"message"} or {"detail":[{"loc":[...],"msg":"..."}]}
+//	anything else:                the body's text, trimmed and cut to 1 KiB
+//
+// A type that is not one of OpenAI's snake_case kinds (vLLM's "BadRequestError") is replaced by
+// the kind the status implies: invalid_request_error for 4xx, requests for 429, server_error for 5xx.
+func ChatError(status int, header http.Header, body []byte) *apierror.Error {
+	if status < 400 || status > 599 {
+		status = http.StatusBadGateway
+	}
+	var e *apierror.Error
+	if gjson.ValidBytes(body) {
+		e = errorFromBody(gjson.ParseBytes(body), status)
+	}
+	if e == nil || e.Message == "" {
+		msg := plainMessage(body)
+		if msg == "" {
+			msg = fmt.Sprintf("The upstream answered %d %s.", status, http.StatusText(status))
+		}
+		if e == nil {
+			e = &apierror.Error{Status: status}
+		}
+		e.Message = msg
+	}
+	e.Status = status
+	fillErrorKind(e)
+	for _, k := range []string{"Retry-After", "Retry-After-Ms", "X-Should-Retry"} {
+		if v := header.Values(k); len(v) > 0 {
+			if e.Header == nil {
+				e.Header = make(http.Header)
+			}
+			e.Header[k] = append([]string(nil), v...)
+		}
+	}
+	return e
+}
+
+// bodyError returns the error object of a JSON answer or stream chunk (see isErrorObject), in
+// OpenAI's shape; status is used when the object names none.
+func bodyError(root gjson.Result, status int) *apierror.Error {
+	e := errorFromBody(root, status)
+	if e == nil {
+		e = &apierror.Error{Status: status}
+	}
+	if e.Message == "" {
+		e.Message = plainMessage([]byte(root.Raw))
+	}
+	fillErrorKind(e)
+	return e
+}
+
+// isErrorObject reports whether a JSON answer (or stream chunk) is an error instead of a
+// completion.
+func isErrorObject(root gjson.Result) bool {
+	return present(root.Get("error")) || root.Get("object").String() == "error"
+}
+
+// errorFromBody reads an error body in any of the shapes ChatError lists. It returns nil when
+// root holds no error it knows. status is the one to use when the body names none.
+func errorFromBody(root gjson.Result, status int) *apierror.Error {
+	if root.IsArray() {
+		root = root.Get("0")
+	}
+	if !root.IsObject() {
+		return nil
+	}
+	e := &apierror.Error{Status: status}
+	src := root
+	switch er := root.Get("error"); {
+	case er.IsObject():
+		src = er
+	case er.Type == gjson.String:
+		e.Message = er.Str
+	case root.Get("object").String() == "error", root.Get("message").Type == gjson.String:
+	case present(root.Get("detail")):
+		e.Message = detailMessage(root.Get("detail"))
+	default:
+		return nil
+	}
+	if e.Message == "" {
+		e.Message = src.Get("message").String()
+	}
+	if t := src.Get("type"); t.Type == gjson.String {
+		e.Type = t.Str
+	}
+	if p := src.Get("param"); p.Type == gjson.String {
+		e.Param = p.Str
+	}
+	switch c := src.Get("code"); c.Type {
+	case gjson.String:
+		e.Code = c.Str
+	case gjson.Number:
+		// The HTTP status again (llama.cpp, vLLM, Gemini); an answer with status 200 takes it.
+		if n := int(c.Int()); n >= 400 && n <= 599 && status == http.StatusBadGateway {
+			e.Status = n
+		}
+	}
+	return e
+}
+
+// detailMessage reads FastAPI's {"detail": ...}: a string, or a list of {"loc","msg"}.
+func detailMessage(d gjson.Result) string {
+	if d.Type == gjson.String {
+		return d.Str
+	}
+	var msgs []string
+	d.ForEach(func(_, it gjson.Result) bool {
+		msg := it.Get("msg").String()
+		var loc []string
+		it.Get("loc").ForEach(func(_, l gjson.Result) bool {
+			loc = append(loc, l.String())
+			return true
+		})
+		if len(loc) > 0 {
+			msg = strings.Join(loc, ".") + ": " + msg
+		}
+		msgs = append(msgs, msg)
+		return true
+	})
+	if len(msgs) == 0 {
+		return d.Raw
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// plainMessage returns a body's text for a message: whitespace collapsed, cut to maxErrorMessage
+// bytes on a character boundary.
+func plainMessage(body []byte) string {
+	msg := strings.Join(strings.Fields(string(bytes.ToValidUTF8(body, []byte("\uFFFD")))), " ")
+	if len(msg) > maxErrorMessage {
+		cut := maxErrorMessage
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "…"
+	}
+	return msg
+}
+
+// fillErrorKind gives e the OpenAI type (and, for rate limits, code) its status implies when the
+// upstream's is missing or not one of OpenAI's kinds.
+func fillErrorKind(e *apierror.Error) {
+	if !isSnakeCase(e.Type) {
+		switch {
+		case e.Status == http.StatusTooManyRequests:
+			e.Type = "requests"
+		case e.Status >= 500:
+			e.Type = "server_error"
+		default:
+			e.Type = "invalid_request_error"
+		}
+	}
+	if e.Status == http.StatusTooManyRequests && e.Code == "" {
+		e.Code = "rate_limit_exceeded"
+	}
+}
+
+func isSnakeCase(s string) bool {
+	if s == "" || s[0] < 'a' || s[0] > 'z' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 'a' || c > 'z') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// Errors of the request translation: client-visible 400s naming the field.
+
+func unsupported(param, msg string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "unsupported_parameter", Message: msg, Err: ErrChatUnsupported}
+}
+
+func unsupportedValue(param, msg string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "unsupported_value", Message: msg, Err: ErrChatUnsupported}
+}
+
+func invalid(param, msg string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Message: msg, Err: ErrChatInvalid}
+}
+
+func invalidType(param, want string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "invalid_type",
+		Message: "Invalid type for '" + param + "': expected " + want + ".", Err: ErrChatInvalid}
+}
+
+func invalidValue(param, msg string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "invalid_value", Message: msg, Err: ErrChatInvalid}
+}
+
+func missing(param string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "missing_required_parameter",
+		Message: "Missing required parameter: '" + param + "'.", Err: ErrChatInvalid}
+}

@@ -1,0 +1,300 @@
+package upstream
+
+// Responses ⇄ Chat Completions, the request side's input: Responses input items become chat
+// messages (see responses_chat.go for the rest of the request).
+
+import (
+	"encoding/json"
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
+
+// messageList builds the chat messages from input items.
+type messageList struct {
+	list  []chatMessage
+	field string // ChatOptions.ReasoningField
+	// open is the index of the assistant message that function calls join (the last message,
+	// when it is an assistant's and only reasoning came after it), or -1.
+	open int
+	// reasoning is the text of reasoning items waiting for the next assistant message.
+	reasoning    strings.Builder
+	hasReasoning bool
+}
+
+func (m *messageList) add(msg chatMessage) {
+	m.list = append(m.list, msg)
+	if msg.Role == "assistant" {
+		m.open = len(m.list) - 1
+		m.attachReasoning(m.open)
+	} else {
+		m.open = -1
+		m.reasoning.Reset()
+		m.hasReasoning = false // reasoning not followed by the model's own message leads nowhere
+	}
+}
+
+// attachReasoning gives the waiting reasoning text to message i.
+func (m *messageList) attachReasoning(i int) {
+	if !m.hasReasoning {
+		return
+	}
+	text := m.reasoning.String()
+	m.reasoning.Reset()
+	m.hasReasoning = false
+	msg := &m.list[i]
+	target := &msg.ReasoningContent
+	if m.field == "reasoning" {
+		target = &msg.Reasoning
+	}
+	if *target != nil {
+		text = **target + "\n\n" + text
+	}
+	*target = &text
+}
+
+// item translates one input item.
+func (m *messageList) item(param string, it gjson.Result) error {
+	if !it.IsObject() {
+		return invalidType(param, "an input item object")
+	}
+	typ := it.Get("type").String()
+	if typ == "" && it.Get("role").Exists() {
+		typ = "message"
+	}
+	switch typ {
+	case "message":
+		return m.message(param, it)
+	case "function_call":
+		return m.functionCall(param, it)
+	case "function_call_output":
+		return m.functionOutput(param, it)
+	case "reasoning":
+		if m.field != "reasoning_content" && m.field != "reasoning" {
+			return nil // this upstream takes no reasoning back (ChatOptions.ReasoningField)
+		}
+		// The reasoning text itself (content); a summary or encrypted content only is not the
+		// model's reasoning and cannot be given back.
+		it.Get("content").ForEach(func(_, c gjson.Result) bool {
+			if c.Get("type").String() == "reasoning_text" {
+				if m.hasReasoning {
+					m.reasoning.WriteString("\n\n")
+				}
+				m.reasoning.WriteString(c.Get("text").String())
+				m.hasReasoning = true
+			}
+			return true
+		})
+		if m.hasReasoning && m.open >= 0 && len(m.list[m.open].ToolCalls) > 0 {
+			// Between the calls of one turn: it belongs to the same assistant message.
+			m.attachReasoning(m.open)
+		}
+		return nil
+	case "item_reference":
+		return unsupportedValue(param, "Item references must be resolved into items before a Chat Completions upstream is called.")
+	default:
+		return unsupportedValue(param+".type", "Input items of type '"+typ+"' are not supported for this model: its upstream speaks only Chat Completions.")
+	}
+}
+
+func (m *messageList) message(param string, it gjson.Result) error {
+	role := it.Get("role").String()
+	content := it.Get("content")
+	switch role {
+	case "user", "system", "developer":
+		c, err := inputContent(param+".content", content, role)
+		if err != nil {
+			return err
+		}
+		if role == "developer" {
+			role = "system" // see instructions: system is the role every server knows
+		}
+		m.add(chatMessage{Role: role, Content: c})
+	case "assistant":
+		msg := chatMessage{Role: "assistant"}
+		switch {
+		case content.Type == gjson.String:
+			msg.Content = json.RawMessage(content.Raw)
+		case content.IsArray():
+			var text, refusal strings.Builder
+			hasText, hasRefusal := false, false
+			var err error
+			content.ForEach(func(k, p gjson.Result) bool {
+				pp := param + ".content[" + k.String() + "]"
+				switch p.Get("type").String() {
+				case "output_text", "input_text":
+					text.WriteString(p.Get("text").String())
+					hasText = true
+				case "refusal":
+					refusal.WriteString(p.Get("refusal").String())
+					hasRefusal = true
+				default:
+					err = unsupportedValue(pp+".type", "Assistant messages may hold only output_text and refusal parts for this model.")
+				}
+				return err == nil
+			})
+			if err != nil {
+				return err
+			}
+			if hasText {
+				msg.Content = json.RawMessage(appendString(nil, text.String()))
+			}
+			if hasRefusal {
+				msg.Refusal = json.RawMessage(appendString(nil, refusal.String()))
+			}
+			if !hasText && !hasRefusal {
+				msg.Content = json.RawMessage(`""`)
+			}
+		default:
+			return invalidType(param+".content", "a string or an array of content parts")
+		}
+		m.add(msg)
+	case "":
+		return missing(param + ".role")
+	default:
+		return invalidValue(param+".role", "Invalid value: '"+role+"'. Supported values are: 'user', 'assistant', 'system' and 'developer'.")
+	}
+	return nil
+}
+
+// inputContent translates the content of a user, system or developer message.
+func inputContent(param string, content gjson.Result, role string) (any, error) {
+	if content.Type == gjson.String {
+		return json.RawMessage(content.Raw), nil
+	}
+	if !content.IsArray() {
+		return nil, invalidType(param, "a string or an array of content parts")
+	}
+	parts := []chatPart{}
+	onlyText := true
+	var err error
+	content.ForEach(func(k, p gjson.Result) bool {
+		pp := param + "[" + k.String() + "]"
+		if !p.IsObject() {
+			err = invalidType(pp, "a content part object")
+			return false
+		}
+		switch typ := p.Get("type").String(); typ {
+		case "input_text", "output_text":
+			text := p.Get("text")
+			if text.Type != gjson.String {
+				err = invalidType(pp+".text", "a string")
+				return false
+			}
+			parts = append(parts, chatPart{Type: "text", Text: raw(text)})
+		case "input_image":
+			onlyText = false
+			if role != "user" {
+				err = invalidValue(pp+".type", "Images are only allowed in user messages.")
+				return false
+			}
+			if present(p.Get("file_id")) {
+				err = unsupported(pp+".file_id", "Images by file_id are not supported for this model: its upstream speaks only Chat Completions; send image_url.")
+				return false
+			}
+			u := p.Get("image_url")
+			if u.Type != gjson.String {
+				err = missing(pp + ".image_url")
+				return false
+			}
+			part := chatPart{Type: "image_url", ImageURL: &chatImageURL{URL: raw(u)}}
+			if d := p.Get("detail"); d.Type == gjson.String {
+				part.ImageURL.Detail = raw(d)
+			}
+			parts = append(parts, part)
+		case "input_file":
+			onlyText = false
+			if role != "user" {
+				err = invalidValue(pp+".type", "Files are only allowed in user messages.")
+				return false
+			}
+			for _, f := range []string{"file_id", "file_url"} {
+				if present(p.Get(f)) {
+					err = unsupported(pp+"."+f, "Files by "+f+" are not supported for this model: its upstream speaks only Chat Completions; send file_data.")
+					return false
+				}
+			}
+			data := p.Get("file_data")
+			if data.Type != gjson.String {
+				err = missing(pp + ".file_data")
+				return false
+			}
+			file := &chatFile{FileData: raw(data)}
+			if fn := p.Get("filename"); fn.Type == gjson.String {
+				file.Filename = raw(fn)
+			}
+			parts = append(parts, chatPart{Type: "file", File: file})
+		default:
+			err = unsupportedValue(pp+".type", "Content parts of type '"+typ+"' are not supported for this model: its upstream speaks only Chat Completions.")
+			return false
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if onlyText && len(parts) == 1 {
+		// One text part is the plain string every server takes (some take no part arrays).
+		return parts[0].Text, nil
+	}
+	return parts, nil
+}
+
+func (m *messageList) functionCall(param string, it gjson.Result) error {
+	callID := it.Get("call_id")
+	if callID.Type != gjson.String || callID.Str == "" {
+		return missing(param + ".call_id")
+	}
+	name := it.Get("name")
+	if name.Type != gjson.String || name.Str == "" {
+		return missing(param + ".name")
+	}
+	args := it.Get("arguments")
+	if args.Type != gjson.String {
+		return invalidType(param+".arguments", "a string")
+	}
+	call := chatToolCall{ID: callID.Str, Type: "function", Function: chatCallFunc{Name: name.Str, Arguments: raw(args)}}
+	if m.open < 0 {
+		// A turn that starts with calls: the message has no text.
+		m.add(chatMessage{Role: "assistant", Content: json.RawMessage("null")})
+	}
+	msg := &m.list[m.open]
+	msg.ToolCalls = append(msg.ToolCalls, call)
+	m.attachReasoning(m.open)
+	return nil
+}
+
+func (m *messageList) functionOutput(param string, it gjson.Result) error {
+	callID := it.Get("call_id")
+	if callID.Type != gjson.String || callID.Str == "" {
+		return missing(param + ".call_id")
+	}
+	out := it.Get("output")
+	var content json.RawMessage
+	switch {
+	case out.Type == gjson.String:
+		content = raw(out)
+	case out.IsArray():
+		// Tool messages take text only; the parts are joined, as the model reads them in a row.
+		var b strings.Builder
+		var err error
+		out.ForEach(func(k, p gjson.Result) bool {
+			switch typ := p.Get("type").String(); typ {
+			case "input_text", "output_text":
+				b.WriteString(p.Get("text").String())
+			default:
+				err = unsupportedValue(param+".output["+k.String()+"].type", "Function outputs of type '"+typ+"' are not supported for this model: "+
+					"its upstream speaks only Chat Completions, whose tool messages hold text only.")
+			}
+			return err == nil
+		})
+		if err != nil {
+			return err
+		}
+		content = appendString(nil, b.String())
+	default:
+		return invalidType(param+".output", "a string or an array of content parts")
+	}
+	m.add(chatMessage{Role: "tool", Content: content, ToolCallID: callID.Str})
+	return nil
+}

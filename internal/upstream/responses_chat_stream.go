@@ -1,0 +1,828 @@
+package upstream
+
+// Responses ⇄ Chat Completions, the answer side for streams: chat.completion.chunk events in,
+// the Responses event sequence out, as OpenAI's Responses API streams it.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/apierror"
+)
+
+var (
+	// ErrChatStream marks a Chat Completions stream that failed: the upstream sent an error
+	// object in it, or the stream ended before the completion finished (ErrChatStreamCut).
+	ErrChatStream = errors.New("the Chat Completions stream failed")
+	// ErrChatStreamCut is a stream that ended (EOF, or [DONE]) before any chunk carried a
+	// finish_reason.
+	ErrChatStreamCut = fmt.Errorf("%w: it ended before the completion finished", ErrChatStream)
+)
+
+// ChatStream translates the stream of one chat completion into the events a Responses upstream
+// streams for the same answer: response.created and response.in_progress first, then each output
+// item in turn (output_item.added, its content parts and deltas, its .done events,
+// output_item.done), and response.completed or response.incomplete with the whole Response,
+// usage included. A reasoning item holds reasoning_content (or reasoning) as one reasoning_text
+// part; a message item holds content as output_text and refusal as a refusal part; each tool call
+// index becomes its own function_call item, with the upstream's call id.
+//
+// Items follow each other as in a Responses stream: one is open at a time. Chat servers stream
+// parallel tool calls one after the other (vLLM, llama.cpp, OpenAI) or interleaved; the item of
+// a later call, or text after a call, waits (its deltas kept) until the open item is complete,
+// which is known when a later item starts and the open call's arguments are a whole JSON object,
+// or at finish_reason. Interleaved calls therefore stream the first call live and the others at
+// the end, in one delta each.
+//
+// Events carry sequence_number from 0. Delta events carry no obfuscation padding (there is
+// nothing to hide: the client does not see these bytes' sizes anyway through the proxy).
+//
+// One ChatStream serves one upstream call; it does no I/O and is not safe for concurrent use.
+type ChatStream struct {
+	r         *ChatRequest
+	id        string
+	createdAt int64
+
+	seq       int
+	announced bool
+	finished  bool // a finish_reason arrived; every item is closed
+	done      bool // the terminal event was returned
+	err       error
+	finish    string
+	model     string
+	tier      gjson.Result
+	usage     *responseUsage
+
+	items     []*streamItem
+	head      int                   // the first item not yet closed: the open one
+	reasoning *streamItem           // the item reasoning deltas extend, nil when none or sealed
+	message   *streamItem           // the item content and refusal deltas extend
+	calls     map[int64]*streamItem // tool call index → item
+	lastCall  int64
+
+	buf  []byte  // the data of the events of the current call, one after the other
+	mark int     // where the event being written starts in buf
+	out  []Event // the events of the current call
+}
+
+type itemKind uint8
+
+const (
+	reasoningItem itemKind = iota
+	messageItem
+	callItemKind
+)
+
+type streamItem struct {
+	kind   itemKind
+	id     string
+	idLit  []byte // id as a JSON string, for the events that name the item
+	index  int
+	opened bool // output_item.added was sent
+	sealed bool // no more deltas will come
+	closed bool // output_item.done was sent
+	final  []byte
+
+	parts []*streamPart // reasoning, message
+
+	callID, name string // function_call
+	args         strings.Builder
+	argsSent     int
+}
+
+type partKind uint8
+
+const (
+	reasoningPart partKind = iota
+	textPart
+	refusalPart
+)
+
+type streamPart struct {
+	kind     partKind
+	text     strings.Builder
+	sent     int // bytes of text already in delta events
+	logprobs []byte
+	lpSent   int
+	opened   bool // content_part.added was sent
+	closed   bool // no more deltas will come
+	doneSent bool
+}
+
+// NewStream returns the translator for the upstream's stream of this request. id is the
+// Response's id; createdAt its created_at (0: the first chunk's created).
+func (r *ChatRequest) NewStream(id string, createdAt int64) *ChatStream {
+	return &ChatStream{r: r, id: id, createdAt: createdAt, calls: map[int64]*streamItem{}, lastCall: -1}
+}
+
+// Next translates the data of one server-sent event of the upstream's stream ("[DONE]"
+// included) into zero or more Responses events. The events' Data are fresh JSON objects the
+// caller owns.
+//
+// An error chunk from the upstream is returned as a *apierror.Error wrapping ErrChatStream (with
+// the upstream's status, type, code and message); a chunk that is not a chat.completion.chunk,
+// or a delta after finish_reason, as a 502 *apierror.Error wrapping ErrChatShape; [DONE] before
+// any finish_reason as one wrapping ErrChatStreamCut. Events produced before the error are
+// returned with it; after an error, Next and End return it again. Fail renders it as a
+// Responses upstream would.
+func (s *ChatStream) Next(data []byte) ([]Event, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	if s.done {
+		return nil, nil
+	}
+	// Most chunks give one event of about their own size; a fresh buffer each call, as the
+	// caller owns the events' data.
+	s.buf, s.out = make([]byte, 0, len(data)+256), make([]Event, 0, 2)
+	if d := bytes.TrimSpace(data); string(d) == "[DONE]" {
+		if !s.finished {
+			return s.fail(cutError())
+		}
+		s.terminal()
+		return s.out, s.err
+	}
+	if !gjson.ValidBytes(data) {
+		return s.fail(shapeError(errors.New("a chunk is not JSON")))
+	}
+	root := gjson.ParseBytes(data)
+	if !root.IsObject() {
+		return s.fail(shapeError(errors.New("a chunk is not a JSON object")))
+	}
+	// One pass over the chunk's keys: every event of a long stream pays for this.
+	var choices, usage, errObj, object, created, model, tier gjson.Result
+	root.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "choices":
+			choices = v
+		case "usage":
+			usage = v
+		case "error":
+			errObj = v
+		case "object":
+			object = v
+		case "created":
+			created = v
+		case "model":
+			model = v
+		case "service_tier":
+			tier = v
+		}
+		return true
+	})
+	if present(errObj) || object.Str == "error" {
+		e := bodyError(root, http.StatusBadGateway)
+		e.Err = fmt.Errorf("%w: the upstream sent an error: %s", ErrChatStream, e.Message)
+		return s.fail(e)
+	}
+	if s.createdAt == 0 {
+		s.createdAt = created.Int()
+	}
+	if s.model == "" {
+		s.model = model.String()
+	}
+	if tier.Type == gjson.String {
+		s.tier = tier
+	}
+	s.announce()
+	if usage.IsObject() {
+		s.usage = chatUsage(usage) // in the last chunk, or (vLLM's continuous stats) in each
+	}
+	var delta, logprobs, finish gjson.Result
+	found := false
+	choices.ForEach(func(_, c gjson.Result) bool {
+		var index gjson.Result
+		c.ForEach(func(k, v gjson.Result) bool {
+			switch k.Str {
+			case "index":
+				index = v
+			case "delta":
+				delta = v
+			case "logprobs":
+				logprobs = v
+			case "finish_reason":
+				finish = v
+			}
+			return true
+		})
+		found = index.Int() == 0 // the only choice the translation asks for
+		if !found {
+			delta, logprobs, finish = gjson.Result{}, gjson.Result{}, gjson.Result{}
+		}
+		return !found
+	})
+	if !found {
+		return s.out, nil
+	}
+	if err := s.delta(delta, logprobs.Get("content")); err != nil {
+		return s.fail(err)
+	}
+	if finish.Type == gjson.String && finish.Str != "" && !s.finished {
+		if err := s.finishWith(finish.Str); err != nil {
+			return s.fail(err)
+		}
+	}
+	return s.out, nil
+}
+
+// End is called when the upstream's body ends. A stream that finished but sent no [DONE]
+// (some servers omit it) gets its terminal event now; one that never finished is
+// ErrChatStreamCut. After the terminal event End returns nothing.
+func (s *ChatStream) End() ([]Event, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	if s.done {
+		return nil, nil
+	}
+	s.buf, s.out = nil, nil
+	if !s.finished {
+		return s.fail(cutError())
+	}
+	s.terminal()
+	return s.out, s.err
+}
+
+// Done reports whether the terminal event was returned.
+func (s *ChatStream) Done() bool { return s.done }
+
+// Fail returns the events a Responses upstream ends a failed stream with: response.created and
+// response.in_progress if they were not sent yet, the nested error event
+// {"type":"error","error":{"type","code","message","param"}}, and response.failed with the items
+// completed so far. err is what Next or End returned, or the caller's own (a read error); the
+// code and message of an *apierror.Error in it are shown, anything else is a server_error.
+// After Fail the stream is done.
+func (s *ChatStream) Fail(err error) []Event {
+	s.buf, s.out = nil, nil
+	if s.done {
+		return nil
+	}
+	s.announce()
+	code, msg := "server_error", "The upstream's response ended early."
+	var ae *apierror.Error
+	if errors.As(err, &ae) {
+		msg = ae.Message
+		switch {
+		case ae.Code != "":
+			code = ae.Code
+		case ae.Status < 500 && ae.Type != "":
+			code = ae.Type
+		}
+	}
+	s.begin("error")
+	s.buf = append(s.buf, `,"error":{"type":`...)
+	s.buf = appendString(s.buf, code)
+	s.buf = append(s.buf, `,"code":`...)
+	s.buf = appendString(s.buf, code)
+	s.buf = append(s.buf, `,"message":`...)
+	s.buf = appendString(s.buf, msg)
+	s.buf = append(s.buf, `,"param":null}`...)
+	s.end("error")
+	s.responseEvent("response.failed", responseState{status: "failed", err: &responseError{code: code, message: msg}, output: s.doneItems()})
+	s.done = true
+	if s.err == nil {
+		s.err = err
+	}
+	return s.out
+}
+
+func cutError() error {
+	return apierror.BadGateway("The upstream's response ended early.", "upstream_error", ErrChatStreamCut)
+}
+
+// fail records err and returns the events so far with it.
+func (s *ChatStream) fail(err error) ([]Event, error) {
+	s.err = err
+	return s.out, err
+}
+
+// delta applies one choice delta: reasoning first, then content, refusal and tool calls, the
+// order in which a model produces them.
+func (s *ChatStream) delta(d, logprobs gjson.Result) error {
+	if !d.Exists() || d.Type == gjson.Null {
+		return nil
+	}
+	if !d.IsObject() {
+		return shapeError(errors.New("a delta is not an object"))
+	}
+	var reasoning, content, refusal, calls gjson.Result
+	d.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "reasoning_content":
+			if v.Type == gjson.String && v.Str != "" {
+				reasoning = v
+			}
+		case "reasoning":
+			if v.Type == gjson.String && v.Str != "" && !reasoning.Exists() {
+				reasoning = v // the same text as reasoning_content where a server sends both
+			}
+		case "content":
+			if v.Type == gjson.String && v.Str != "" {
+				content = v
+			}
+		case "refusal":
+			if v.Type == gjson.String && v.Str != "" {
+				refusal = v
+			}
+		case "tool_calls":
+			calls = v
+		}
+		return true
+	})
+	if s.finished && (reasoning.Exists() || content.Exists() || refusal.Exists() || (calls.IsArray() && len(calls.Array()) > 0)) {
+		return shapeError(errors.New("a delta after finish_reason"))
+	}
+	if reasoning.Exists() {
+		if s.reasoning == nil || s.reasoning.sealed {
+			s.reasoning = s.newItem(reasoningItem)
+		}
+		if err := s.addText(s.reasoning, reasoningPart, reasoning, gjson.Result{}); err != nil {
+			return err
+		}
+	}
+	if content.Exists() {
+		if s.message == nil || s.message.sealed {
+			s.message = s.newItem(messageItem)
+		}
+		lp := gjson.Result{}
+		if s.r.logprobs {
+			lp = logprobs
+		}
+		if err := s.addText(s.message, textPart, content, lp); err != nil {
+			return err
+		}
+	}
+	if refusal.Exists() {
+		if s.message == nil || s.message.sealed {
+			s.message = s.newItem(messageItem)
+		}
+		if err := s.addText(s.message, refusalPart, refusal, gjson.Result{}); err != nil {
+			return err
+		}
+	}
+	var err error
+	calls.ForEach(func(_, tc gjson.Result) bool {
+		err = s.toolCall(tc)
+		return err == nil
+	})
+	return err
+}
+
+// newItem starts an item after the others. What came before is complete if it is text (a model
+// does not go back to it) or a call whose arguments already form a JSON object.
+func (s *ChatStream) newItem(kind itemKind) *streamItem {
+	for _, it := range s.items[s.head:] {
+		if it.sealed {
+			continue
+		}
+		if it.kind != callItemKind || wholeObject(it.args.String()) {
+			s.seal(it)
+		}
+	}
+	prefix := "msg_"
+	switch kind {
+	case reasoningItem:
+		prefix = "rs_"
+	case callItemKind:
+		prefix = "fc_"
+	}
+	it := &streamItem{kind: kind, id: s.r.newID(prefix), index: len(s.items)}
+	it.idLit = appendString(nil, it.id)
+	s.items = append(s.items, it)
+	s.pump()
+	return it
+}
+
+// wholeObject reports whether args is a complete JSON object: anything more but spaces would
+// make it invalid, so no more arguments can follow.
+func wholeObject(args string) bool {
+	a := strings.TrimSpace(args)
+	return len(a) > 1 && a[0] == '{' && json.Valid([]byte(a))
+}
+
+func (s *ChatStream) seal(it *streamItem) {
+	it.sealed = true
+	for _, p := range it.parts {
+		p.closed = true
+	}
+	if s.reasoning == it {
+		s.reasoning = nil
+	}
+	if s.message == it {
+		s.message = nil
+	}
+}
+
+// live reports whether an item's deltas go out as they come.
+func (s *ChatStream) live(it *streamItem) bool {
+	return it.opened && !it.closed && s.items[s.head] == it
+}
+
+// addText appends a text delta (v, a JSON string) to the item's current part of that kind.
+func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Result) error {
+	var p *streamPart
+	if n := len(it.parts); n > 0 && it.parts[n-1].kind == kind {
+		p = it.parts[n-1]
+	} else {
+		if n > 0 {
+			prev := it.parts[n-1]
+			prev.closed = true
+			if s.live(it) {
+				s.partDone(it, n-1, prev)
+			}
+		}
+		p = &streamPart{kind: kind}
+		it.parts = append(it.parts, p)
+	}
+	p.text.WriteString(v.Str)
+	hasLP := logprobs.IsArray()
+	if hasLP {
+		var err error
+		if p.logprobs, err = logprobElems(p.logprobs, logprobs); err != nil {
+			return err
+		}
+	}
+	if !s.live(it) {
+		return nil
+	}
+	k := len(it.parts) - 1
+	if !p.opened {
+		s.partAdded(it, k, p)
+	}
+	if p.sent < p.text.Len() {
+		// The delta's own JSON literal, as the upstream wrote it: nothing to decode or encode.
+		var lp []byte
+		if hasLP {
+			lp = p.logprobs[p.lpSent:]
+		}
+		s.textDelta(it, k, p, v.Raw, lp)
+		p.sent = p.text.Len()
+		p.lpSent = len(p.logprobs)
+	}
+	return nil
+}
+
+// toolCall applies one tool_calls[] delta.
+func (s *ChatStream) toolCall(tc gjson.Result) error {
+	if !tc.IsObject() {
+		return shapeError(errors.New("a tool call delta is not an object"))
+	}
+	var id, index, name, args gjson.Result
+	tc.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "id":
+			id = v
+		case "index":
+			index = v
+		case "function":
+			v.ForEach(func(k, v gjson.Result) bool {
+				switch k.Str {
+				case "name":
+					name = v
+				case "arguments":
+					args = v
+				}
+				return true
+			})
+		}
+		return true
+	})
+	idx := int64(0)
+	switch {
+	case index.Type == gjson.Number:
+		idx = index.Int()
+	case s.lastCall >= 0 && (id.Str == "" || id.Str == s.calls[s.lastCall].callID):
+		idx = s.lastCall // no index: the call so far, unless a new id starts another
+	case s.lastCall >= 0:
+		idx = s.lastCall + 1
+	}
+	it := s.calls[idx]
+	if it == nil {
+		if s.finished {
+			return shapeError(errors.New("a tool call after finish_reason"))
+		}
+		it = s.newItem(callItemKind)
+		s.calls[idx] = it
+	}
+	s.lastCall = max(s.lastCall, idx)
+	if it.callID == "" && id.Type == gjson.String && id.Str != "" {
+		it.callID = id.Str
+	}
+	if it.name == "" && name.Type == gjson.String && name.Str != "" {
+		it.name = name.Str
+		s.pump()
+	}
+	piece := ""
+	switch {
+	case args.Type == gjson.String:
+		piece = args.Str
+	case args.IsObject():
+		// A server that sends the arguments as an object, whole.
+		b, err := appendCompact(nil, args.Raw)
+		if err != nil {
+			return err
+		}
+		piece = string(b)
+	}
+	if piece == "" {
+		return nil
+	}
+	if it.sealed {
+		if strings.TrimSpace(piece) == "" {
+			return nil
+		}
+		return shapeError(fmt.Errorf("arguments for tool call %d after its arguments were complete", idx))
+	}
+	it.args.WriteString(piece)
+	if s.live(it) {
+		if args.Type == gjson.String {
+			s.argsDelta(it, args.Raw)
+		} else {
+			s.argsDelta(it, string(appendString(nil, piece)))
+		}
+		it.argsSent = it.args.Len()
+	}
+	return nil
+}
+
+// finishWith ends the completion: every item is complete.
+func (s *ChatStream) finishWith(reason string) error {
+	s.finished = true
+	s.finish = reason
+	for _, it := range s.items {
+		if it.kind == callItemKind && it.name == "" {
+			return shapeError(errors.New("a tool call without a function name"))
+		}
+		if !it.sealed {
+			s.seal(it)
+		}
+	}
+	s.pump()
+	return nil
+}
+
+// pump opens and closes items in order, as far as they are ready.
+func (s *ChatStream) pump() {
+	for s.head < len(s.items) {
+		it := s.items[s.head]
+		if !it.opened {
+			if it.kind == callItemKind && it.name == "" {
+				return // output_item.added names the function
+			}
+			s.open(it)
+		}
+		if !it.sealed {
+			return
+		}
+		s.close(it)
+		s.head++
+	}
+}
+
+// open sends an item's output_item.added, then what it gathered while it waited.
+func (s *ChatStream) open(it *streamItem) {
+	it.opened = true
+	if it.kind == callItemKind && it.callID == "" {
+		it.callID = s.r.newID("call_")
+	}
+	s.begin("response.output_item.added")
+	s.buf = append(s.buf, `,"output_index":`...)
+	s.buf = appendInt(s.buf, it.index)
+	s.buf = append(s.buf, `,"item":`...)
+	switch it.kind {
+	case reasoningItem:
+		s.buf = appendReasoningItem(s.buf, it.id, "", false)
+	case messageItem:
+		s.buf = appendMessageItem(s.buf, it.id, "in_progress", nil)
+	case callItemKind:
+		s.buf = appendCallItem(s.buf, it.id, "in_progress", "", it.callID, it.name)
+	}
+	s.end("response.output_item.added")
+	for k, p := range it.parts {
+		s.partAdded(it, k, p)
+		if p.sent < p.text.Len() {
+			s.textDelta(it, k, p, string(appendString(nil, p.text.String()[p.sent:])), p.logprobs[p.lpSent:])
+			p.sent, p.lpSent = p.text.Len(), len(p.logprobs)
+		}
+		if p.closed && k < len(it.parts)-1 {
+			s.partDone(it, k, p)
+		}
+	}
+	if it.kind == callItemKind && it.argsSent < it.args.Len() {
+		s.argsDelta(it, string(appendString(nil, it.args.String()[it.argsSent:])))
+		it.argsSent = it.args.Len()
+	}
+}
+
+// close sends an item's .done events and output_item.done.
+func (s *ChatStream) close(it *streamItem) {
+	it.closed = true
+	status := "completed"
+	if s.finished && it.index == len(s.items)-1 {
+		if st, _ := finishStatus(s.finish); st == "incomplete" {
+			status = "incomplete"
+		}
+	}
+	switch it.kind {
+	case reasoningItem:
+		s.partDone(it, 0, it.parts[0])
+		it.final = appendReasoningItem(nil, it.id, it.parts[0].text.String(), true)
+	case messageItem:
+		parts := make([]outputPart, len(it.parts))
+		for k, p := range it.parts {
+			s.partDone(it, k, p)
+			parts[k] = outputPart{refusal: p.kind == refusalPart, text: p.text.String(), logprobs: p.logprobs}
+		}
+		it.final = appendMessageItem(nil, it.id, status, parts)
+	case callItemKind:
+		args := it.args.String()
+		s.begin("response.function_call_arguments.done")
+		s.itemRef(it)
+		s.buf = append(s.buf, `,"name":`...)
+		s.buf = appendString(s.buf, it.name)
+		s.buf = append(s.buf, `,"arguments":`...)
+		s.buf = appendString(s.buf, args)
+		s.end("response.function_call_arguments.done")
+		it.final = appendCallItem(nil, it.id, status, args, it.callID, it.name)
+	}
+	s.begin("response.output_item.done")
+	s.buf = append(s.buf, `,"output_index":`...)
+	s.buf = appendInt(s.buf, it.index)
+	s.buf = append(s.buf, `,"item":`...)
+	s.buf = append(s.buf, it.final...)
+	s.end("response.output_item.done")
+}
+
+// terminal sends response.completed or response.incomplete.
+func (s *ChatStream) terminal() {
+	status, reason := finishStatus(s.finish)
+	s.responseEvent("response."+status, responseState{status: status, incomplete: reason, output: s.doneItems(), usage: s.usage})
+	s.done = true
+}
+
+func (s *ChatStream) doneItems() [][]byte {
+	out := make([][]byte, 0, len(s.items))
+	for _, it := range s.items {
+		if it.closed {
+			out = append(out, it.final)
+		}
+	}
+	return out
+}
+
+// announce sends response.created and response.in_progress, once.
+func (s *ChatStream) announce() {
+	if s.announced {
+		return
+	}
+	s.announced = true
+	s.responseEvent("response.created", responseState{status: "in_progress"})
+	s.responseEvent("response.in_progress", responseState{status: "in_progress"})
+}
+
+// responseEvent sends {"type":typ,"sequence_number":n,"response":{...}} with the Response in
+// state st (the stream's id, created_at and model filled in).
+func (s *ChatStream) responseEvent(typ string, st responseState) {
+	st.id, st.createdAt, st.model, st.serviceTier = s.id, s.createdAt, s.model, s.tier
+	size := 1024
+	for _, it := range st.output {
+		size += len(it)
+	}
+	if cap(s.buf)-len(s.buf) < size {
+		s.buf = make([]byte, 0, size) // earlier events keep the old array; nothing points into the rest
+	}
+	s.begin(typ)
+	s.buf = append(s.buf, `,"response":`...)
+	s.buf = s.r.appendResponse(s.buf, st)
+	s.end(typ)
+}
+
+// Event writers. Each event's data is appended to s.buf between begin and end.
+
+func (s *ChatStream) begin(typ string) {
+	s.mark = len(s.buf)
+	s.buf = append(s.buf, `{"type":"`...)
+	s.buf = append(s.buf, typ...)
+	s.buf = append(s.buf, `","sequence_number":`...)
+	s.buf = appendInt(s.buf, s.seq)
+	s.seq++
+}
+
+// end closes the event begun last. Its Data is capped where it ends, so neither later events
+// nor a caller's append can write into it.
+func (s *ChatStream) end(typ string) {
+	s.buf = append(s.buf, '}')
+	n := len(s.buf)
+	s.out = append(s.out, Event{Name: typ, Data: s.buf[s.mark:n:n]})
+}
+
+func (s *ChatStream) itemRef(it *streamItem) {
+	s.buf = append(s.buf, `,"item_id":`...)
+	s.buf = append(s.buf, it.idLit...)
+	s.buf = append(s.buf, `,"output_index":`...)
+	s.buf = appendInt(s.buf, it.index)
+}
+
+func (s *ChatStream) partRef(it *streamItem, k int) {
+	s.itemRef(it)
+	s.buf = append(s.buf, `,"content_index":`...)
+	s.buf = appendInt(s.buf, k)
+}
+
+func (s *ChatStream) emptyPart(p *streamPart) {
+	switch p.kind {
+	case reasoningPart:
+		s.buf = append(s.buf, `{"type":"reasoning_text","text":""}`...)
+	case textPart:
+		s.buf = append(s.buf, `{"type":"output_text","annotations":[],"logprobs":[],"text":""}`...)
+	case refusalPart:
+		s.buf = append(s.buf, `{"type":"refusal","refusal":""}`...)
+	}
+}
+
+func (s *ChatStream) partAdded(it *streamItem, k int, p *streamPart) {
+	p.opened = true
+	s.begin("response.content_part.added")
+	s.partRef(it, k)
+	s.buf = append(s.buf, `,"part":`...)
+	s.emptyPart(p)
+	s.end("response.content_part.added")
+}
+
+// textDelta sends a delta; lit is the JSON string literal of the new text.
+func (s *ChatStream) textDelta(it *streamItem, k int, p *streamPart, lit string, logprobs []byte) {
+	typ := "response.output_text.delta"
+	switch p.kind {
+	case reasoningPart:
+		typ = "response.reasoning_text.delta"
+	case refusalPart:
+		typ = "response.refusal.delta"
+	}
+	s.begin(typ)
+	s.partRef(it, k)
+	s.buf = append(s.buf, `,"delta":`...)
+	s.buf = append(s.buf, lit...)
+	if p.kind == textPart {
+		s.buf = append(s.buf, `,"logprobs":[`...)
+		s.buf = append(s.buf, bytes.TrimPrefix(logprobs, []byte(","))...) // the elements after those sent
+		s.buf = append(s.buf, ']')
+	}
+	s.end(typ)
+}
+
+// partDone sends a part's .done event and content_part.done, once.
+func (s *ChatStream) partDone(it *streamItem, k int, p *streamPart) {
+	if p.doneSent {
+		return
+	}
+	p.doneSent = true
+	text := p.text.String()
+	typ := "response.output_text.done"
+	switch p.kind {
+	case reasoningPart:
+		typ = "response.reasoning_text.done"
+	case refusalPart:
+		typ = "response.refusal.done"
+	}
+	s.begin(typ)
+	s.partRef(it, k)
+	switch p.kind {
+	case refusalPart:
+		s.buf = append(s.buf, `,"refusal":`...)
+		s.buf = appendString(s.buf, text)
+	default:
+		s.buf = append(s.buf, `,"text":`...)
+		s.buf = appendString(s.buf, text)
+	}
+	if p.kind == textPart {
+		s.buf = append(s.buf, `,"logprobs":[`...)
+		s.buf = append(s.buf, p.logprobs...)
+		s.buf = append(s.buf, ']')
+	}
+	s.end(typ)
+	s.begin("response.content_part.done")
+	s.partRef(it, k)
+	s.buf = append(s.buf, `,"part":`...)
+	if p.kind == reasoningPart {
+		s.buf = append(s.buf, `{"type":"reasoning_text","text":`...)
+		s.buf = appendString(s.buf, text)
+		s.buf = append(s.buf, '}')
+	} else {
+		s.buf = appendPart(s.buf, outputPart{refusal: p.kind == refusalPart, text: text, logprobs: p.logprobs})
+	}
+	s.end("response.content_part.done")
+}
+
+func (s *ChatStream) argsDelta(it *streamItem, lit string) {
+	s.begin("response.function_call_arguments.delta")
+	s.itemRef(it)
+	s.buf = append(s.buf, `,"delta":`...)
+	s.buf = append(s.buf, lit...)
+	s.end("response.function_call_arguments.delta")
+}
