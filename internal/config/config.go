@@ -235,9 +235,12 @@ type General struct {
 	// When master_key names an os.environ variable that is not set, MasterKey holds a random key that
 	// nobody knows (so every request is refused rather than let through) and MissingEnv names the
 	// variable.
-	MasterKey          string
-	MissingEnv         string
-	ContainerSecret    string        // seals cntr_ ids (sandbox.KeyFromSecret); "" means a random key per process
+	MasterKey  string
+	MissingEnv string
+	// ContainerSecret is the secret the replicas of one deployment share: it authenticates the
+	// requests they forward to each other and tags their sandboxes; "" means a random key per
+	// process (one replica).
+	ContainerSecret    string
 	MaxRequestBodySize int64         // default 32 MiB
 	ShutdownGrace      time.Duration // default 30s
 	// DataDir holds the proxy's own state (Files API files, the container registry, stored
@@ -246,6 +249,10 @@ type General struct {
 	DataDir              string
 	MaxFileUploadSize    int64 // largest file POST /v1/files accepts, default 512 MiB
 	MaxFileStoragePerKey int64 // total bytes of files one API key may store, default 10 GiB
+	// AdvertiseURL is the base URL (http or https, host and port, no path) at which the other
+	// replicas reach this one, for the requests they forward to it; "" means derived from the
+	// listen address when that is a specific one. Read once at start.
+	AdvertiseURL string
 }
 
 // ProviderEnabled reports whether interception applies to deployments of provider: EnabledProviders

@@ -352,6 +352,7 @@ var vocabulary = map[string][]vocabKey{
 		{"data_dir", read, ""},                 // ciproxy's own
 		{"max_file_upload_size", read, ""},     // ciproxy's own
 		{"max_file_storage_per_key", read, ""}, // ciproxy's own
+		{"advertise_url", read, ""},            // ciproxy's own
 		{"max_request_size_mb", read, ""},
 		{"completion_model", ignore, whyDefaults},
 		{"image_generation_model", ignore, whyDefaults},

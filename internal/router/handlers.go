@@ -95,6 +95,9 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 			Caller:   Caller(r.Context()),
 		}
 		if s.interceptor.Handles(ir) {
+			if done, err := s.forwardResponses(w, r, req, ir.Caller); done || err != nil {
+				return err
+			}
 			return s.interceptor.ServeResponses(w, r, ir)
 		}
 	}

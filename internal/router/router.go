@@ -14,6 +14,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/intercept"
+	"github.com/ciproxy/ciproxy/internal/peer"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -52,6 +53,9 @@ type Options struct {
 	Interceptor Interceptor
 	// Files stores the Files API's files (/v1/files). Nil: the Files API is not served.
 	Files store.Files
+	// Replicas are the other replicas sharing the store: requests for a container that one of them
+	// hosts are forwarded to it (see forward.go). Nil: one replica, nothing is forwarded.
+	Replicas *peer.Peers
 	// Logger receives the access log and error details. Nil: no logging.
 	Logger *zap.Logger
 	// Registry is where the router's metrics are registered and what /metrics serves.
@@ -76,6 +80,7 @@ type server struct {
 	balancer    *upstream.Balancer
 	interceptor Interceptor
 	files       store.Files
+	replicas    *peer.Peers
 	log         *zap.Logger
 	metrics     *Metrics
 	ready       func(context.Context) error
@@ -95,6 +100,7 @@ func New(opts Options) http.Handler {
 		balancer:    opts.Balancer,
 		interceptor: opts.Interceptor,
 		files:       opts.Files,
+		replicas:    opts.Replicas,
 		log:         opts.Logger,
 		metrics:     opts.Metrics,
 		ready:       opts.Ready,
@@ -120,7 +126,7 @@ func New(opts Options) http.Handler {
 	s.started = s.now()
 
 	r := chi.NewRouter()
-	r.Use(requestID, accessLog(s.log), s.metrics.middleware, recoverer(s.log), s.snapshot)
+	r.Use(requestID, accessLog(s.log), s.metrics.middleware, recoverer(s.log), s.snapshot, s.peerCheck)
 	r.NotFound(s.handle(notFound))
 	r.MethodNotAllowed(s.handle(methodNotAllowed))
 
@@ -138,13 +144,13 @@ func New(opts Options) http.Handler {
 	}
 
 	r.Route("/v1", func(v chi.Router) {
-		v.Use(auth, bodyLimit)
+		v.Use(auth, s.forwardContainers, bodyLimit)
 		v.NotFound(s.handle(notFound))
 		v.MethodNotAllowed(s.handle(methodNotAllowed))
 		s.api(v)
 	})
 	r.Group(func(g chi.Router) {
-		g.Use(auth, bodyLimit)
+		g.Use(auth, s.forwardContainers, bodyLimit)
 		s.api(g)
 	})
 	return r
