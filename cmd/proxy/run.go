@@ -21,6 +21,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/intercept"
+	"github.com/ciproxy/ciproxy/internal/peer"
 	"github.com/ciproxy/ciproxy/internal/router"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
@@ -44,6 +45,8 @@ type flags struct {
 	port      int
 	logFormat string
 	dataDir   string
+	advertise string
+	sweep     time.Duration
 	check     bool
 	version   bool
 }
@@ -57,6 +60,8 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.IntVar(&f.port, "port", 4000, "port to listen on (0: any free port)")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or console")
 	fs.StringVar(&f.dataDir, "data-dir", "", "directory of the proxy's own state (files, containers, stored responses); overrides general_settings.data_dir")
+	fs.StringVar(&f.advertise, "advertise-url", "", "the URL other replicas reach this one at (http://host:port); overrides general_settings.advertise_url")
+	fs.DurationVar(&f.sweep, "sweep-interval", defaultSweepInterval, "how often one replica looks for the containers of replicas that are gone and for orphaned sandboxes")
 	fs.BoolVar(&f.check, "check", false, "validate the configuration file and exit")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -73,6 +78,13 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 		return f, fmt.Errorf("--log-format must be json or console, not %q", f.logFormat)
 	case f.port < 0 || f.port > 65535:
 		return f, fmt.Errorf("--port %d is out of range", f.port)
+	case f.sweep <= 0:
+		return f, fmt.Errorf("--sweep-interval must be positive, not %s", f.sweep)
+	}
+	if f.advertise != "" {
+		if err := config.CheckAdvertiseURL(f.advertise); err != nil {
+			return f, fmt.Errorf("--advertise-url: %w", err)
+		}
 	}
 	return f, nil
 }
@@ -170,8 +182,6 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := router.NewMetrics(reg)
 
-	// The configuration and the sandbox registry provisioned from it are published together, and
-	// replaced together by each reload; a container keeps the provider it was created with.
 	// The state store first: without it (Redis unreachable) the proxy does not start, before any
 	// sandbox backend is provisioned.
 	state, err := openState(ctx, f, cfg, log)
@@ -183,7 +193,14 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 			log.Error("closing the state store", zap.Error(err))
 		}
 	}()
+	shared := cfg.Router.Redis.Configured()
+	if shared && cfg.General.ContainerSecret == "" {
+		return errors.New("router_settings.redis_* is set, so replicas share state: general_settings.container_secret must be set too, " +
+			"the same on every replica (it authenticates the requests they forward to each other)")
+	}
 
+	// The configuration and the sandbox registry provisioned from it are published together, and
+	// replaced together by each reload; a container keeps the provider it was created with.
 	store, err := snapshot.New(ctx, cfg, snapshot.Options{
 		Parse:     backends.ParseOptions(nil),
 		Provision: backends.Build,
@@ -192,6 +209,30 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	})
 	if err != nil {
 		return err
+	}
+
+	// Listening comes before the rest of the wiring: a replica's advertised address may be its
+	// listen address, known once bound (--port 0).
+	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
+	if err != nil {
+		_ = store.Close(context.WithoutCancel(ctx))
+		return fmt.Errorf("listen: %w", err)
+	}
+	var replicas *peer.Peers
+	if shared {
+		self, err := advertiseURL(f, cfg, ln.Addr())
+		if err == nil {
+			replicas, err = peer.New(peer.Options{Store: state, Self: self, Logger: log.Named("replicas")})
+		}
+		if err == nil {
+			err = replicas.Register(ctx)
+		}
+		if err != nil {
+			_ = ln.Close()
+			_ = store.Close(context.WithoutCancel(ctx))
+			return err
+		}
+		log.Info("replica registered", zap.String("advertise_url", self))
 	}
 
 	var key []byte // nil: a random key per process, so ids die with it
@@ -219,17 +260,13 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		Balancer:    upstream.NewBalancer(),
 		Interceptor: engine,
 		Files:       state,
+		Replicas:    replicas,
 		Logger:      log,
 		Registry:    reg,
 		Metrics:     metrics,
 		Ready:       readiness(&draining, state),
 	})
 
-	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
-	if err != nil {
-		closeSandboxes(log, sessions, store)
-		return fmt.Errorf("listen: %w", err)
-	}
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -238,7 +275,16 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	}
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
+	replicaCtx, stopReplica := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
+	if replicas != nil {
+		// The lease is renewed until the server has drained (stopReplica), then ended.
+		wg.Go(func() { replicas.Run(replicaCtx) })
+		wg.Go(func() {
+			sweepReplicas(watchCtx, f.sweep, replicas, state, func() *sandbox.Registry { return store.Load().Sandboxes },
+				deploymentTag(cfg.General.ContainerSecret), log.Named("replicas"))
+		})
+	}
 	wg.Go(func() {
 		reload := func(ctx context.Context) { _ = store.Reload(ctx) } // Reload logs and counts its outcome
 		if err := config.Watch(watchCtx, f.config, reload, config.WatchOptions{Logger: log}); err != nil && watchCtx.Err() == nil {
@@ -270,6 +316,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		_ = srv.Close()
 	}
 	cancel()
+	stopReplica()
 	stopWatch()
 	wg.Wait()
 	client.CloseIdleConnections()

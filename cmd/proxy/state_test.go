@@ -27,6 +27,12 @@ router_settings:
 `
 }
 
+// replicaConfig is redisConfig for one of several replicas: general_settings gains the shared
+// secret (configYAML ends with general_settings, so the key is appended to that block).
+func replicaConfig(upstreamURL, redisURL string) string {
+	return strings.Replace(redisConfig(upstreamURL, redisURL), "general_settings:\n", "general_settings:\n  container_secret: replicas-share-this\n", 1)
+}
+
 // call sends one authenticated request and returns the status and body.
 func (r *running) call(t *testing.T, method, path, contentType string, body io.Reader) (int, string) {
 	t.Helper()
@@ -76,7 +82,7 @@ func TestRedisUnreachableAtStart(t *testing.T) {
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close() // nothing listens there now
-	path := writeConfig(t, t.TempDir(), redisConfig(up.URL, "redis://:hunter2-secret@127.0.0.1:"+strconv.Itoa(port)+"/0"))
+	path := writeConfig(t, t.TempDir(), replicaConfig(up.URL, "redis://:hunter2-secret@127.0.0.1:"+strconv.Itoa(port)+"/0"))
 	var stderr testutil.LockedBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -96,7 +102,7 @@ func TestRedisUnreachableAtStart(t *testing.T) {
 func TestRedisLostAndBack(t *testing.T) {
 	rs := redisserver.Start(t)
 	up := newUpstreamServer(t)
-	path := writeConfig(t, t.TempDir(), redisConfig(up.URL, rs.URL()))
+	path := writeConfig(t, t.TempDir(), replicaConfig(up.URL, rs.URL()))
 	p := start(t, "--config", path)
 
 	if status, body := p.upload(t, "a.csv", "a,b\n"); status != http.StatusOK {

@@ -443,7 +443,9 @@ func TestAdvertiseURL(t *testing.T) {
 		})
 	}
 	// os.environ/ works as for every value: POD_IP through the downward API.
-	env := func(name string) (string, bool) { return map[string]string{"ADVERTISE": "http://10.1.2.3:4000"}[name], name == "ADVERTISE" }
+	env := func(name string) (string, bool) {
+		return map[string]string{"ADVERTISE": "http://10.1.2.3:4000"}[name], name == "ADVERTISE"
+	}
 	cfg, err := ParseWith([]byte("general_settings:\n  master_key: k\n  advertise_url: os.environ/ADVERTISE\n"), "c.yaml", ParseOptions{LookupEnv: env})
 	if err != nil || cfg.General.AdvertiseURL != "http://10.1.2.3:4000" {
 		t.Errorf("from the environment = %q, %v", cfg.General.AdvertiseURL, err)
