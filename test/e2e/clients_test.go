@@ -318,7 +318,9 @@ func TestCodeInterpreterOpenAIGo(t *testing.T) {
 			})
 
 			// Shutdown deletes every sandbox the proxy created, locally and in e2b.
-			if tool == "local" && len(entries(wd)) < 3 {
+			// A live local provider holds its directory and its lock file there (the sandboxes'
+			// /mnt/data are tmpfs of their own, inside their namespaces).
+			if tool == "local" && len(entries(wd)) < 2 {
 				t.Errorf("the local tool's work_dir holds %v while containers live: the leak check below would prove nothing", entries(wd))
 			}
 			p.Stop()
