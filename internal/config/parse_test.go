@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -22,16 +23,19 @@ var update = flag.Bool("update", false, "rewrite the expected results in testdat
 // parsed summary or the error text.
 const goldenSep = "#### want\n"
 
-// TestGolden parses every testdata/*.yaml with every sandbox backend, as the proxy does. Leading
+// TestGolden parses every testdata/*.yaml and testdata/litellm/*.yaml (LiteLLM configs in the
+// shapes its docs give) with every sandbox backend, as the proxy does. Leading
 // "# env: NAME=value" comment lines set the environment seen by os.environ/NAME references; no other
 // variable is set.
 func TestGolden(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no testdata: %v", err)
+	litellm, err2 := filepath.Glob("testdata/litellm/*.yaml")
+	if err != nil || err2 != nil || len(files) == 0 || len(litellm) < 20 {
+		t.Fatalf("testdata: %d files, %d LiteLLM configs (want at least 20): %v %v", len(files), len(litellm), err, err2)
 	}
-	for _, file := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(file), ".yaml"), func(t *testing.T) {
+	for _, file := range append(files, litellm...) {
+		name := strings.TrimSuffix(strings.TrimPrefix(file, "testdata/"), ".yaml")
+		t.Run(name, func(t *testing.T) {
 			raw, err := os.ReadFile(file)
 			if err != nil {
 				t.Fatal(err)
@@ -76,7 +80,7 @@ func summarize(c *Config, err error) string {
 	tmp := filepath.Join(os.TempDir(), "ciproxy-sandboxes")
 	b.WriteString("models:\n")
 	for _, m := range c.Models {
-		fmt.Fprintf(&b, "  %+v\n", m)
+		fmt.Fprintf(&b, "  %s\n", describe(m))
 	}
 	b.WriteString("sandbox_tools:\n")
 	for _, s := range c.SandboxTools {
@@ -97,11 +101,37 @@ func summarize(c *Config, err error) string {
 		g.MasterKey = "<random>"
 	}
 	fmt.Fprintf(&b, "general: %+v\n", g)
+	if c.Router != (Router{}) {
+		fmt.Fprintf(&b, "router: %+v\n", c.Router)
+	}
 	b.WriteString("warnings:\n")
-	for _, w := range c.Warnings {
+	for _, w := range c.AllWarnings() {
 		fmt.Fprintf(&b, "  %s\n", w)
 	}
 	return b.String()
+}
+
+// describe renders the fields of v that are not zero, as "{Name:value ...}", so that golden files
+// show what each deployment sets. Params and ExtraBody print their JSON.
+func describe(v any) string {
+	rv := reflect.ValueOf(v)
+	var parts []string
+	for i := range rv.NumField() {
+		f := rv.Field(i)
+		if f.IsZero() {
+			continue
+		}
+		val := fmt.Sprintf("%v", f.Interface())
+		if ps, ok := f.Interface().([]Param); ok {
+			var items []string
+			for _, p := range ps {
+				items = append(items, p.Name+"="+string(p.Value))
+			}
+			val = "[" + strings.Join(items, " ") + "]"
+		}
+		parts = append(parts, rv.Type().Field(i).Name+":"+val)
+	}
+	return "{" + strings.Join(parts, " ") + "}"
 }
 
 func TestErrorsType(t *testing.T) {
@@ -112,13 +142,13 @@ func TestErrorsType(t *testing.T) {
 		t.Fatalf("Parse error = %T %v; want *Errors", err, err)
 	}
 	want := []Problem{
-		{Line: 5, Msg: `model_list[0].litellm_params: unknown key "api_bse"`},
+		{Line: 5, Msg: `model_list[0].litellm_params: unknown key "api_bse" (did you mean "api_base"?)`},
 		{Line: 6, Msg: `top level: unknown key "bogus"`},
 	}
 	if fmt.Sprint(errs.Problems) != fmt.Sprint(want) {
 		t.Errorf("Problems = %v; want %v", errs.Problems, want)
 	}
-	wantText := "c.yaml:5: model_list[0].litellm_params: unknown key \"api_bse\"\nc.yaml:6: top level: unknown key \"bogus\""
+	wantText := "c.yaml:5: model_list[0].litellm_params: unknown key \"api_bse\" (did you mean \"api_base\"?)\nc.yaml:6: top level: unknown key \"bogus\""
 	if err.Error() != wantText {
 		t.Errorf("Error() = %q; want %q", err.Error(), wantText)
 	}
