@@ -127,6 +127,10 @@ func (a *chatStreamAnswer) Next() ([]byte, error) {
 			evs, err = a.s.End()
 		case err != nil:
 			return nil, err
+		case !jsondepth.Within(ev.Data, jsondepth.Max):
+			// Read no further: gjson's validator recurses once per level (see package jsondepth).
+			a.err = fmt.Errorf("%w: a chunk nests deeper than %d levels", ErrMalformed, jsondepth.Max)
+			continue
 		default:
 			evs, err = a.s.Next(ev.Data)
 		}

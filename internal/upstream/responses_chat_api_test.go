@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -176,6 +178,35 @@ func TestChatAPIErrors(t *testing.T) {
 			t.Error("a cut stream read to its end without an error")
 		}
 	})
+}
+
+// TestChatAPITooDeep: a chunk or a JSON answer nesting deeper than jsondepth.Max is malformed,
+// never handed to gjson's recursive validator.
+func TestChatAPITooDeep(t *testing.T) {
+	deep := strings.Repeat("[", jsondepth.Max+1) + strings.Repeat("]", jsondepth.Max+1)
+	for _, tt := range []struct {
+		name, ct, body string
+		stream         bool
+	}{
+		{"a chunk", "text/event-stream", "data: {\"choices\":" + deep + "}\n\n", true},
+		{"a JSON answer", "application/json", `{"choices":` + deep + `}`, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", tt.ct)
+				_, _ = io.WriteString(w, tt.body)
+			})
+			d := config.Deployment{ModelName: "m", UpstreamModel: "m-up", APIBase: up.URL + "/v1", API: config.APIChatCompletions}
+			api := NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), ChatOptions{})
+			ev, err := api.Responses(context.Background(), []byte(`{"model":"m","input":"x","stream":`+map[bool]string{false: "false", true: "true"}[tt.stream]+`}`), http.Header{})
+			if err == nil {
+				_, err = drain(t, ev)
+			}
+			if !errors.Is(err, ErrMalformed) {
+				t.Errorf("err = %v; want ErrMalformed", err)
+			}
+		})
+	}
 }
 
 func TestChatOptionsFor(t *testing.T) {
