@@ -281,3 +281,60 @@ func TestUnstoredReasoningIsCarriedAsText(t *testing.T) {
 		}
 	}
 }
+
+// TestKeptConversation: for an upstream that keeps nothing, the proxy keeps each stored
+// response's conversation: a chain resends it all, references to its items resolve, and what was
+// not kept (store false) cannot be continued.
+func TestKeptConversation(t *testing.T) {
+	for _, api := range []upstreamAPI{vllmAPI, llamaCppAPI} {
+		t.Run(api.name, func(t *testing.T) {
+			h := newHarness(t, onAPI(api))
+			h.up.Enqueue(calls("n = 1"), text("Set."))
+			_, resp := h.post(body(""), "alice")
+			first := gjson.GetBytes(resp, "id").String()
+			msg := gjson.GetBytes(resp, `output.#(type=="message").id`).String()
+
+			h.up.Enqueue(text("Two."))
+			status, resp := h.post(body(`"previous_response_id":"`+first+`"`), "alice")
+			if status != 200 {
+				t.Fatalf("second: %d %s", status, resp)
+			}
+			second := gjson.GetBytes(resp, "id").String()
+			h.up.Enqueue(text("Three."))
+			in := `[{"type":"item_reference","id":"` + msg + `"},{"role":"user","content":"and?"}]`
+			status, resp = h.post(`{"model":"gpt-test","previous_response_id":"`+second+`","input":`+in+`,"tools":[{"type":"code_interpreter","container":{"type":"auto"}}]}`, "alice")
+			if status != 200 {
+				t.Fatalf("third: %d %s", status, resp)
+			}
+			reqs := h.up.Requests()
+			last := reqs[len(reqs)-1]
+			var seen []string
+			for _, it := range last.History {
+				s := gjson.GetBytes(it, "type").String()
+				if s == "message" {
+					c := gjson.GetBytes(it, "content")
+					if c.IsArray() {
+						c = c.Get("0.text")
+					}
+					s = gjson.GetBytes(it, "role").String() + ":" + c.String()
+				}
+				seen = append(seen, s)
+			}
+			want := "user:compute,function_call,function_call_output,assistant:Set.,user:compute,assistant:Two.,assistant:Set.,user:and?"
+			if got := strings.Join(seen, ","); got != want {
+				t.Errorf("the third call saw\n%s\nwant\n%s", got, want)
+			}
+			if _, ok := last.Fields["previous_response_id"]; ok {
+				t.Error("previous_response_id went upstream")
+			}
+
+			h.up.Enqueue(text("Unstored."))
+			_, resp = h.post(body(`"store":false`), "alice")
+			before := len(h.up.Requests())
+			status, raw := h.post(body(`"previous_response_id":"`+gjson.GetBytes(resp, "id").String()+`"`), "alice")
+			if status != 400 || gjson.GetBytes(raw, "error.code").String() != "previous_response_not_found" || len(h.up.Requests()) != before {
+				t.Errorf("continuing a store:false response = %d %s; want 400 previous_response_not_found, nothing sent", status, raw)
+			}
+		})
+	}
+}

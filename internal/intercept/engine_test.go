@@ -301,3 +301,14 @@ func TestMetricsOnASharedRegistry(t *testing.T) {
 		t.Error("the engines count on different collectors")
 	}
 }
+
+func TestHandlesEveryRequestForAStatelessUpstream(t *testing.T) {
+	e := New(Options{})
+	cfg := config.Defaults() // interception not even active
+	if !e.Handles(&Request{Config: cfg, Provider: "deepseek", Body: []byte(`{"model":"m","input":"hi"}`), Stateless: true}) {
+		t.Fatal("Handles = false for a stateless upstream")
+	}
+	if e.Handles(&Request{Provider: "deepseek", Body: []byte(`{"model":"m","input":"hi"}`), Stateless: true}) {
+		t.Fatal("Handles = true without a config")
+	}
+}
