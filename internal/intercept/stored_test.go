@@ -3,8 +3,8 @@ package intercept
 import (
 	"bytes"
 	"net/http"
-	"strings"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
