@@ -17,7 +17,10 @@ type Store interface {
 	Call(ctx context.Context, id string) (StoredCall, bool)
 	// Put stores one finished response and its calls.
 	Put(ctx context.Context, id string, r StoredResponse, calls map[string]StoredCall)
-	// Delete forgets a response (DELETE /v1/responses/{id}); its calls stay for stateless replay.
+	// Delete forgets what a response held (DELETE /v1/responses/{id}): its id stays known, with
+	// its owner only, until it expires, so later requests naming it are answered as for a deleted
+	// response rather than passed to an upstream that never heard of it. Its calls stay for
+	// stateless replay.
 	Delete(ctx context.Context, id string)
 }
 
@@ -155,7 +158,12 @@ func (s *MemoryStore) Put(_ context.Context, id string, r StoredResponse, calls 
 func (s *MemoryStore) Delete(_ context.Context, id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	e, ok := s.responses[id]
+	if !ok {
+		return
+	}
 	s.forgetLocked(id)
+	s.responses[id] = storedEntry[StoredResponse]{v: StoredResponse{Owner: e.v.Owner}, expires: e.expires}
 }
 
 // forgetLocked drops a response and gives its body's bytes back to the budget.

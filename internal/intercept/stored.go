@@ -23,9 +23,9 @@ func (e *Engine) Minted(ctx context.Context, id string) bool {
 
 // ServeStored answers GET and DELETE /v1/responses/{id} for a response this proxy minted, as
 // OpenAI answers for its stored responses: GET returns the Response the client received (kept
-// when the request had store true), DELETE forgets it. A response minted for another caller, or
-// one not kept, is a 404, as if it did not exist. An error means nothing was written; the caller
-// writes it.
+// when the request had store true), DELETE forgets it. A response minted for another caller, one
+// not kept, or one deleted, is a 404, as if it did not exist. An error means nothing was written;
+// the caller writes it.
 func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error {
 	notFound := apierror.NotFound("Response with id '"+id+"' not found.", "")
 	sr, ok := e.store.Response(r.Context(), id)
@@ -39,6 +39,9 @@ func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller 
 		}
 		writeJSON(w, sr.Body)
 	case http.MethodDelete:
+		if sr.Body == nil {
+			return notFound // not stored, or deleted already
+		}
 		e.store.Delete(r.Context(), id)
 		writeJSON(w, marshal(deletedResponse{ID: id, Object: "response", Deleted: true}))
 	default:

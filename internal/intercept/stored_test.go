@@ -46,8 +46,16 @@ func testStoredResponses(t *testing.T, api upstreamAPI) {
 	if ok, code, got := serve(http.MethodDelete, id, "alice"); !ok || code != http.StatusOK || !gjson.GetBytes(got, "deleted").Bool() {
 		t.Errorf("DELETE own response = %v %d %s; want deleted", ok, code, got)
 	}
-	if ok, _, _ := serve(http.MethodGet, id, "alice"); ok {
-		t.Error("a deleted response is still served")
+	// A deleted id stays the proxy's (no upstream hears of it), and is not found.
+	for _, method := range []string{http.MethodGet, http.MethodDelete} {
+		if ok, code, _ := serve(method, id, "alice"); !ok || code != http.StatusNotFound {
+			t.Errorf("%s a deleted response = %v %d; want ours, 404", method, ok, code)
+		}
+	}
+	before := len(h.up.Requests())
+	if status, raw := h.post(bodyIn(cid, `"previous_response_id":"`+id+`"`), "alice"); status != http.StatusBadRequest ||
+		gjson.GetBytes(raw, "error.code").String() != "previous_response_not_found" || len(h.up.Requests()) != before {
+		t.Errorf("continuing a deleted response = %d %s; want 400 previous_response_not_found, nothing sent", status, raw)
 	}
 
 	h.up.Enqueue(calls("1"), text("One."))
