@@ -138,8 +138,9 @@ type Router struct {
 // Redis is router_settings' Redis server, as LiteLLM writes it: a URL, or host, port and password.
 // Every field may come from os.environ/NAME.
 type Redis struct {
-	// URL is redis_url (redis:// or rediss://); when set, it is what to connect to and the other
-	// fields are "" or 0.
+	// URL is redis_url (redis://, rediss:// or unix://); when set, it is what to connect to, and
+	// Host and Port are not used (a warning says so when both are given). It may hold the
+	// password: never log it.
 	URL string
 	// Host and Port are redis_host and redis_port; Port is DefaultRedisPort when only the host is
 	// given.

@@ -172,7 +172,7 @@ func (d *decoder) deployment(i int, item *yaml.Node, creds map[string]credential
 	d.target(&dep, p, pn)
 	prov := providers[dep.Provider]
 	d.baseURL(&dep, p, prov)
-	d.credential(&dep, p, prov)
+	d.auth(&dep, p, prov)
 
 	dep.Timeout = p.Duration("timeout", def.timeout, false)
 	dep.StreamTimeout = p.Duration("stream_timeout", def.streamTimeout, false)
@@ -292,9 +292,9 @@ func (d *decoder) baseURL(dep *Deployment, p *settings.Map, prov provider) {
 	}
 }
 
-// credential sets APIKey and KeyHeader: api_key, else the provider's variables; for Azure, an
+// auth sets APIKey and KeyHeader: api_key, else the provider's variables; for Azure, an
 // api-key header, or azure_ad_token (or AZURE_AD_TOKEN) sent as a bearer token.
-func (d *decoder) credential(dep *Deployment, p *settings.Map, prov provider) {
+func (d *decoder) auth(dep *Deployment, p *settings.Map, prov provider) {
 	key := p.String("api_key")
 	dep.APIKey = key.S
 	if key.Env != "" && !key.Present && dep.MissingEnv == "" {

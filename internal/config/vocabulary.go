@@ -475,7 +475,7 @@ var vocabulary = map[string][]vocabKey{
 		{"assistants_config", ignore, "LiteLLM's Assistants API settings; not implemented"},
 		{"debug_level", ignore, whyDebug},
 		{"set_verbose", ignore, whyDebug},
-		{"ignore_invalid_deployments", ignore, "this proxy always loads the other models when one deployment cannot be called, as LiteLLM's proxy does"},
+		{"ignore_invalid_deployments", ignore, "LiteLLM's switch to skip deployments it cannot set up; this proxy always loads the others, as LiteLLM's proxy does"},
 		{"search_tools", ignore, whySearch},
 		{"guardrail_list", ignore, whySearch},
 	},
