@@ -250,3 +250,61 @@ func testUsageIsSummed(t *testing.T, api upstreamAPI) {
 		}
 	}
 }
+
+// TestForcedToolChoice: a tool_choice that forces code_interpreter (by itself or in
+// allowed_tools, mode required) forces the stand-in function on the first upstream call only.
+func TestForcedToolChoice(t *testing.T) { forEachAPI(t, testForcedToolChoice) }
+
+func testForcedToolChoice(t *testing.T, api upstreamAPI) {
+	for _, choice := range []string{`{"type":"code_interpreter"}`, `{"type":"allowed_tools","mode":"required","tools":[{"type":"code_interpreter"}]}`} {
+		t.Run(choice, func(t *testing.T) {
+			h := newHarness(t, onAPI(api))
+			h.up.Enqueue(calls("1"), text("done"))
+			status, resp := h.post(body(`"tool_choice":`+choice), "k")
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, resp)
+			}
+			reqs := h.up.Requests()
+			first := gjson.ParseBytes(reqs[0].ToolChoice)
+			forced := first.Get("name").String() == "python" || first.Get("function.name").String() == "python" || // a named function
+				(first.Get("mode").String() == "required" && first.Get("tools.0.name").String() == "python") || // allowed_tools (Responses)
+				(first.String() == "required" && strings.Join(reqs[0].ToolNames(), ",") == "python") // tools cut down (chat)
+			if !forced {
+				t.Errorf("first tool_choice = %s with tools %v; want the stand-in forced", reqs[0].ToolChoice, reqs[0].ToolNames())
+			}
+			if later := gjson.ParseBytes(reqs[1].ToolChoice); later.String() != "auto" && later.Get("mode").String() != "auto" {
+				t.Errorf("second tool_choice = %s; want auto", reqs[1].ToolChoice)
+			}
+			if tc := gjson.GetBytes(resp, "tool_choice").Raw; tc != choice {
+				t.Errorf("response tool_choice = %s; want the client's", tc)
+			}
+		})
+	}
+}
+
+// TestInterleavedParallelCalls: a chat server that interleaves the deltas of parallel calls
+// still gives two code_interpreter_calls, run in order, streamed as OpenAI's grammar requires.
+func TestInterleavedParallelCalls(t *testing.T) {
+	for _, api := range []upstreamAPI{vllmAPI, llamaCppAPI} {
+		t.Run(api.name, func(t *testing.T) {
+			h := newHarness(t, onAPI(api))
+			turn := calls("a = 'first'", "b = 'second'")
+			turn.ChatInterleave = true
+			h.up.Enqueue(turn, text("both"))
+			status, raw := h.post(body(`"stream":true`), "k")
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, raw)
+			}
+			resp := checkStream(t, raw).Response
+			if got := strings.Join(types(resp), ","); got != "code_interpreter_call,code_interpreter_call,message" {
+				t.Errorf("output = %s", got)
+			}
+			if got := h.fake.Codes(); strings.Join(got, ";") != "a = 'first';b = 'second'" {
+				t.Errorf("ran %q; want both calls in order", got)
+			}
+			if outs := fcOutputs(h.up.Requests()[1]); len(outs) != 2 {
+				t.Errorf("outputs sent back = %q; want one per call", outs)
+			}
+		})
+	}
+}
