@@ -106,6 +106,10 @@ func BenchmarkRequestByAPI(b *testing.B) {
 				reqBody := []byte(`{"model":"m","instructions":"Use python for arithmetic.","input":"compute","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"include":["code_interpreter_call.outputs"],"stream":` + map[bool]string{false: "false", true: "true"}[stream] + `}`)
 				req, closeIdle := a.request(cfg, reqBody, bodies, stream)
 				defer closeIdle()
+				events := 0
+				for _, body := range bodies {
+					events += max(bytes.Count(body, []byte("\n\n")), 1) // a JSON answer is one
+				}
 				b.ReportAllocs()
 				b.ResetTimer()
 				for b.Loop() {
@@ -115,6 +119,7 @@ func BenchmarkRequestByAPI(b *testing.B) {
 						b.Fatalf("serve = %v, %d: %s", err, w.Code, w.Body.Bytes())
 					}
 				}
+				b.ReportMetric(float64(events), "upstream-events/op")
 			})
 		}
 	}
