@@ -36,6 +36,11 @@
 //     (non-reasoning models reject the include, so it is never added blindly). Encrypted content
 //     the client did not ask for is stripped from what it sees; reasoning items that carry none
 //     cannot be resent without storage and are dropped from the carried turn.
+//   - An upstream that keeps nothing (Request.Stateless: Chat Completions behind upstream.ChatAPI)
+//     has no /v1/responses of its own, so the engine serves all its requests, code_interpreter or
+//     not. A stored response then keeps the whole conversation instead of an upstream id, and
+//     previous_response_id is resolved into input items before the loop; without storage,
+//     reasoning items are carried by their text, which such upstreams return.
 //   - A call's status is failed when the code raised or its arguments could not be read,
 //     incomplete when it timed out or was not run (a limit), completed otherwise. The model is
 //     always told what happened and always continues.
