@@ -40,7 +40,7 @@ func (s *onStore) Response(ctx context.Context, id string) (StoredResponse, bool
 	case err != nil:
 		return StoredResponse{}, false, err
 	}
-	sr := StoredResponse{Owner: r.Owner, UpstreamID: r.UpstreamID, ContainerID: r.ContainerID, Body: r.Body}
+	sr := StoredResponse{Owner: r.Owner, UpstreamID: r.UpstreamID, ContainerID: r.ContainerID, Body: r.Body, Input: r.Input}
 	for _, p := range r.Pending {
 		sr.Pending = append(sr.Pending, p)
 	}
@@ -61,7 +61,7 @@ func (s *onStore) Call(ctx context.Context, id string) (StoredCall, bool, error)
 func (s *onStore) Put(ctx context.Context, id string, r StoredResponse, calls map[string]StoredCall) error {
 	exp := s.now().Add(s.ttl)
 	rec := store.Response{ID: id, Owner: r.Owner, UpstreamID: r.UpstreamID, ContainerID: r.ContainerID,
-		Body: r.Body, ExpiresAt: exp}
+		Body: r.Body, Input: r.Input, ExpiresAt: exp}
 	for _, p := range r.Pending {
 		rec.Pending = append(rec.Pending, json.RawMessage(p))
 	}
@@ -73,6 +73,14 @@ func (s *onStore) Put(ctx context.Context, id string, r StoredResponse, calls ma
 	return s.rs.PutResponse(ctx, rec, recs)
 }
 
+// Delete keeps the id and its owner until the response would have expired: what it held is gone.
 func (s *onStore) Delete(ctx context.Context, id string) error {
-	return s.rs.DeleteResponse(ctx, id)
+	r, err := s.rs.Response(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	}
+	return s.rs.PutResponse(ctx, store.Response{ID: id, Owner: r.Owner, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt}, nil)
 }

@@ -49,6 +49,9 @@ func (namedInterceptor) Minted(context.Context, string) (bool, error) { return f
 func (namedInterceptor) ServeStored(http.ResponseWriter, *http.Request, string, string) error {
 	return nil
 }
+func (namedInterceptor) ServeInputItems(http.ResponseWriter, *http.Request, string, string) error {
+	return nil
+}
 
 // replica is one router with its own address, sharing a store with the others.
 type replica struct {
