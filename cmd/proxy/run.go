@@ -222,7 +222,8 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	if shared {
 		self, err := advertiseURL(f, cfg, ln.Addr())
 		if err == nil {
-			replicas, err = peer.New(peer.Options{Store: state, Self: self, Logger: log.Named("replicas")})
+			replicas, err = peer.New(peer.Options{Store: state, Self: self, Logger: log.Named("replicas"),
+				Secret: func() string { return store.Load().Config.General.ContainerSecret }})
 		}
 		if err == nil {
 			err = replicas.Register(ctx)

@@ -3,6 +3,9 @@ package peer
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -141,3 +144,38 @@ func (t *trackingWriter) Flush() {
 }
 
 func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+// probeTimeout bounds a probe: a replica answers /healthz at once.
+const probeTimeout = 2 * time.Second
+
+// probe asks the replica at host to prove that it is one of this deployment's (HeaderProbe).
+func (p *Peers) probe(ctx context.Context, host string) bool {
+	secret := ""
+	if p.secret != nil {
+		secret = p.secret()
+	}
+	if secret == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, host+"/healthz", nil)
+	if err != nil {
+		return false
+	}
+	nonce := randomNonce()
+	req.Header.Set(HeaderProbe, nonce)
+	resp, err := p.fwd.transport.RoundTrip(req)
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	_ = resp.Body.Close()
+	return hmac.Equal([]byte(resp.Header.Get(HeaderPeer)), []byte(ProbeAnswer(secret, host, nonce)))
+}
+
+func randomNonce() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return hex.EncodeToString(b)
+}

@@ -3,10 +3,12 @@
 // sandbox lives in one replica's process (a local sandbox) is served, and the forwarding of a
 // request to that replica, authenticated by the deployment's shared secret and streamed through.
 //
-// A replica is alive while its lease is held. One that is gone (its lease ran out, or nothing
-// listens at its address any more) has lost its local sandboxes with its process: their containers
-// are expired (Options.Expire), and requests for them are answered where they land, as for any
-// expired container.
+// A replica is alive while its lease is held, or while it answers a probe at its address with
+// proof that it knows the shared secret (a lease can be missing while the replica lives: after the
+// store lost its keys, until the next heartbeat). One that is gone (no lease, and no proof at its
+// address) has lost its local sandboxes with its process: their containers are expired
+// (Options.Expire), and requests for them are answered where they land, as for any expired
+// container.
 package peer
 
 import (
@@ -45,6 +47,9 @@ type Options struct {
 	// Expire marks a container expired whose host is gone (sandbox.Sessions.Expire). Nil: nothing
 	// is expired here, and the request is served here anyway.
 	Expire func(ctx context.Context, rec store.Container) error
+	// Secret returns the deployment's shared secret now (it may change with a reload), for probes.
+	// Nil, or "": a replica without a lease is gone.
+	Secret func() string
 	Logger *zap.Logger
 }
 
@@ -54,6 +59,7 @@ type Peers struct {
 	self   string
 	lease  time.Duration
 	expire func(context.Context, store.Container) error
+	secret func() string
 	log    *zap.Logger
 	fwd    *forwarder
 }
@@ -63,7 +69,7 @@ func New(opts Options) (*Peers, error) {
 	if opts.Store == nil || opts.Self == "" {
 		return nil, errors.New("peer: Store and Self are required")
 	}
-	p := &Peers{st: opts.Store, self: opts.Self, lease: opts.Lease, expire: opts.Expire, log: opts.Logger}
+	p := &Peers{st: opts.Store, self: opts.Self, lease: opts.Lease, expire: opts.Expire, secret: opts.Secret, log: opts.Logger}
 	if p.lease <= 0 {
 		p.lease = DefaultLease
 	}
@@ -125,7 +131,8 @@ func (p *Peers) Run(ctx context.Context) {
 	}
 }
 
-// Alive reports whether the replica at host holds its lease.
+// Alive reports whether the replica at host holds its lease or, without one, proves at its
+// address that it is one of this deployment's replicas.
 func (p *Peers) Alive(ctx context.Context, host string) (bool, error) {
 	if host == p.self {
 		return true, nil
@@ -134,7 +141,7 @@ func (p *Peers) Alive(ctx context.Context, host string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("peer: reading the lease of %s: %w", host, err)
 	}
-	return h != "", nil
+	return h != "" || p.probe(ctx, host), nil
 }
 
 // gone ends the lease of host, where nothing listens any more, so that every replica sees it gone

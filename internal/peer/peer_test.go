@@ -391,3 +391,45 @@ func TestForwardFailures(t *testing.T) {
 		t.Errorf("Forward without a secret = %v; want *UnreachableError", err)
 	}
 }
+
+// TestProbe: without a lease, a replica is alive only if the service at its address proves it
+// knows the shared secret; a probe sends no credential.
+func TestProbe(t *testing.T) {
+	st := newStore(t, nil)
+	ctx := context.Background()
+	p, err := New(Options{Store: st, Self: "http://10.0.0.1:4000", Secret: func() string { return "s3cret" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answering := func(secret string) string {
+		var self string
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Authorization") != "" || r.URL.Path != "/healthz" {
+				t.Errorf("a probe sent %s with Authorization %q", r.URL.Path, r.Header.Get("Authorization"))
+			}
+			if n := r.Header.Get(HeaderProbe); n != "" && secret != "" {
+				w.Header().Set(HeaderPeer, ProbeAnswer(secret, self, n))
+			}
+			_, _ = io.WriteString(w, `{"status":"ok"}`)
+		}))
+		t.Cleanup(srv.Close)
+		self = srv.URL
+		return srv.URL
+	}
+	for _, tc := range []struct {
+		name string
+		host string
+		want bool
+	}{
+		{"a replica of this deployment", answering("s3cret"), true},
+		{"another deployment's", answering("other"), false},
+		{"some other service", answering(""), false},
+		{"nothing there", "http://127.0.0.1:1", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got, err := p.Alive(ctx, tc.host); err != nil || got != tc.want {
+				t.Errorf("Alive = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}

@@ -65,3 +65,20 @@ func mac(secret, method, uri, ts string) []byte {
 	m.Write([]byte("ciproxy-forward\n" + method + "\n" + uri + "\n" + ts))
 	return m.Sum(nil)
 }
+
+// A probe asks the replica at an address to prove that it is one of this deployment's: the request
+// (GET /healthz) carries a random nonce in HeaderProbe, and the replica answers with HeaderPeer,
+// an HMAC of the nonce and its own advertised address under the shared secret. A probe carries
+// no client credential, so asking an address that some other service has taken over reveals
+// nothing.
+const (
+	HeaderProbe = "X-Ciproxy-Probe"
+	HeaderPeer  = "X-Ciproxy-Peer"
+)
+
+// ProbeAnswer is the HeaderPeer value of the replica at self for a probe's nonce.
+func ProbeAnswer(secret, self, nonce string) string {
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte("ciproxy-probe\n" + self + "\n" + nonce))
+	return hex.EncodeToString(m.Sum(nil))
+}

@@ -38,18 +38,22 @@ func forwarded(ctx context.Context) bool {
 	return v
 }
 
-// peerCheck verifies the signature of a request that says it was forwarded by another replica.
-// A request that says so without a valid signature is refused.
+// peerCheck verifies the signature of a request that says it was forwarded by another replica
+// (one that says so without a valid signature is refused), and answers another replica's probe
+// (peer.HeaderProbe) with this one's proof.
 func (s *server) peerCheck(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		secret := ""
+		if cfg := configFrom(r.Context()); cfg != nil {
+			secret = cfg.General.ContainerSecret
+		}
+		if nonce := r.Header.Get(peer.HeaderProbe); nonce != "" && len(nonce) <= 64 && secret != "" && s.replicas != nil {
+			w.Header().Set(peer.HeaderPeer, peer.ProbeAnswer(secret, s.replicas.Self(), nonce))
+		}
 		sig := r.Header.Get(peer.HeaderForwarded)
 		if sig == "" {
 			next.ServeHTTP(w, r)
 			return
-		}
-		secret := ""
-		if cfg := configFrom(r.Context()); cfg != nil {
-			secret = cfg.General.ContainerSecret
 		}
 		if err := peer.Verify(secret, sig, r.Method, r.URL.RequestURI(), s.now()); err != nil {
 			s.log.Warn("refused a forwarded request", zap.String("request_id", RequestID(r.Context())),

@@ -70,7 +70,8 @@ func newReplica(t *testing.T, st store.Store, name string, expire func(context.C
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
 	log := zap.New(core)
-	p, err := peer.New(peer.Options{Store: st, Self: "http://" + ln.Addr().String(), Expire: expire, Logger: log})
+	p, err := peer.New(peer.Options{Store: st, Self: "http://" + ln.Addr().String(), Expire: expire, Logger: log,
+		Secret: func() string { return forwardSecret }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,25 @@ func TestForwarding(t *testing.T) {
 		}
 	})
 
+	t.Run("a replica without its lease that proves it is one is alive", func(t *testing.T) {
+		if err := st.Release(ctx, "peer:"+b.peers.Self(), b.peers.Self()); err != nil {
+			t.Fatal(err)
+		}
+		status, _, body := a.post(t, "/v1/responses", `{"model":"gpt-test","input":"x",`+tool(onB)+`}`)
+		if status != http.StatusOK || !strings.Contains(body, `"served_by":"b"`) {
+			t.Errorf("= %d %s; want b to serve it", status, body)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(expired) != 0 {
+			t.Errorf("expired %v while its replica lived", expired)
+		}
+	})
+
 	t.Run("a replica that is gone", func(t *testing.T) {
+		if err := b.peers.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
 		b.Close() // nothing listens at its address any more; its lease is still held
 		status, _, body := a.post(t, "/v1/responses", `{"model":"gpt-test","input":"x",`+tool(onB)+`}`)
 		if status != http.StatusOK || !strings.Contains(body, `"served_by":"a"`) {

@@ -56,10 +56,11 @@ type cluster struct {
 	cfg  string
 	args []string
 
-	mu   sync.Mutex
-	reps []*proxy
-	dead []bool // the client's view: a replica it could not reach is out of its rotation
-	next int
+	mu       sync.Mutex
+	reps     []*proxy
+	dead     []bool   // the client's view: a replica it could not reach is out of its rotation
+	replaced []*proxy // replicas restarted since, with their logs
+	next     int
 }
 
 func newCluster(t *testing.T, cfg string, n int, args ...string) *cluster {
@@ -102,6 +103,7 @@ func (c *cluster) isDead(i int) bool {
 func (c *cluster) restart(i int) {
 	p := startProxyArgs(c.t, c.cfg, c.args)
 	c.mu.Lock()
+	c.replaced = append(c.replaced, c.reps[i])
 	c.reps[i], c.dead[i] = p, false
 	c.mu.Unlock()
 }
@@ -246,16 +248,16 @@ func testReplicas(t *testing.T, tool string) {
 	if placed.status != http.StatusOK || gjson.GetBytes(placed.body, "path").String() != "/mnt/data/data.csv" {
 		t.Fatalf("placing the file in the container through another replica = %d %s", placed.status, placed.body)
 	}
-	used := c.run(t, r[2], "print(open('/mnt/data/data.csv').read().count(','))\nopen('/mnt/data/out.txt', 'w').write('written in the container')", first.container, "")
+	used := c.run(t, r[2], "print(open('/mnt/data/data.csv').read().count(','))", first.container, "")
 	if used.logs != "2\n" {
 		t.Errorf("code reading the placed file printed %q", used.logs)
 	}
 	list := send(ctx(t, 30*time.Second), r[0], http.MethodGet, "/v1/containers/"+first.container+"/files", "", nil)
-	outID := gjson.GetBytes(list.body, `data.#(path=="/mnt/data/out.txt").id`).String()
-	if list.status != http.StatusOK || outID == "" {
+	cfileID := gjson.GetBytes(list.body, `data.#(path=="/mnt/data/data.csv").id`).String()
+	if list.status != http.StatusOK || cfileID != gjson.GetBytes(placed.body, "id").String() {
 		t.Fatalf("container files on another replica = %d %s", list.status, list.body)
 	}
-	if a := send(ctx(t, 30*time.Second), r[1], http.MethodGet, "/v1/containers/"+first.container+"/files/"+outID+"/content", "", nil); a.status != http.StatusOK || string(a.body) != "written in the container" {
+	if a := send(ctx(t, 30*time.Second), r[0], http.MethodGet, "/v1/containers/"+first.container+"/files/"+cfileID+"/content", "", nil); a.status != http.StatusOK || string(a.body) != "a,b\n1,2\n" {
 		t.Errorf("container file content on a third replica = %d %q", a.status, a.body)
 	}
 	if a := send(ctx(t, 30*time.Second), r[2], http.MethodGet, "/v1/containers/"+first.container, "", nil); a.status != http.StatusOK || gjson.GetBytes(a.body, "status").String() != "running" {
@@ -307,6 +309,17 @@ func testReplicas(t *testing.T, tool string) {
 		t.Errorf("sandbox processes left after every replica stopped: %v", procs)
 	}
 	checkRedisKeys(t, rs)
+	if tool == "e2b" {
+		// The sandboxes whose records Redis lost can only have been found by the orphan sweep.
+		orphans := 0
+		for _, p := range append(c.reps, c.replaced...) {
+			orphans += strings.Count(p.Log(), "orphan sandbox deleted")
+		}
+		if orphans == 0 {
+			t.Error("no orphan sandbox was swept, though Redis forgot live containers")
+		}
+		t.Logf("e2b: %d orphan sandboxes swept", orphans)
+	}
 	t.Logf("%s: load: %d requests, %d succeeded, %d expected failures (on or hosted by the killed replica)",
 		tool, stats.sent.Load(), stats.ok.Load(), stats.expected.Load())
 }
@@ -351,7 +364,7 @@ func loadWithKill(t *testing.T, c *cluster, tool string, victim int) *loadStats 
 						c.markDead(i1)
 						continue
 					}
-					unexpected <- fmt.Sprintf("turn 1 on replica %d: %d %v %.300s", i1, a1.status, a1.err, a1.body)
+					unexpected <- fmt.Sprintf("turn 1 on replica %d: %d %v logs %q %.300s", i1, a1.status, a1.err, a1.logs, gjson.GetBytes(a1.body, "output").Raw)
 					continue
 				}
 				stats.ok.Add(1)
@@ -447,6 +460,7 @@ func checkRedisKeys(t *testing.T, rs *redisserver.Server) {
 	if len(keys) == 0 {
 		t.Fatal("no key in Redis at all: the replicas did not use it")
 	}
+	t.Logf("%d keys left in Redis, each with its TTL", len(keys))
 	for _, k := range keys {
 		ttl, err := rdb.PTTL(c, k).Result()
 		if err != nil {
