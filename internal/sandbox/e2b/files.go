@@ -545,3 +545,21 @@ func randomSuffix() string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+var _ sandbox.FileRemover = (*Provider)(nil)
+
+// RemoveFile implements [sandbox.FileRemover] with envd's Remove, which removes what is at the
+// path (a link itself, never its target). A missing path is not an error; a sandbox that is gone
+// is (ErrNotFound from e2b's edge).
+func (p *Provider) RemoveFile(ctx context.Context, h sandbox.Handle, rel string) error {
+	full, err := dataPath(rel)
+	if err != nil {
+		return err
+	}
+	err = p.rpc(ctx, h, "remove", "Remove", map[string]string{"path": full}, nil)
+	var apiErr *APIError
+	if errors.As(err, &apiErr) && apiErr.StatusCode != http.StatusBadGateway && errors.Is(err, sandbox.ErrNotFound) {
+		return nil
+	}
+	return err
+}
