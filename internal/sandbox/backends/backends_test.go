@@ -22,7 +22,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // needBubblewrap skips when this machine cannot start local sandboxes (CI installs bubblewrap).
-func needBubblewrap(t *testing.T) {
+func needBubblewrap(t testing.TB) {
 	t.Helper()
 	if _, err := exec.LookPath("bwrap"); err != nil {
 		t.Skip("bubblewrap is not installed")
