@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"path"
 	"slices"
 	"strconv"
@@ -32,6 +31,10 @@ const (
 
 // DefaultMaxContainerFiles is how many files a container may hold unless told otherwise.
 const DefaultMaxContainerFiles = 1000
+
+// unlimited is the byte limit given to a backend when there is none: far beyond any file, and
+// far enough from math.MaxInt64 that a backend may add to it.
+const unlimited = 1 << 62
 
 // maxListed bounds one listing of DataDir: files past it are not seen (and not collected).
 const maxListed = 10000
@@ -303,7 +306,7 @@ func (c *Container) AddFile(ctx context.Context, name string, r io.Reader, lim C
 	if lim.Files > 0 && len(byPath)+1 > lim.Files {
 		return store.ContainerFile{}, ErrTooManyFiles
 	}
-	limit, byTotal := int64(math.MaxInt64), false
+	limit, byTotal := int64(unlimited), false
 	if lim.FileBytes > 0 {
 		limit = lim.FileBytes
 	}

@@ -42,7 +42,7 @@ func parseTools(t testing.TB, section string) []config.SandboxTool {
 	return cfg.SandboxTools
 }
 
-func mustBuild(t *testing.T, tools []config.SandboxTool, prev *sandbox.Registry) *sandbox.Registry {
+func mustBuild(t testing.TB, tools []config.SandboxTool, prev *sandbox.Registry) *sandbox.Registry {
 	t.Helper()
 	reg, err := Build(context.Background(), tools, prev, nil)
 	if err != nil {

@@ -28,11 +28,24 @@ type filesEnv struct {
 	ctx context.Context
 }
 
-func newFilesEnv(t *testing.T) *filesEnv {
+// backendsUnderTest are the backends every container file test runs on.
+var backendsUnderTest = []string{"e2b", "local"}
+
+// toolRegistry returns a registry whose tool "cloud" runs on backend: e2b (the emulator) or local.
+func toolRegistry(t testing.TB, backend string) func() *sandbox.Registry {
 	t.Helper()
 	needBubblewrap(t)
-	e := newE2BEnv(t)
-	p := newSessions(t, t.TempDir(), e.registry)
+	if backend == "e2b" {
+		return newE2BEnv(t).registry
+	}
+	reg := mustBuild(t, parseTools(t, "  - {sandbox_tool_name: cloud, litellm_params: {sandbox_provider: local, pool_size: 0}}\n"), nil)
+	t.Cleanup(func() { _ = reg.Close(context.Background()) })
+	return func() *sandbox.Registry { return reg }
+}
+
+func newFilesEnv(t *testing.T, backend string) *filesEnv {
+	t.Helper()
+	p := newSessions(t, t.TempDir(), toolRegistry(t, backend))
 	ctx := context.Background()
 	c, err := p.Create(ctx, "cloud", "alice", sandbox.CreateOptions{}, 20*time.Minute)
 	if err != nil {
@@ -89,7 +102,12 @@ func paths(fs []store.ContainerFile) []string {
 var noLimits = sandbox.ContainerLimits{}
 
 func TestContainerFilesInAndOut(t *testing.T) {
-	e := newFilesEnv(t)
+	for _, b := range backendsUnderTest {
+		t.Run(b, func(t *testing.T) { testContainerFilesInAndOut(t, newFilesEnv(t, b)) })
+	}
+}
+
+func testContainerFilesInAndOut(t *testing.T, e *filesEnv) {
 	csv := e.upload("alice", "sales.csv", "region,sales\nnorth,10\nsouth,20\n")
 	again := e.upload("alice", "sales.csv", "other,1\n")
 	placed, err := e.c.PlaceFiles(e.ctx, []string{csv.ID, again.ID}, noLimits)
@@ -215,7 +233,12 @@ func placedOrCollected(t *testing.T, e *filesEnv, p string) store.ContainerFile 
 
 // Limits: refused before anything is written, and nothing half-stored.
 func TestContainerFileLimits(t *testing.T) {
-	e := newFilesEnv(t)
+	for _, b := range backendsUnderTest {
+		t.Run(b, func(t *testing.T) { testContainerFileLimits(t, newFilesEnv(t, b)) })
+	}
+}
+
+func testContainerFileLimits(t *testing.T, e *filesEnv) {
 	small := e.upload("alice", "small.txt", "12345")
 	big := e.upload("alice", "big.txt", strings.Repeat("x", 100))
 	var fe *sandbox.FileError
@@ -273,7 +296,12 @@ open("/mnt/data/third.txt", "w").write("3")`, lim)
 // link swapped in for a recorded file are not collected, and the record of a file replaced by a
 // link does not read through it.
 func TestContainerFilesHostile(t *testing.T) {
-	e := newFilesEnv(t)
+	for _, b := range backendsUnderTest {
+		t.Run(b, func(t *testing.T) { testContainerFilesHostile(t, newFilesEnv(t, b)) })
+	}
+}
+
+func testContainerFilesHostile(t *testing.T, e *filesEnv) {
 	out := e.run(`open("/mnt/data/report.txt", "w").write("mine")`, noLimits)
 	if len(out.Files) != 1 {
 		t.Fatalf("collected %v", paths(out.Files))
@@ -298,69 +326,85 @@ os.symlink("/etc/hostname", "/mnt/data/report.txt")`, noLimits)
 	}
 }
 
-// Placed files and uploads survive into the next process: the records are in the store, the bytes
-// in the e2b sandbox, which outlives the proxy.
+// After a restart: on e2b the files are still there (the records are in the store, the bytes in
+// the sandbox, which outlives the proxy); on local the container is expired with its sandbox.
 func TestContainerFilesAfterRestart(t *testing.T) {
-	needBubblewrap(t)
-	ctx := context.Background()
-	e := newE2BEnv(t)
-	dir := t.TempDir()
-	p := newSessions(t, dir, e.registry)
-	c, err := p.Create(ctx, "cloud", "alice", sandbox.CreateOptions{}, 20*time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, out, err := c.Execute(ctx, `open("/mnt/data/out.txt", "w").write("from before")`, sandbox.RunOptions{}, noLimits)
-	if err != nil || len(out.Files) != 1 {
-		t.Fatalf("Execute() = %+v, %v", out, err)
-	}
-	p.Release(ctx, c)
-	p2 := restart(t, p, dir, e.registry)
-	var b bytes.Buffer
-	if _, _, err := p2.ReadFile(ctx, "alice", c.ID(), out.Files[0].ID, &b, 1<<20); err != nil || b.String() != "from before" {
-		t.Errorf("ReadFile() after a restart = %q, %v; want the bytes written before", b.String(), err)
-	}
-	c2, err := p2.Open(ctx, c.ID(), "alice")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p2.Release(ctx, c2)
-	// The new process knows nothing of the files: it lists them before the next execution.
-	_, out, err = c2.Execute(ctx, `open("/mnt/data/new.txt", "w").write("after")`, sandbox.RunOptions{}, noLimits)
-	if got := paths(out.Files); err != nil || !slices.Equal(got, []string{"/mnt/data/new.txt"}) {
-		t.Errorf("Execute() after a restart collected %v, %v; want only the new file", got, err)
+	for _, backend := range backendsUnderTest {
+		t.Run(backend, func(t *testing.T) {
+			ctx := context.Background()
+			reg := toolRegistry(t, backend)
+			dir := t.TempDir()
+			p := newSessions(t, dir, reg)
+			c, err := p.Create(ctx, "cloud", "alice", sandbox.CreateOptions{}, 20*time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, out, err := c.Execute(ctx, `open("/mnt/data/out.txt", "w").write("from before")`, sandbox.RunOptions{}, noLimits)
+			if err != nil || len(out.Files) != 1 {
+				t.Fatalf("Execute() = %+v, %v", out, err)
+			}
+			p.Release(ctx, c)
+			p2 := restart(t, p, dir, reg)
+			var b bytes.Buffer
+			_, _, err = p2.ReadFile(ctx, "alice", c.ID(), out.Files[0].ID, &b, 1<<20)
+			if backend == "local" {
+				if !errors.Is(err, sandbox.ErrExpired) || b.Len() != 0 {
+					t.Errorf("ReadFile() after a restart = %q, %v; want ErrExpired: the sandbox died with the process", b.String(), err)
+				}
+				if f, err := p2.File(ctx, "alice", c.ID(), out.Files[0].ID); err != nil || f.Path != "/mnt/data/out.txt" {
+					t.Errorf("File() of an expired container = %+v, %v; want its record still listed", f, err)
+				}
+				return
+			}
+			if err != nil || b.String() != "from before" {
+				t.Errorf("ReadFile() after a restart = %q, %v; want the bytes written before", b.String(), err)
+			}
+			c2, err := p2.Open(ctx, c.ID(), "alice")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p2.Release(ctx, c2)
+			// The new process knows nothing of the files: it lists them before the next execution.
+			_, out, err = c2.Execute(ctx, `open("/mnt/data/new.txt", "w").write("after")`, sandbox.RunOptions{}, noLimits)
+			if got := paths(out.Files); err != nil || !slices.Equal(got, []string{"/mnt/data/new.txt"}) {
+				t.Errorf("Execute() after a restart collected %v, %v; want only the new file", got, err)
+			}
+		})
 	}
 }
 
 // BenchmarkCollectFiles is the cost of finding new files after an execution that wrote nothing,
 // with n files in /mnt/data: one listing compared with the last one, no store access.
 func BenchmarkCollectFiles(b *testing.B) {
-	needBubblewrap(b)
-	for _, n := range []int{0, 100, 1000} {
-		b.Run(fmt.Sprintf("e2b/files=%d", n), func(b *testing.B) {
-			e := newE2BEnv(b)
-			p := newSessions(b, b.TempDir(), e.registry)
-			ctx := context.Background()
-			c, err := p.Create(ctx, "cloud", "alice", sandbox.CreateOptions{}, 20*time.Minute)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer p.Release(ctx, c)
-			code := fmt.Sprintf(`import os
+	for _, backend := range backendsUnderTest {
+		for _, n := range []int{0, 100, 1000} {
+			b.Run(fmt.Sprintf("%s/files=%d", backend, n), func(b *testing.B) { benchCollectFiles(b, backend, n) })
+		}
+	}
+}
+
+func benchCollectFiles(b *testing.B, backend string, n int) {
+	p := newSessions(b, b.TempDir(), toolRegistry(b, backend))
+	ctx := context.Background()
+	c, err := p.Create(ctx, "cloud", "alice", sandbox.CreateOptions{}, 20*time.Minute)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Release(ctx, c)
+	code := fmt.Sprintf(`import os
 os.makedirs("/mnt/data", exist_ok=True)
 for i in range(%d):
     open("/mnt/data/f%%04d.csv" %% i, "w").write("x" * i)`, n)
-			_, out, err := c.Execute(ctx, code, sandbox.RunOptions{}, sandbox.ContainerLimits{Files: 2000})
-			if err != nil || len(out.Files) != n {
-				b.Fatalf("setup collected %d files, %v; want %d", len(out.Files), err, n)
-			}
-			b.ResetTimer()
-			for b.Loop() {
-				out, err := c.CollectFiles(ctx, sandbox.ContainerLimits{Files: 2000})
-				if err != nil || len(out.Files) != 0 {
-					b.Fatalf("CollectFiles() = %d files, %v; want none", len(out.Files), err)
-				}
-			}
-		})
+	lim := sandbox.ContainerLimits{Files: 2000}
+	_, out, err := c.Execute(ctx, code, sandbox.RunOptions{}, lim)
+	if err != nil || len(out.Files) != n {
+		b.Fatalf("setup collected %d files, %v; want %d", len(out.Files), err, n)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		out, err := c.CollectFiles(ctx, lim)
+		if err != nil || len(out.Files) != 0 {
+			b.Fatalf("CollectFiles() = %d files, %v; want none", len(out.Files), err)
+		}
 	}
 }
