@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
@@ -450,13 +452,14 @@ func (s *server) createContainerFile(w http.ResponseWriter, r *http.Request) err
 	defer up.release()
 	if err := up.read(multipart.NewReader(body, params["boundary"])); err != nil {
 		w.Header().Set("Connection", "close")
+		up.undo()
 		return err
 	}
 	_ = body.rc.SetReadDeadline(time.Time{})
 	switch {
 	case up.stored != nil && up.fileID != nil:
 		// Both were sent: the upload is undone, as neither can be told to win.
-		_ = s.containers.DeleteFile(r.Context(), Caller(r.Context()), id, up.stored.ID)
+		up.undo()
 		return apierror.BadRequest("Send either a 'file' or a 'file_id', not both.", "file_id", "")
 	case up.stored != nil:
 		writeJSON(w, http.StatusOK, toContainerFileObject(*up.stored))
@@ -501,6 +504,17 @@ type containerUpload struct {
 	c      *sandbox.Container
 	stored *store.ContainerFile
 	fileID *string
+}
+
+// undo deletes the file the form stored, when what followed it refused the form.
+func (u *containerUpload) undo() {
+	if u.stored != nil {
+		ctx := context.WithoutCancel(u.r.Context())
+		if err := u.s.containers.DeleteFile(ctx, Caller(ctx), u.id, u.stored.ID); err != nil {
+			u.s.log.Warn("undoing a refused container file upload", zap.String("container", u.id), zap.Error(err))
+		}
+		u.stored = nil
+	}
 }
 
 func (u *containerUpload) release() {
