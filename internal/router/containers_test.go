@@ -370,7 +370,10 @@ func TestContainersCrossOwner(t *testing.T) {
 	}{
 		{"get", func() error { _, err := mallory.Containers.Get(ctx, c.ID); return err }},
 		{"delete", func() error { return mallory.Containers.Delete(ctx, c.ID) }},
-		{"list files", func() error { _, err := mallory.Containers.Files.List(ctx, c.ID, openai.ContainerFileListParams{}); return err }},
+		{"list files", func() error {
+			_, err := mallory.Containers.Files.List(ctx, c.ID, openai.ContainerFileListParams{})
+			return err
+		}},
 		{"get file", func() error { _, err := mallory.Containers.Files.Get(ctx, c.ID, f.ID); return err }},
 		{"content", func() error { _, err := mallory.Containers.Files.Content.Get(ctx, c.ID, f.ID); return err }},
 		{"delete file", func() error { return mallory.Containers.Files.Delete(ctx, c.ID, f.ID) }},
