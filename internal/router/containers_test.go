@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"slices"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
@@ -23,6 +25,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
+	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/store/storetest"
 	"github.com/ciproxy/ciproxy/internal/testutil"
@@ -688,5 +691,66 @@ func TestContainersHideTheHandle(t *testing.T) {
 		if strings.Contains(string(body), h.AccessToken) || strings.Contains(string(body), h.ID) {
 			t.Errorf("GET %s shows the sandbox's id or access token: %s", path, body)
 		}
+	}
+}
+
+// A client that leaves in the middle of a container file upload leaves no file: no record, and
+// nothing visible in /mnt/data.
+func TestContainerFileUploadCut(t *testing.T) {
+	for _, backend := range []string{"e2b", "local"} {
+		t.Run(backend, func(t *testing.T) {
+			b := newContainerBackend(t, backend)
+			p := b.start(t, containersConfig(), t.TempDir(), storetest.NewClock())
+			ctx := context.Background()
+			cl := p.client("")
+			made, err := cl.Containers.New(ctx, openai.ContainerNewParams{Name: "cut"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, ct := multipartBody(form{{"file", strings.Repeat("z", 1<<20), "cut.bin"}})
+			conn, err := net.Dial("tcp", p.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, "POST /v1/containers/%s/files HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n", made.ID, ct, len(body))
+			if _, err := io.WriteString(conn, body[:len(body)/2]); err != nil {
+				t.Fatal(err)
+			}
+			conn.Close() // half a megabyte is in the socket: the handler streams it, then meets the cut
+			eventually(t, "the cut upload to end", func() bool {
+				return p.logs.FilterMessage("request").FilterField(zap.String("path", "/v1/containers/"+made.ID+"/files")).Len() > 0
+			})
+			run, err := p.sess.Open(ctx, made.ID, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.sess.Release(ctx, run)
+			res, out, err := run.Execute(ctx, `import os
+sorted(n for n in os.listdir("/mnt/data") if not n.startswith(".")) if os.path.isdir("/mnt/data") else []`, sandbox.RunOptions{}, sandbox.ContainerLimits{})
+			if err != nil || len(res.Results) != 1 || res.Results[0].Text != "[]" || len(out.Files) != 0 {
+				t.Errorf("/mnt/data after a cut upload = %+v, %+v, %v; want nothing", res.Results, out, err)
+			}
+			if l, err := p.sess.Files(ctx, "", made.ID, store.ContainerFileQuery{}); err != nil || len(l.Items) != 0 {
+				t.Errorf("files after a cut upload = %+v, %v; want none", l.Items, err)
+			}
+		})
+	}
+}
+
+// With container_idle_timeout 0 (the tool's containers end with their request), a container made
+// through the API still lives OpenAI's 20 idle minutes: it is made to be used later.
+func TestContainersIdleZeroConfig(t *testing.T) {
+	b := newContainerBackend(t, "e2b")
+	clock := storetest.NewClock()
+	p := b.start(t, containersConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 0 }), t.TempDir(), clock)
+	c := p.client("")
+	ctx := context.Background()
+	made, err := c.Containers.New(ctx, openai.ContainerNewParams{Name: "later"})
+	if err != nil || made.ExpiresAfter.Minutes != 20 {
+		t.Fatalf("Containers.New() = %s, %v; want 20 minutes", made.RawJSON(), err)
+	}
+	clock.Advance(19 * time.Minute)
+	if g, err := c.Containers.Get(ctx, made.ID); err != nil || g.Status != "running" || b.live(t) != 1 {
+		t.Errorf("Get() 19 minutes on = %s, %v (%d sandboxes); want running", g.RawJSON(), err, b.live(t))
 	}
 }
