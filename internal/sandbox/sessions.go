@@ -693,17 +693,18 @@ func (s *Sessions) markDeletingLocked(c *Container) {
 
 // deleteNow is deleteSandbox for a container marked by markDeletingLocked, which counted it in
 // s.deletes.
-func (s *Sessions) deleteNow(ctx context.Context, c *Container, why string) {
+func (s *Sessions) deleteNow(ctx context.Context, c *Container, why string) bool {
 	defer s.deletes.Done()
-	s.deleteSandbox(ctx, c, why)
+	return s.deleteSandbox(ctx, c, why)
 }
 
 // deleteSandbox expires c's record and deletes its sandbox, detached from ctx's cancellation,
 // under DeleteTimeout, and releases its provider. c must be marked deleting. When another process
 // claimed the record first, that process deletes the sandbox. When the store cannot be written,
 // the sandbox is deleted all the same: a record that says running while its sandbox is gone is
-// found expired by the next Open, a sandbox left running is a leak.
-func (s *Sessions) deleteSandbox(ctx context.Context, c *Container, why string) {
+// found expired by the next Open, a sandbox left running is a leak. It reports whether this
+// process deleted the sandbox (false: another one had claimed it).
+func (s *Sessions) deleteSandbox(ctx context.Context, c *Container, why string) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
 	defer cancel()
 	h := c.h
@@ -728,6 +729,7 @@ func (s *Sessions) deleteSandbox(ctx context.Context, c *Container, why string) 
 	s.mu.Unlock()
 	s.m.live.Dec()
 	s.releaseEntry(ctx, c.ent, h.Tool)
+	return !already
 }
 
 // Sweep deletes every container that is expired at Now (idle past its timeout with no holder, or
@@ -779,8 +781,9 @@ func (s *Sessions) Sweep(ctx context.Context) int {
 	var wg sync.WaitGroup
 	for _, c := range doomed {
 		wg.Go(func() {
-			s.deleteNow(ctx, c, "expired")
-			n.Add(1)
+			if s.deleteNow(ctx, c, "expired") {
+				n.Add(1)
+			}
 		})
 	}
 	for _, rec := range orphans {
