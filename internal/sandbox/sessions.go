@@ -43,6 +43,10 @@ const MetadataContainerID = "ciproxy_container_id"
 // sandbox just before the reaper would.
 const keepAliveMargin = time.Minute
 
+// maxBackendLifetime is the longest lifetime asked of a backend at once: e2b refuses more than
+// its plan's cap (24 hours at most); a container that lives longer is extended as it is used.
+const maxBackendLifetime = 24 * time.Hour
+
 // holdLease is how far ahead the store's expiry of a container that a request holds is kept, so
 // that no process (this one's reaper, or another replica's) takes it for idle while it is in use;
 // the holder's reaper renews it once less than half is left.
@@ -311,7 +315,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 		// Ask for a known lifetime, so that Run and Release know when the backend needs a KeepAlive:
 		// the idle timeout, or the hold lease while the creating request holds it (with idle 0 the
 		// sandbox is deleted at Release); Run extends it when an execution could outlast it.
-		opts.Lifetime = max(idle, holdLease) + keepAliveMargin
+		opts.Lifetime = min(max(idle, holdLease)+keepAliveMargin, maxBackendLifetime)
 	}
 	id := s.st.NewID(store.ContainerKind)
 	opts.Metadata = maps.Clone(opts.Metadata)
@@ -485,7 +489,7 @@ func (s *Sessions) revive(ctx context.Context, rec store.Container) (*Container,
 	}
 	now := s.now()
 	idle := rec.IdleTimeout
-	keep := max(idle, holdLease) + keepAliveMargin
+	keep := min(max(idle, holdLease)+keepAliveMargin, maxBackendLifetime)
 	start := time.Now()
 	err := ent.Provider.KeepAlive(ctx, h, keep)
 	s.m.observe(opKeepAlive, tool, start, err)
@@ -649,6 +653,7 @@ func (s *Sessions) release(ctx context.Context, c *Container, discard bool) {
 
 // keepAlive asks the backend to keep c for d more; a sandbox found gone is dropped.
 func (s *Sessions) keepAlive(ctx context.Context, c *Container, d time.Duration) {
+	d = min(d, maxBackendLifetime)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
 	defer cancel()
 	start := time.Now()
