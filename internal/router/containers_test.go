@@ -754,3 +754,45 @@ func TestContainersIdleZeroConfig(t *testing.T) {
 		t.Errorf("Get() 19 minutes on = %s, %v (%d sandboxes); want running", g.RawJSON(), err, b.live(t))
 	}
 }
+
+// Code that swaps a container file for a link to a host file, or for a FIFO, gets no host bytes
+// out through the download: the proxy never follows what the code made.
+func TestContainerFileContentNeverFollowsLinks(t *testing.T) {
+	for _, backend := range []string{"local", "e2b"} {
+		t.Run(backend, func(t *testing.T) {
+			b := newContainerBackend(t, backend)
+			p := b.start(t, containersConfig(), t.TempDir(), storetest.NewClock())
+			c := p.client("")
+			ctx := context.Background()
+			made, err := c.Containers.New(ctx, openai.ContainerNewParams{Name: "hostile"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, name := range []string{"a.txt", "b.txt"} {
+				f, err := c.Containers.Files.New(ctx, made.ID, openai.ContainerFileNewParams{File: openai.File(strings.NewReader("mine"), name, "text/plain")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, f.ID)
+			}
+			run, err := p.sess.Open(ctx, made.ID, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := run.Run(ctx, `import os
+os.remove("/mnt/data/a.txt"); os.symlink("/etc/passwd", "/mnt/data/a.txt")
+os.remove("/mnt/data/b.txt"); os.mkfifo("/mnt/data/b.txt")`, sandbox.RunOptions{})
+			p.sess.Release(ctx, run)
+			if err != nil || res.Error != nil {
+				t.Fatalf("Run() = %+v, %v", res.Error, err)
+			}
+			for _, id := range ids {
+				status, _, body := p.do(t, http.MethodGet, "/v1/containers/"+made.ID+"/files/"+id+"/content", "")
+				if status != http.StatusNotFound || strings.Contains(string(body), "root:") {
+					t.Errorf("content of a file the code replaced = %d %q; want 404 and no host bytes", status, body)
+				}
+			}
+		})
+	}
+}
