@@ -218,34 +218,49 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		_ = store.Close(context.WithoutCancel(ctx))
 		return fmt.Errorf("listen: %w", err)
 	}
+	fail := func(err error) error {
+		_ = ln.Close()
+		_ = store.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	var self string
+	if shared {
+		if self, err = advertiseURL(f, cfg, ln.Addr()); err != nil {
+			return fail(err)
+		}
+	}
+	// The containers live in the state store: an e2b container outlives a restart, a local one is
+	// expired at start (its sandbox died with the previous process). With Redis, a local container
+	// is recorded with this replica's address, and the sandboxes carry the deployment's tag.
+	sopts := sandbox.SessionOptions{
+		Store:         state,
+		Host:          self,
+		Registry:      func() *sandbox.Registry { return store.Load().Sandboxes },
+		SweepInterval: f.sweep,
+		Logger:        log,
+		Metrics:       reg,
+	}
+	if shared {
+		sopts.Metadata = map[string]string{sandbox.MetadataDeployment: deploymentTag(cfg.General.ContainerSecret)}
+	}
+	sessions, err := sandbox.NewSessions(ctx, sopts)
+	if err != nil {
+		return fail(err)
+	}
 	var replicas *peer.Peers
 	if shared {
-		self, err := advertiseURL(f, cfg, ln.Addr())
-		if err == nil {
-			replicas, err = peer.New(peer.Options{Store: state, Self: self, Logger: log.Named("replicas"),
-				Secret: func() string { return store.Load().Config.General.ContainerSecret }})
-		}
+		replicas, err = peer.New(peer.Options{Store: state, Self: self, Expire: sessions.Expire, Logger: log.Named("replicas"),
+			Secret: func() string { return store.Load().Config.General.ContainerSecret }})
 		if err == nil {
 			err = replicas.Register(ctx)
 		}
 		if err != nil {
 			_ = ln.Close()
-			_ = store.Close(context.WithoutCancel(ctx))
+			closeSandboxes(log, sessions, store)
 			return err
 		}
 		log.Info("replica registered", zap.String("advertise_url", self))
 	}
-
-	var key []byte // nil: a random key per process, so ids die with it
-	if cfg.General.ContainerSecret != "" {
-		key = sandbox.KeyFromSecret(cfg.General.ContainerSecret)
-	}
-	sessions := sandbox.NewSessions(sandbox.SessionOptions{
-		Key:      key,
-		Registry: func() *sandbox.Registry { return store.Load().Sandboxes },
-		Logger:   log,
-		Metrics:  reg,
-	})
 	engine := intercept.New(intercept.Options{
 		Sessions: sessions,
 		Store:    intercept.OnStore(state, 0, nil),
@@ -261,6 +276,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		Balancer:    upstream.NewBalancer(),
 		Interceptor: engine,
 		Files:       state,
+		Containers:  sessions,
 		Replicas:    replicas,
 		Logger:      log,
 		Registry:    reg,

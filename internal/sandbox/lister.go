@@ -20,8 +20,3 @@ type Listed struct {
 	Metadata  map[string]string
 	StartedAt time.Time
 }
-
-// MetadataContainerID is the sandbox metadata key naming the container a sandbox was created for,
-// so that a sandbox whose record was never written (its process died in between) can be found by
-// listing the backend's sandboxes.
-const MetadataContainerID = "ciproxy_container_id"
