@@ -419,7 +419,7 @@ func (d *decoder) general(n *yaml.Node) General {
 	cs := p.String("container_secret")
 	g.ContainerSecret = cs.S
 	if cs.Env != "" && !cs.Present {
-		d.AmendWarning(": container ids are sealed with a random key per process")
+		d.AmendWarning(": replicas that share Redis need it, and do not start without it")
 	}
 	g.MaxRequestBodySize, _ = p.Size("max_request_body_size", DefaultMaxRequestBodySize)
 	// LiteLLM's max_request_size_mb, in MiB, applies when this proxy's own key is absent.

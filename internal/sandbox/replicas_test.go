@@ -68,3 +68,44 @@ func TestSessionsForReplicas(t *testing.T) {
 	}
 	s.Release(ctx, c)
 }
+
+// TestSessionsRecordLost: a container whose record the store lost (Redis restarted empty) is
+// deleted, idle or when its last holder lets it go; one whose record another replica extended is
+// kept.
+func TestSessionsRecordLost(t *testing.T) {
+	f := newFixtureBound(t, false)
+	ctx := context.Background()
+	idle := f.create(t, "alice", time.Minute)
+	held := f.create(t, "alice", time.Minute)
+	extended := f.create(t, "alice", time.Minute)
+	f.s.Release(ctx, idle)
+	f.s.Release(ctx, extended)
+	for _, c := range []*Container{idle, held} {
+		if err := f.st.DeleteContainer(ctx, "alice", c.ID()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another replica used the third one later: its record expires later than this process knows.
+	if _, err := store.Modify(ctx, f.st, "alice", extended.ID(), func(r *store.Container) error {
+		r.ExpiresAt = f.clock.Now().Add(time.Hour)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Add(2 * time.Minute)
+	f.s.Sweep(ctx)
+	live, _, deletes, _ := f.p.stats()
+	if deletes != 1 || live != 2 {
+		t.Fatalf("after a sweep: live %d, deletes %d; want the idle lost one deleted", live, deletes)
+	}
+	f.s.Release(ctx, held) // its record is gone: the release deletes it
+	if live, _, deletes, _ := f.p.stats(); deletes != 2 || live != 1 {
+		t.Errorf("after the release: live %d, deletes %d; want the held lost one deleted too", live, deletes)
+	}
+	if r := f.record(t, "alice", extended.ID()); !r.ExpiresAt.Equal(f.clock.Now().Add(58 * time.Minute)) {
+		t.Errorf("the extended record's expiry = %v; a sweep must not pull it back", r.ExpiresAt)
+	}
+	if f.s.Live() != 1 {
+		t.Errorf("Live = %d; want the extended one", f.s.Live())
+	}
+}

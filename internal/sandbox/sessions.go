@@ -603,8 +603,11 @@ func (s *Sessions) touch(ctx context.Context, c *Container) error {
 		return nil
 	})
 	switch {
-	case errors.Is(err, errClaimed), errors.Is(err, store.ErrNotFound):
-		s.forget(c)
+	case errors.Is(err, errClaimed):
+		s.forget(c) // the process that claimed it deletes the sandbox
+		return errExpired
+	case errors.Is(err, store.ErrNotFound):
+		s.dropLost(ctx, c)
 		return errExpired
 	case err != nil:
 		return fmt.Errorf("%w: recording the container's use: %w", ErrUnavailable, err)
@@ -622,6 +625,38 @@ func (s *Sessions) touch(ctx context.Context, c *Container) error {
 
 // forget drops c from this process without deleting its sandbox: another process expired or
 // deleted its record and deletes the sandbox.
+// refresh brings what this process knows of c's expiry up to its record: a later expiry (another
+// replica used it), a claim by another process (which deletes the sandbox), or no record at all.
+func (s *Sessions) refresh(ctx context.Context, c *Container) {
+	rec, err := s.st.Container(ctx, c.owner, c.id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		s.dropLost(ctx, c)
+	case err != nil:
+		s.log.Warn("reading the record of an idle container", zap.String("container", c.id), zap.Error(err))
+	case rec.Status == StatusExpired:
+		s.forget(c)
+	default:
+		s.mu.Lock()
+		c.expiresAt = rec.ExpiresAt
+		s.mu.Unlock()
+	}
+}
+
+// dropLost deletes the sandbox of a container whose record is gone (a store that lost its keys, as
+// a Redis restarted empty): nobody can name it any more, and nobody else will delete it. A
+// container still held is deleted by the touch of its last release.
+func (s *Sessions) dropLost(ctx context.Context, c *Container) {
+	s.mu.Lock()
+	if c.deleting || c.users > 0 || c.busy > 0 {
+		s.mu.Unlock()
+		return
+	}
+	s.markDeletingLocked(c)
+	s.mu.Unlock()
+	s.deleteNow(ctx, c, "record lost")
+}
+
 func (s *Sessions) forget(c *Container) {
 	s.mu.Lock()
 	if c.deleting {
@@ -789,6 +824,23 @@ func (s *Sessions) Sweep(ctx context.Context) int {
 	}
 	var doomed []*Container
 	var orphans []store.Container
+	listed := make(map[string]bool, len(due))
+	for _, rec := range due {
+		listed[rec.ID] = true
+	}
+	// A container this process holds in memory, idle past its expiry, that the store does not list
+	// as due: its record was extended by another replica, claimed, or lost (see refresh).
+	var stale []*Container
+	s.mu.Lock()
+	for id, c := range s.live {
+		if !listed[id] && !c.deleting && c.users == 0 && c.busy == 0 && !c.expiresAt.IsZero() && !now.Before(c.expiresAt) {
+			stale = append(stale, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range stale {
+		s.refresh(ctx, c)
+	}
 	s.mu.Lock()
 	for _, rec := range due {
 		if s.opts.Host != "" && rec.Host != "" && rec.Host != s.host {

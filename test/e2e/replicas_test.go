@@ -302,6 +302,12 @@ func testReplicas(t *testing.T, tool string) {
 	// e2b sandboxes whose records Redis lost are orphans, swept by one replica.
 	testutil.Eventually(t, "every e2b sandbox deleted", func() bool { return emu.Live() == 0 })
 	for _, p := range c.reps {
+		testutil.Eventually(t, "replica "+p.Addr+" holds no sandbox", func() bool {
+			a := send(t.Context(), p, http.MethodGet, "/metrics", "", nil)
+			return a.status == http.StatusOK && strings.Contains(string(a.body), "\nciproxy_sandbox_containers 0\n")
+		})
+	}
+	for _, p := range c.reps {
 		p.Stop()
 	}
 	checkNoLeftovers(t, work)
