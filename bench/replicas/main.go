@@ -11,7 +11,9 @@
 //  2. Intercepted sessions per second (a fresh container, one cell, deleted at the end) from -n
 //     concurrent clients for -time, against one replica and against three, on one Redis.
 //
-//     go run ./bench/replicas [-requests 1000] [-time 10s] [-n 8]
+// Usage:
+//
+//	go run ./bench/replicas [-requests 1000] [-time 10s] [-n 8]
 package main
 
 import (
