@@ -80,6 +80,7 @@ type Sessions struct {
 
 	mu     sync.Mutex
 	live   map[string]*Container // by sandboxKey
+	quota  quotaBook             // containers by owner, creation buckets (quota.go)
 	gone   map[string]time.Time  // deleted sandboxes → when to forget them (tombstoneLife)
 	closed bool
 
@@ -96,6 +97,7 @@ type Container struct {
 	tok   Token
 	ent   *providerEntry
 	runMu chan struct{} // one run at a time: Jupyter kernels run one cell at a time
+	slot  *quotaSlot    // its place in the quotas; nil for a container opened from its id
 
 	// Guarded by s.mu.
 	users        int       // Create/Open calls not yet Released
@@ -168,6 +170,16 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	if closed {
 		return nil, fmt.Errorf("%w: shutting down", ErrUnavailable)
 	}
+	slot, err := s.admit(ctx, s.registry(ctx), owner)
+	if err != nil {
+		return nil, err
+	}
+	kept := false
+	defer func() {
+		if !kept {
+			slot.free()
+		}
+	}()
 	ent, ok := s.registry(ctx).entry(tool)
 	if !ok {
 		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", ErrUnavailable, tool)
@@ -212,6 +224,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 		tok:     Token{Handle: h, Owner: owner, Expires: now.Add(life).Truncate(time.Second)},
 		ent:     ent,
 		runMu:   make(chan struct{}, 1),
+		slot:    slot,
 		users:   1,
 		lastUse: now,
 		idle:    idle,
@@ -232,6 +245,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	s.mu.Unlock()
 	s.m.live.Inc()
 	s.log.Debug("container created", zap.String("tool", tool), zap.String("sandbox", h.ID))
+	kept = true
 	return c, nil
 }
 
@@ -424,6 +438,7 @@ func (s *Sessions) deleteSandbox(ctx context.Context, c *Container, why string) 
 	err := c.ent.Provider.Delete(ctx, h)
 	s.m.observe(opDelete, h.Tool, start, err)
 	s.m.live.Dec()
+	c.slot.free()
 	if err != nil {
 		s.log.Warn("sandbox delete failed", zap.String("tool", h.Tool), zap.String("sandbox", h.ID),
 			zap.String("why", why), zap.Error(err))
