@@ -88,7 +88,12 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 			Caller:   Caller(r.Context()),
 		}
 		if s.interceptor.Handles(ir) {
-			return s.interceptor.ServeResponses(w, r, ir)
+			done, err := s.inflight.admit(r.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			return quotaError(s.interceptor.ServeResponses(w, r, ir))
 		}
 	}
 	req.target.Proxy(w, r, req.body)
