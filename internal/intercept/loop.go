@@ -31,13 +31,13 @@ type run struct {
 	tr     *translator
 	emit   func(Event) error
 
-	cont       *containerFuture
-	encrypted  bool // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
-	executions int
-	iterations int
+	cont        *containerFuture
+	encrypted   bool // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
+	executions  int
+	iterations  int
 	outputUsed  int64 // bytes of execution output so far (limits.go)
 	outputSpent bool  // the output budget is spent: no more code runs
-	stored     map[string]StoredCall
+	stored      map[string]StoredCall
 }
 
 // newRun prepares the loop of one parsed request; events go to emit. mint makes the ids of
