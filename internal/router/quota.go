@@ -26,15 +26,15 @@ func (f *inflight) admit(ctx context.Context) (func(), error) {
 	who := Caller(ctx)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if q.MaxConcurrentRequests > 0 && f.total >= q.MaxConcurrentRequests {
-		return nil, apierror.RateLimited(fmt.Sprintf(
-			"Rate limit reached for concurrent code interpreter requests: the proxy serves its limit of %d at once (max_concurrent_requests). Please try again shortly.",
-			q.MaxConcurrentRequests), 0)
-	}
 	if q.MaxConcurrentRequestsPerKey > 0 && f.byCaller[who] >= q.MaxConcurrentRequestsPerKey {
 		return nil, apierror.RateLimited(fmt.Sprintf(
 			"Rate limit reached for concurrent code interpreter requests per API key: limit %d in flight (max_concurrent_requests_per_key). Please try again once one finishes.",
 			q.MaxConcurrentRequestsPerKey), 0)
+	}
+	if q.MaxConcurrentRequests > 0 && f.total >= q.MaxConcurrentRequests {
+		return nil, apierror.RateLimited(fmt.Sprintf(
+			"Rate limit reached for concurrent code interpreter requests: the proxy serves its limit of %d at once (max_concurrent_requests). Please try again shortly.",
+			q.MaxConcurrentRequests), 0)
 	}
 	if f.byCaller == nil {
 		f.byCaller = map[string]int{}
