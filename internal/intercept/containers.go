@@ -28,12 +28,18 @@ type runner interface {
 // sessions adapts *sandbox.Sessions to containers.
 type sessions struct{ s *sandbox.Sessions }
 
+// created is a container this engine's request created: released with idle 0 (its id never
+// reached anyone), it is discarded, whatever idle timeout it was created with. Any other
+// container keeps the idle timeout it was created with (a container made through the Containers
+// API keeps its own expires_after).
+type created struct{ *sandbox.Container }
+
 func (a sessions) Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, idle time.Duration) (runner, error) {
 	c, err := a.s.Create(ctx, tool, owner, opts, idle)
 	if err != nil {
 		return nil, err
 	}
-	return c, nil
+	return created{c}, nil
 }
 
 func (a sessions) Open(ctx context.Context, id, owner string) (runner, error) {
@@ -45,8 +51,15 @@ func (a sessions) Open(ctx context.Context, id, owner string) (runner, error) {
 }
 
 func (a sessions) Release(ctx context.Context, c runner, idle time.Duration) {
-	if sc, ok := c.(*sandbox.Container); ok {
-		a.s.Release(ctx, sc, idle)
+	switch c := c.(type) {
+	case created:
+		if idle <= 0 {
+			a.s.Discard(ctx, c.Container)
+			return
+		}
+		a.s.Release(ctx, c.Container)
+	case *sandbox.Container:
+		a.s.Release(ctx, c)
 	}
 }
 

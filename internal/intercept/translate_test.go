@@ -33,11 +33,11 @@ func TestTranslateGolden(t *testing.T) {
 	if len(ups) == 0 {
 		t.Fatal("no golden cases")
 	}
-	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: sandboxes.Provider(t), Backend: "local"})
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: sandboxes.Provider(t), Backend: "local", HostBound: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	sess := newSessions(t, reg)
 	defer sess.Close(context.Background())
 	e := New(Options{Sessions: sess})
 	ic := config.Defaults().Interception
@@ -48,7 +48,7 @@ func TestTranslateGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess.Release(context.Background(), c, time.Minute)
+	sess.Release(context.Background(), c)
 
 	for _, up := range ups {
 		name := strings.TrimSuffix(up, ".upstream.sse")
@@ -62,7 +62,7 @@ func TestTranslateGolden(t *testing.T) {
 				bodies = append(bodies, []byte(part))
 			}
 			client := []byte(`{"model":"gpt-test","input":"x","stream":true,"include":["code_interpreter_call.outputs"],"tools":[{"type":"code_interpreter","container":"` + c.ID() + `"}]}`)
-			req, aerr := parseRequest(client, ic)
+			req, aerr := parseRequest(client, ic, true)
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
@@ -133,7 +133,7 @@ func TestTranslatorLenientUpstreams(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception)
+			req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception, true)
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
@@ -184,7 +184,7 @@ func gjsonString(data []byte, path string) string { return gjson.GetBytes(data, 
 // TestTranslatorNeedsNoContainerWithoutACall: text and the client's own calls never make the
 // translator ask for the container, so a request that runs no code never waits for one.
 func TestTranslatorNeedsNoContainerWithoutACall(t *testing.T) {
-	req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception)
+	req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception, true)
 	if aerr != nil {
 		t.Fatal(aerr)
 	}

@@ -102,8 +102,18 @@ func newQuotaProxy(t *testing.T, extra string, sandboxed bool) *quotaProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return store.Load().Sandboxes }, Logger: log, SweepInterval: -1})
-	t.Cleanup(func() { _ = sess.Close(context.Background()) })
+	st, err := embedded.Open(embedded.Options{Dir: t.TempDir(), SweepEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := sandbox.NewSessions(context.Background(), sandbox.SessionOptions{Store: st, Registry: func() *sandbox.Registry { return store.Load().Sandboxes }, Logger: log, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = sess.Close(context.Background())
+		_ = st.Close()
+	})
 	eng := intercept.New(intercept.Options{Sessions: sess, Logger: log})
 	p := newProxy(t, cfg, func(o *Options) {
 		o.Store = store

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/intercept"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -27,14 +28,15 @@ import (
 // ServeResponses means nothing was written, and handle writes it (the one error path); once the
 // response has started, failures are the interceptor's to end in its own stream.
 //
-// GET and DELETE /v1/responses/{id} go to ServeStored when Minted reports that the id is one the
-// interceptor minted (the upstream has never heard of it); every other id passes through.
-// ServeStored's errors are written the same way.
+// GET and DELETE /v1/responses/{id} go to ServeStored, and GET /v1/responses/{id}/input_items to
+// ServeInputItems, when Minted reports that the id is one the interceptor minted (the upstream
+// has never heard of it); every other id passes through. Their errors are written the same way.
 type Interceptor interface {
 	Handles(req *intercept.Request) bool
 	ServeResponses(w http.ResponseWriter, r *http.Request, req *intercept.Request) error
 	Minted(ctx context.Context, id string) bool
 	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error
+	ServeInputItems(w http.ResponseWriter, r *http.Request, id, caller string) error
 }
 
 var _ Interceptor = (*intercept.Engine)(nil)
@@ -52,6 +54,9 @@ type Options struct {
 	Interceptor Interceptor
 	// Files stores the Files API's files (/v1/files). Nil: the Files API is not served.
 	Files store.Files
+	// Containers are the containers the code_interpreter tool runs in, served by the Containers
+	// API (/v1/containers). Nil: the Containers API is not served.
+	Containers *sandbox.Sessions
 	// Logger receives the access log and error details. Nil: no logging.
 	Logger *zap.Logger
 	// Registry is where the router's metrics are registered and what /metrics serves.
@@ -75,6 +80,7 @@ type server struct {
 	balancer    *upstream.Balancer
 	interceptor Interceptor
 	files       store.Files
+	containers  *sandbox.Sessions
 	log         *zap.Logger
 	metrics     *Metrics
 	ready       func() bool
@@ -95,6 +101,7 @@ func New(opts Options) http.Handler {
 		balancer:    opts.Balancer,
 		interceptor: opts.Interceptor,
 		files:       opts.Files,
+		containers:  opts.Containers,
 		log:         opts.Logger,
 		metrics:     opts.Metrics,
 		ready:       opts.Ready,
@@ -137,6 +144,11 @@ func New(opts Options) http.Handler {
 		r.With(auth).Post("/v1/files", s.handle(s.createFile))
 		r.With(auth).Post("/files", s.handle(s.createFile))
 	}
+	if s.containers != nil {
+		// Container file uploads likewise: bounded by max_file_upload_size, streamed to the sandbox.
+		r.With(auth).Post("/v1/containers/{id}/files", s.handle(s.createContainerFile))
+		r.With(auth).Post("/containers/{id}/files", s.handle(s.createContainerFile))
+	}
 
 	r.Route("/v1", func(v chi.Router) {
 		v.Use(auth, bodyLimit)
@@ -156,7 +168,7 @@ func (s *server) api(r chi.Router) {
 	r.Post("/responses", s.handle(s.responses))
 	r.Get("/responses/{id}", s.handle(s.storedResponse))
 	r.Delete("/responses/{id}", s.handle(s.storedResponse))
-	r.Get("/responses/{id}/input_items", s.handle(s.byID))
+	r.Get("/responses/{id}/input_items", s.handle(s.inputItems))
 	r.Post("/responses/{id}/cancel", s.handle(s.byID))
 	r.Post("/chat/completions", s.handle(s.modelPassthrough))
 	r.Post("/completions", s.handle(s.modelPassthrough))
@@ -168,6 +180,16 @@ func (s *server) api(r chi.Router) {
 		r.Get("/files/{id}", s.handle(s.getFile))
 		r.Delete("/files/{id}", s.handle(s.deleteFile))
 		r.Get("/files/{id}/content", s.handle(s.fileContent))
+	}
+	if s.containers != nil {
+		r.Post("/containers", s.handle(s.createContainer))
+		r.Get("/containers", s.handle(s.listContainers))
+		r.Get("/containers/{id}", s.handle(s.getContainer))
+		r.Delete("/containers/{id}", s.handle(s.deleteContainer))
+		r.Get("/containers/{id}/files", s.handle(s.listContainerFiles))
+		r.Get("/containers/{id}/files/{file_id}", s.handle(s.getContainerFile))
+		r.Delete("/containers/{id}/files/{file_id}", s.handle(s.deleteContainerFile))
+		r.Get("/containers/{id}/files/{file_id}/content", s.handle(s.containerFileContent))
 	}
 }
 

@@ -66,14 +66,14 @@ func TestSessionsQuotas(t *testing.T) {
 func TestSessionsQuotaFreedAndRefilled(t *testing.T) {
 	f := newFixture(t)
 	ctx := WithLimits(context.Background(), Limits{MaxPerOwner: 1, CreatesPerMinute: 6, CreateBurst: 1})
-	c, err := f.s.Create(ctx, "py", "a", CreateOptions{}, time.Minute)
+	c, err := f.s.Create(ctx, "py", "a", CreateOptions{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.s.Create(ctx, "py", "a", CreateOptions{}, time.Minute); !errors.Is(err, ErrQuota) {
 		t.Fatalf("second create: %v; want a quota error", err)
 	}
-	f.s.Release(ctx, c, 0) // deleted now
+	f.s.Release(ctx, c) // idle 0: deleted now
 	var qe *QuotaError
 	if _, err := f.s.Create(ctx, "py", "a", CreateOptions{}, time.Minute); !errors.As(err, &qe) || qe.Limit != "container_creates_per_minute" || qe.RetryAfter <= 0 {
 		t.Fatalf("create after delete: %v; want the rate quota with a retry time", err)
