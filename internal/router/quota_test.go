@@ -118,6 +118,7 @@ func newQuotaProxy(t *testing.T, extra string, sandboxed bool) *quotaProxy {
 	p := newProxy(t, cfg, func(o *Options) {
 		o.Store = store
 		o.Interceptor = eng
+		o.Containers = sess
 		o.Logger = log
 	})
 	p.logs = logs
@@ -218,6 +219,8 @@ func TestQuotaContainers(t *testing.T) {
 	q.up.Enqueue(code)
 	status, _, body := q.post(t, aliceKey, ciBody)
 	want429(t, "alice's second container (max_containers: 1 for her key)", status, body, "max_containers_per_key")
+	status, _, body = q.do(t, http.MethodPost, "/v1/containers", `{"name":"more"}`, "Authorization", "Bearer "+aliceKey)
+	want429(t, "alice's second container through the Containers API", status, body, "max_containers_per_key")
 
 	ok("carol's first container", carolKey)
 	q.up.Enqueue(code)
