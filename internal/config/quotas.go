@@ -16,8 +16,8 @@ import (
 const (
 	DefaultMaxContainers               = 128 // in total, the warm pools included
 	DefaultMaxContainersPerKey         = 32
-	DefaultContainerCreatesPerMinute   = 60 // per key, refilled continuously
-	DefaultContainerCreateBurst        = 20 // per key
+	DefaultContainerCreatesPerMinute   = 600 // per key, refilled continuously: 10 a second
+	DefaultContainerCreateBurst        = 100 // per key
 	DefaultMaxConcurrentRequests       = 256
 	DefaultMaxConcurrentRequestsPerKey = 32
 
