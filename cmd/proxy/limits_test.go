@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -70,5 +71,25 @@ general_settings:
 	}
 	if strings.Contains(r.stderr.String(), "SECRET") {
 		t.Errorf("a key reached the log:\n%s", r.stderr)
+	}
+}
+
+// --check starts the local tool's sandbox under its limits and says which isolation it gets.
+func TestCheckPrintsIsolation(t *testing.T) {
+	path := writeConfig(t, t.TempDir(), configYAML("http://127.0.0.1:9", "m"))
+	var stdout, stderr strings.Builder
+	code := run(context.Background(), []string{"--check", "--config", path}, &stdout, &stderr, nil)
+	if code != 0 {
+		if strings.Contains(stderr.String(), "cannot run on this host") {
+			t.Skipf("needs a local sandbox: %s", stderr.String())
+		}
+		t.Fatalf("--check = %d: %s %s", code, stdout.String(), stderr.String())
+	}
+	out := stdout.String()
+	if !strings.Contains(out, `sandbox tool "local" (local): `) || !strings.Contains(out, "mode ") || !strings.Contains(out, "seccomp: true") {
+		t.Errorf("--check output lacks the isolation line:\n%s", out)
+	}
+	if strings.Contains(out, "mode rlimit") && !strings.Contains(out, "WEAKER ISOLATION") {
+		t.Errorf("the weaker mode is not said loudly:\n%s", out)
 	}
 }
