@@ -227,6 +227,14 @@ type Interception struct {
 	ExecutionTimeout     time.Duration // default 120s
 	ModelOutputLimit     int           // bytes of execution output the model sees, default 16384
 	ContainerIdleTimeout time.Duration // default 20m; 0 deletes the sandbox when the request ends
+
+	// Limits of one response (quotas.go): stand-in calls run per model turn, executions per
+	// response (max_tool_calls lowers it), bytes of one call's code, and bytes of execution output
+	// summed over the response.
+	MaxCallsPerTurn   int   // default 16
+	MaxExecutions     int   // default 64
+	MaxCodeSize       int   // default 1 MiB
+	MaxResponseOutput int64 // default 32 MiB
 }
 
 // General is general_settings.
@@ -249,6 +257,12 @@ type General struct {
 	DataDir              string
 	MaxFileUploadSize    int64 // largest file POST /v1/files accepts, default 512 MiB
 	MaxFileStoragePerKey int64 // total bytes of files one API key may store, default 10 GiB
+	// Quotas are the quotas of every caller without a client_keys entry of its own (the master
+	// key's, an open proxy's callers), and the totals.
+	Quotas Quotas
+	// ClientKeys are general_settings.client_keys: keys accepted besides MasterKey, each the owner
+	// named by its Name. Only digests of the keys are kept.
+	ClientKeys []ClientKey
 	// AdvertiseURL is the base URL (http or https, host and port, no path) at which the other
 	// replicas reach this one, for the requests they forward to it; "" means derived from the
 	// listen address when that is a specific one. Read once at start.

@@ -31,12 +31,14 @@ type run struct {
 	tr     *translator
 	emit   func(Event) error
 
-	cont       *containerFuture
-	encrypted  bool // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
-	stateless  bool // the upstream keeps nothing: the stored response keeps the conversation
-	executions int
-	iterations int
-	stored     map[string]StoredCall
+	cont        *containerFuture
+	encrypted   bool // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
+	stateless   bool // the upstream keeps nothing: the stored response keeps the conversation
+	executions  int
+	iterations  int
+	outputUsed  int64 // bytes of execution output so far (limits.go)
+	outputSpent bool  // the output budget is spent: no more code runs
+	stored      map[string]StoredCall
 }
 
 // newRun prepares the loop of one parsed request; events go to emit. mint makes the ids of
@@ -46,9 +48,11 @@ func (e *Engine) newRun(ic config.Interception, tool string, api upstream.Respon
 		mint = newID
 	}
 	id := mint("resp_")
+	tr := newTranslator(req, id, 0, mint)
+	tr.maxArgs = ic.MaxCodeSize
 	return &run{
 		e: e, ic: ic, tool: tool, api: api, caller: caller, hdr: hdr, req: req, id: id,
-		tr: newTranslator(req, id, 0, mint), emit: emit, encrypted: req.encryptedFirst, stored: map[string]StoredCall{},
+		tr: tr, emit: emit, encrypted: req.encryptedFirst, stored: map[string]StoredCall{},
 	}
 }
 
@@ -80,14 +84,17 @@ func (r *run) loop(ctx context.Context) error {
 		// off ends the loop: its calls are shown, not run.
 		stop := none || r.req.noCode || end == outcomeIncomplete
 		outputs := make([][]byte, 0, len(calls))
-		for _, c := range calls {
+		for i, c := range calls {
 			var ex execution
 			if err := r.emit(r.tr.interpreting(c.ref)); err != nil {
 				return err
 			}
+			limited, over := r.overLimit(i)
 			switch {
-			case stop || (r.req.maxToolCalls > 0 && r.executions >= r.req.maxToolCalls):
+			case stop:
 				ex = skipped()
+			case over:
+				ex = limited
 			default:
 				ex, err = r.execute(ctx, c)
 				if err != nil {
@@ -112,7 +119,7 @@ func (r *run) loop(ctx context.Context) error {
 		}
 		turns = append(turns, r.tr.turn()...)
 		turns = append(turns, outputs...)
-		if (r.req.maxToolCalls > 0 && r.executions >= r.req.maxToolCalls) || call+1 >= r.maxIterations() {
+		if r.executionsDone() || call+1 >= r.maxIterations() {
 			none = true
 		}
 	}
@@ -174,7 +181,7 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 	if ctx.Err() != nil {
 		return execution{}, ctx.Err()
 	}
-	ex := describe(res, runErr, r.ic.ExecutionTimeout, r.ic.ModelOutputLimit)
+	ex := r.charge(describe(res, runErr, r.ic.ExecutionTimeout, r.ic.ModelOutputLimit))
 	r.e.m.executions.WithLabelValues(ex.status).Inc()
 	r.e.m.execTime.WithLabelValues(ex.status).Observe(r.e.now().Sub(start).Seconds())
 	if runErr != nil && !errors.Is(runErr, sandbox.ErrTimeout) {

@@ -78,6 +78,8 @@ type translator struct {
 	mint func(prefix string) string
 	// container is the cntr_ id shown in call items; "" until the loop hands it over.
 	container string
+	// maxArgs bounds the bytes of one call's arguments kept and decoded (max_code_size; 0: none).
+	maxArgs int
 
 	out       [][]byte // client-visible items by output_index (nil while in progress)
 	announced bool     // response.created and response.in_progress were sent
@@ -112,6 +114,7 @@ type slot struct {
 	code     string
 	codeDone bool
 	parseErr error
+	tooBig   bool // the arguments are over maxArgs: nothing more of them is kept (limits.go)
 }
 
 // standIn is one stand-in call of the current upstream call, as the loop runs it.
@@ -362,6 +365,9 @@ func (t *translator) startCall(s *slot) []Event {
 
 // feedArgs streams a chunk of the call's arguments as code deltas.
 func (t *translator) feedArgs(s *slot, chunk string) []Event {
+	if t.argsOver(s, len(chunk)) {
+		return nil
+	}
 	s.args.WriteString(chunk)
 	if d := s.dec.Write(chunk); d != "" {
 		s.streamed.WriteString(d)
@@ -383,7 +389,9 @@ func (t *translator) codeDone(s *slot, args string) []Event {
 	}
 	s.codeDone = true
 	var m map[string]any
-	if err := json.Unmarshal([]byte(args), &m); err != nil {
+	if s.parseErr = t.sizeErr(s, len(args)); s.parseErr != nil {
+		// Over max_code_size: not decoded, not run.
+	} else if err := json.Unmarshal([]byte(args), &m); err != nil {
 		s.parseErr = err
 	} else if c, ok := m["code"].(string); ok {
 		s.code = c
@@ -422,7 +430,9 @@ func (t *translator) itemDone(i int, item []byte) []Event {
 	if !it.Get("arguments").Exists() {
 		args = s.args.String()
 	}
-	return append(evs, t.codeDone(s, args)...)
+	evs = append(evs, t.codeDone(s, args)...)
+	t.dropArgs(s)
+	return evs
 }
 
 // pass forwards an upstream event with its output_index shifted.

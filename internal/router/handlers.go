@@ -110,10 +110,15 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 		ir.Upstream, ir.Stateless = upstream.NewChatAPI(target, upstream.ChatOptionsFor(deps[0])), true
 	}
 	if s.interceptor.Handles(ir) {
-		if done, err := s.forwardResponses(w, r, req, ir.Caller); done || err != nil {
+		if forwarded, err := s.forwardResponses(w, r, req, ir.Caller); forwarded || err != nil {
+			return err // the replica that hosts the container admits and serves it
+		}
+		done, err := s.inflight.admit(r.Context())
+		if err != nil {
 			return err
 		}
-		return s.interceptor.ServeResponses(w, r, ir)
+		defer done()
+		return quotaError(s.interceptor.ServeResponses(w, r, ir))
 	}
 	target.Proxy(w, r, req.body)
 	return nil
