@@ -121,6 +121,8 @@ func (p *proxy) kill() {
 func replicaYAML(s setup, redisURL string) string {
 	cfg := s.yaml()
 	cfg = strings.Replace(cfg, "code_interpreter_interception_params:\n", fmt.Sprintf("code_interpreter_interception_params:\n    container_idle_timeout: %s\n", replicaIdle), 1)
+	// The load starts containers faster than they idle out: room above the default quotas.
+	cfg += "  max_containers: 512\n  max_containers_per_key: 512\n  container_create_burst: 1000\n"
 	return cfg + "  container_secret: " + replicaSecret + "\nrouter_settings:\n  redis_url: " + redisURL + "\n"
 }
 
