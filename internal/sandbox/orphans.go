@@ -92,13 +92,15 @@ func SweepOrphans(ctx context.Context, o OrphanOptions) (int, bool, error) {
 		return 0, true, nil
 	}
 
-	// The live sandboxes, read after the claim: a record written from here on names a sandbox
-	// whose creator holds CreatingClaim until then.
-	live, err := liveSandboxes(ctx, o.Store)
-	if err != nil {
-		return 0, true, err
+	// Order matters. A creator holds CreatingClaim from before its sandbox exists until its record
+	// is written. So: list the sandboxes; then leave out those whose claim is held; then read the
+	// records. A sandbox listed whose claim was free had its record written before the check, or
+	// never will: the records read after it name every one of the first kind.
+	type candidate struct {
+		t  tool
+		sb Listed
 	}
-	deleted := 0
+	var candidates []candidate
 	var errs []error
 	for _, t := range tools {
 		listed, err := t.l.List(ctx, o.Tag)
@@ -107,28 +109,39 @@ func SweepOrphans(ctx context.Context, o OrphanOptions) (int, bool, error) {
 			continue
 		}
 		for _, sb := range listed {
-			if live[sb.Handle.ID] {
-				continue
-			}
 			if id := sb.Metadata[MetadataContainerID]; id != "" {
 				holder, err := o.Store.Holder(ctx, CreatingClaim(id))
 				if err != nil {
-					return deleted, true, errors.Join(append(errs, err)...)
+					return 0, true, errors.Join(append(errs, err)...)
 				}
 				if holder != "" {
 					continue // being created: its record is on its way
 				}
 			}
-			h := sb.Handle
-			h.Tool = t.name
-			if err := t.ent.Provider.Delete(ctx, h); err != nil {
-				errs = append(errs, fmt.Errorf("sandbox tool %q: deleting orphan %s: %w", t.name, h.ID, err))
-				continue
-			}
-			deleted++
-			log.Info("orphan sandbox deleted (no live container names it)", zap.String("tool", t.name),
-				zap.String("sandbox", h.ID), zap.String("container", sb.Metadata[MetadataContainerID]))
+			candidates = append(candidates, candidate{t, sb})
 		}
+	}
+	if len(candidates) == 0 {
+		return 0, true, errors.Join(errs...)
+	}
+	live, err := liveSandboxes(ctx, o.Store)
+	if err != nil {
+		return 0, true, errors.Join(append(errs, err)...)
+	}
+	deleted := 0
+	for _, c := range candidates {
+		if live[c.sb.Handle.ID] {
+			continue
+		}
+		h := c.sb.Handle
+		h.Tool = c.t.name
+		if err := c.t.ent.Provider.Delete(ctx, h); err != nil {
+			errs = append(errs, fmt.Errorf("sandbox tool %q: deleting orphan %s: %w", c.t.name, h.ID, err))
+			continue
+		}
+		deleted++
+		log.Info("orphan sandbox deleted (no live container names it)", zap.String("tool", c.t.name),
+			zap.String("sandbox", h.ID), zap.String("container", c.sb.Metadata[MetadataContainerID]))
 	}
 	return deleted, true, errors.Join(errs...)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 )
@@ -106,4 +107,65 @@ func TestSweepOrphans(t *testing.T) {
 	for _, h := range []sandbox.Handle{live, creating, foreign} {
 		_ = p.Delete(ctx, h)
 	}
+}
+
+// hookedLister runs beforeReturn when List has its answer, before returning it: what a creator
+// does meanwhile.
+type hookedLister struct {
+	*e2b.Provider
+	beforeReturn func()
+}
+
+func (h *hookedLister) List(ctx context.Context, meta map[string]string) ([]sandbox.Listed, error) {
+	l, err := h.Provider.List(ctx, meta)
+	if h.beforeReturn != nil {
+		h.beforeReturn()
+		h.beforeReturn = nil
+	}
+	return l, err
+}
+
+// TestSweepOrphansRacesACreate: a creator that records its container and releases its creating
+// claim while the sweep is listing must not lose its sandbox.
+func TestSweepOrphansRacesACreate(t *testing.T) {
+	_, srv := newEnv(t)
+	srv.SetLazyKernels(true)
+	p := provider(t, srv)
+	ctx := context.Background()
+	st, err := embedded.Open(embedded.Options{Dir: t.TempDir(), SweepEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	id := st.NewID(store.ContainerKind)
+	if ok, err := st.Claim(ctx, sandbox.CreatingClaim(id), "creator", time.Minute); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	h, err := p.Create(ctx, sandbox.CreateOptions{Metadata: map[string]string{sandbox.MetadataDeployment: "d1", sandbox.MetadataContainerID: id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl := &hookedLister{Provider: p, beforeReturn: func() {
+		hb, _ := json.Marshal(h)
+		if _, err := st.CreateContainer(ctx, store.Container{ID: id, Owner: "alice", Backend: "e2b", Tool: "my-e2b", Handle: hb,
+			Status: "running", ExpiresAt: time.Now().Add(time.Hour)}); err != nil {
+			t.Error(err)
+		}
+		if err := st.Release(ctx, sandbox.CreatingClaim(id), "creator"); err != nil {
+			t.Error(err)
+		}
+	}}
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "my-e2b", Provider: hl, Backend: "e2b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _, err := sandbox.SweepOrphans(ctx, sandbox.OrphanOptions{Store: st, Registry: func() *sandbox.Registry { return reg },
+		Tag: map[string]string{sandbox.MetadataDeployment: "d1"}, Holder: "sweeper", Lease: time.Minute})
+	if err != nil || n != 0 {
+		t.Errorf("SweepOrphans = %d, %v; want the new container's sandbox kept", n, err)
+	}
+	if srv.Live() != 1 {
+		t.Errorf("%d sandboxes live; want 1", srv.Live())
+	}
+	_ = p.Delete(ctx, h)
 }
