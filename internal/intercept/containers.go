@@ -7,16 +7,40 @@ import (
 	"strconv"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 // containers is what the loop needs of sandbox.Sessions: containers by owner, created, opened and
-// released. Tests that run no code fake it.
+// released, and the files of a held container. Tests that run no code fake it.
 type containers interface {
 	Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, idle time.Duration) (runner, error)
 	Open(ctx context.Context, id, owner string) (runner, error)
 	Release(ctx context.Context, c runner, idle time.Duration)
+
+	// PlaceFiles puts files into c's /mnt/data, each under its name made unique against the
+	// files already there, records them as container files (source "user") and returns the
+	// records in the order of files. A file placed in c before from the same Files API id, or
+	// the same inline bytes and name, is not placed again: its record is returned. Nothing is
+	// recorded for a file that could not be placed; a file too large for the container wraps
+	// sandbox.ErrFileTooLarge.
+	PlaceFiles(ctx context.Context, c runner, files []placement) ([]store.ContainerFile, error)
+	// CollectFiles records the regular files created or changed under c's /mnt/data since the
+	// last collection or placement as container files (source "assistant") and returns them.
+	CollectFiles(ctx context.Context, c runner) ([]store.ContainerFile, error)
+	// ContainerFiles returns the files recorded for c.
+	ContainerFiles(ctx context.Context, c runner) ([]store.ContainerFile, error)
+}
+
+// placement is one file a request puts into its container before code runs: a Files API file
+// of the caller, or bytes the input carried inline.
+type placement struct {
+	Name   string // the file's name, one safe path element (filename.Clean)
+	FileID string // the caller's Files API file; "" for inline bytes
+	Data   []byte // the inline bytes (FileID "")
 }
 
 // runner is one held container.
@@ -50,6 +74,22 @@ func (a sessions) Release(ctx context.Context, c runner, idle time.Duration) {
 	}
 }
 
+// errNoContainerFiles: the sessions keep no container files yet (they come with containers in
+// the store), so nothing can be placed.
+var errNoContainerFiles = fmt.Errorf("%w: these sandbox sessions cannot place files in containers", sandbox.ErrUnavailable)
+
+func (sessions) PlaceFiles(context.Context, runner, []placement) ([]store.ContainerFile, error) {
+	return nil, errNoContainerFiles
+}
+
+func (sessions) CollectFiles(context.Context, runner) ([]store.ContainerFile, error) {
+	return nil, nil
+}
+
+func (sessions) ContainerFiles(context.Context, runner) ([]store.ContainerFile, error) {
+	return nil, nil
+}
+
 // noSessions is the containers of an Engine without Sessions: nothing can be created.
 type noSessions struct{}
 
@@ -62,6 +102,18 @@ func (noSessions) Open(context.Context, string, string) (runner, error) {
 }
 
 func (noSessions) Release(context.Context, runner, time.Duration) {}
+
+func (noSessions) PlaceFiles(context.Context, runner, []placement) ([]store.ContainerFile, error) {
+	return nil, sandbox.ErrNotFound
+}
+
+func (noSessions) CollectFiles(context.Context, runner) ([]store.ContainerFile, error) {
+	return nil, nil
+}
+
+func (noSessions) ContainerFiles(context.Context, runner) ([]store.ContainerFile, error) {
+	return nil, nil
+}
 
 // containerFuture is the request's container, opened or being created.
 type containerFuture struct {
@@ -123,9 +175,11 @@ func (r *run) startContainer(ctx context.Context) *apierror.Error {
 	f.cancel = cancel
 	go func() {
 		defer close(f.done)
-		if prev := r.req.prevContainer; prev != "" {
-			// A conversation keeps its container while it lives.
-			if c, err := r.e.sessions.Open(cctx, prev, r.caller); err == nil {
+		// A conversation keeps its container while it lives: the latest one its context used
+		// (through previous_response_id or the call items sent back) that is still there.
+		ctxs := r.req.contextContainers
+		for i := len(ctxs) - 1; i >= 0 && i >= len(ctxs)-maxReuseTries; i-- {
+			if c, err := r.e.sessions.Open(cctx, ctxs[i], r.caller); err == nil {
 				f.c = c
 				return
 			}
@@ -148,6 +202,32 @@ func (r *run) handContainer(ctx context.Context) error {
 		return sandboxUnavailable(err)
 	}
 	r.tr.setContainer(c.ID())
+	if r.cont.created {
+		r.tr.setAllFiles(nil) // a new container holds only what this request placed and collects
+	}
+	return nil
+}
+
+// handFiles gives the translator every file of the container, when a message links a file the
+// request has not seen (one written in an earlier turn). Without a container there is none.
+func (r *run) handFiles(ctx context.Context) error {
+	c, err := r.cont.get(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.tr.setAllFiles(nil)
+		return nil
+	}
+	files, err := r.e.sessions.ContainerFiles(ctx, c)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.e.m.sandboxErr.WithLabelValues("files").Inc()
+		r.e.log.Warn("listing the container's files failed; its links are not cited", zap.Error(err))
+	}
+	r.tr.setAllFiles(files)
 	return nil
 }
 
@@ -172,6 +252,10 @@ func (r *run) releaseContainer(ctx context.Context) {
 		r.e.sessions.Release(rctx, f.c, idle)
 	}
 }
+
+// maxReuseTries bounds how many of the context's containers an auto container tries to reopen
+// (each try may ask the backend) before it creates one.
+const maxReuseTries = 4
 
 // errNoContainer is the container of a request without a code_interpreter tool.
 var errNoContainer = errors.New("the request has no code_interpreter tool")

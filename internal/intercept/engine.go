@@ -70,6 +70,9 @@ type Options struct {
 	// Store maps the response ids the engine mints to what continuing them needs; nil: a
 	// MemoryStore with its default TTL.
 	Store Store
+	// Files are the Files API's files, which container.file_ids and input_file parts name;
+	// nil: none exist.
+	Files FileStore
 }
 
 // Engine serves intercepted /v1/responses requests. It is safe for concurrent use; each request
@@ -80,11 +83,12 @@ type Engine struct {
 	m        *metrics
 	now      func() time.Time
 	store    Store
+	files    FileStore
 }
 
 // New returns an Engine.
 func New(opts Options) *Engine {
-	e := &Engine{log: opts.Logger, now: opts.Now, store: opts.Store, m: newMetrics(opts.Metrics)}
+	e := &Engine{log: opts.Logger, now: opts.Now, store: opts.Store, files: opts.Files, m: newMetrics(opts.Metrics)}
 	if e.log == nil {
 		e.log = zap.NewNop()
 	}
@@ -144,6 +148,10 @@ func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Req
 		return aerr
 	}
 	req.resolve(lookup{ctx: ctx, store: e.store, caller: caller})
+	if err := req.findFiles(ctx, e.files, caller); err != nil {
+		e.m.requests.WithLabelValues("client_error").Inc()
+		return err
+	}
 	var rend renderer
 	if req.stream {
 		rend = newSSERenderer(w, e.log)

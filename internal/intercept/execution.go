@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 // Statuses of a code_interpreter_call item.
@@ -101,6 +102,29 @@ func describe(res sandbox.Result, runErr error, timeout time.Duration, limit int
 	}
 	ex.model = model
 	return ex
+}
+
+// maxWrittenLines bounds the files an execution's output lists for the model.
+const maxWrittenLines = 20
+
+// withWrittenFiles appends to what the model is told of an execution the files it created or
+// changed under /mnt/data, with the link that cites each.
+func withWrittenFiles(model string, files []store.ContainerFile) string {
+	if len(files) == 0 {
+		return model
+	}
+	lines := make([]string, 0, min(len(files), maxWrittenLines)+1)
+	for i, f := range files {
+		if i == maxWrittenLines {
+			lines = append(lines, fmt.Sprintf("[%d more files written under /mnt/data]", len(files)-i))
+			break
+		}
+		lines = append(lines, fmt.Sprintf("[file written: %s (%d bytes); link it as sandbox:%s]", f.Path, f.Bytes, f.Path))
+	}
+	if model == "[no output]" {
+		model = ""
+	}
+	return joinLines(append([]string{model}, lines...)...)
 }
 
 // runFailure is the client- and model-visible reason for a failed Run: never the internal error.

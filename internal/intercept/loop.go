@@ -55,6 +55,9 @@ func (e *Engine) newRun(ic config.Interception, tool string, api upstream.Respon
 // every call in the container, and emits the client events as it goes. The terminal event is
 // emitted here; an error return means none was (the caller renders the error).
 func (r *run) loop(ctx context.Context) error {
+	if err := r.placeFiles(ctx); err != nil {
+		return err
+	}
 	var turns [][]byte
 	none := false
 	for call := 0; ; call++ {
@@ -97,7 +100,7 @@ func (r *run) loop(ctx context.Context) error {
 				return err
 			}
 			outputs = append(outputs, functionOutput(c.callID, ex.model))
-			r.stored[c.ciID] = StoredCall{Owner: r.caller, CallID: c.callID, Code: c.code, Output: ex.model}
+			r.stored[c.ciID] = StoredCall{Owner: r.caller, ContainerID: r.tr.container, CallID: c.callID, Code: c.code, Output: ex.model}
 		}
 		if stop || r.tr.clientCalls() {
 			// The client's own function is the client's to run: return with its call; ours are
@@ -159,6 +162,18 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 		return execution{}, ctx.Err()
 	}
 	ex := describe(res, runErr, r.ic.ExecutionTimeout, r.ic.ModelOutputLimit)
+	// What the code wrote in /mnt data becomes container files, which the model is told of so it
+	// can link them, and the citations know.
+	written, err := r.e.sessions.CollectFiles(ctx, box)
+	if ctx.Err() != nil {
+		return execution{}, ctx.Err()
+	}
+	if err != nil {
+		r.e.m.sandboxErr.WithLabelValues("files").Inc()
+		r.e.log.Warn("finding the files an execution wrote failed", zap.Error(err))
+	}
+	ex.model = withWrittenFiles(ex.model, written)
+	r.tr.addFiles(written, true)
 	r.e.m.executions.WithLabelValues(ex.status).Inc()
 	r.e.m.execTime.WithLabelValues(ex.status).Observe(r.e.now().Sub(start).Seconds())
 	if runErr != nil && !errors.Is(runErr, sandbox.ErrTimeout) {
@@ -206,6 +221,12 @@ func (r *run) callUpstream(ctx context.Context, body []byte) error {
 		evs, err := r.tr.event(data)
 		if errors.Is(err, errNeedContainer) {
 			if err := r.handContainer(ctx); err != nil {
+				return err
+			}
+			evs, err = r.tr.event(data)
+		}
+		if errors.Is(err, errNeedFiles) {
+			if err := r.handFiles(ctx); err != nil {
 				return err
 			}
 			evs, err = r.tr.event(data)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/intercept/argstream"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -78,6 +79,11 @@ type translator struct {
 	mint func(prefix string) string
 	// container is the cntr_ id shown in call items; "" until the loop hands it over.
 	container string
+	// The container's files as far as known, by path, for citations (citations.go); filesKnown:
+	// they are all of them. uncited are images the code wrote that no message cited yet.
+	files      map[string]store.ContainerFile
+	filesKnown bool
+	uncited    []store.ContainerFile
 
 	out       [][]byte // client-visible items by output_index (nil while in progress)
 	announced bool     // response.created and response.in_progress were sent
@@ -112,6 +118,9 @@ type slot struct {
 	code     string
 	codeDone bool
 	parseErr error
+
+	// Passed messages only: their output_text parts, by content index.
+	parts []*textPart
 }
 
 // standIn is one stand-in call of the current upstream call, as the loop runs it.
@@ -127,7 +136,8 @@ func newTranslator(req *parsedRequest, id string, createdAt int64, mint func(str
 	if mint == nil {
 		mint = newID
 	}
-	return &translator{req: req, id: id, createdAt: createdAt, mint: mint, byID: map[string]*slot{}}
+	// Without a code_interpreter tool there is no container, and no file to cite.
+	return &translator{req: req, id: id, createdAt: createdAt, mint: mint, byID: map[string]*slot{}, filesKnown: !req.code}
 }
 
 // begin starts the next upstream call. stripEncrypted: the call asks for reasoning's encrypted
@@ -200,6 +210,9 @@ func (t *translator) event(data []byte) ([]Event, error) {
 	if t.needsContainer(typ, data) {
 		return nil, errNeedContainer
 	}
+	if t.needsFiles(typ, data) {
+		return nil, errNeedFiles
+	}
 	if o, ok := terminalOutcome(typ); ok {
 		return t.terminal(o, data)
 	}
@@ -225,6 +238,10 @@ func (t *translator) event(data []byte) ([]Event, error) {
 				return t.feedArgs(s, gjson.GetBytes(data, "delta").String()), nil
 			}
 			return t.codeDone(s, gjson.GetBytes(data, "arguments").String()), nil
+		}
+	case "response.output_text.done", "response.content_part.done", evAnnotationAdded:
+		if evs, ok := t.textEvent(typ, data); ok {
+			return evs, nil
 		}
 	case "error":
 		t.errDetail = errorEventDetail(data)
@@ -405,8 +422,15 @@ func (t *translator) itemDone(i int, item []byte) []Event {
 	s.upItem = item
 	if !t.isOurs(it) {
 		client := item
-		if t.strip && it.Get("type").String() == "reasoning" {
-			client = stripEncrypted(item)
+		switch it.Get("type").String() {
+		case "reasoning":
+			if t.strip {
+				client = stripEncrypted(item)
+			}
+		case "message":
+			var cited []Event
+			client, cited = t.citeMessage(s, item)
+			evs = append(evs, cited...)
 		}
 		t.out[s.index] = client
 		return append(evs, newItemEvent(evItemDone, s.index, client))

@@ -1,0 +1,239 @@
+package intercept
+
+import (
+	"context"
+	"encoding/base64"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store"
+	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
+)
+
+// setFiles gives the engine (with fake containers) the Files API files of callers:
+// caller → file id → (name, content).
+func (h *harness) setFiles(files map[string]map[string][2]string) {
+	ff := fakeFiles{}
+	for owner, byID := range files {
+		ff[owner] = map[string]store.File{}
+		for id, nc := range byID {
+			ff[owner][id] = store.File{ID: id, Owner: owner, Filename: nc[0], Bytes: int64(len(nc[1]))}
+			h.fake.stored[id] = nc[1]
+		}
+	}
+	h.eng.files = ff
+}
+
+func filesHarness(t *testing.T) *harness {
+	h := newHarness(t)
+	h.setFiles(map[string]map[string][2]string{
+		"k":     {"file-sales": {"sales.csv", "region,amount\nnorth,3\n"}, "file-other": {"sales.csv", "x\n"}, "file-notes": {"notes.txt", "hello"}},
+		"other": {"file-theirs": {"secret.csv", "no"}},
+	})
+	return h
+}
+
+func toolWithFiles(ids string) string {
+	return `{"model":"gpt-test","input":"analyse","tools":[{"type":"code_interpreter","container":{"type":"auto","file_ids":[` + ids + `]}}]`
+}
+
+// upstreamText returns the whole body of the upstream request, for checks that an id never
+// reached it.
+func upstreamText(r upstreamtest.Request) string { return string(r.Body) }
+
+func standInDescription(r upstreamtest.Request) string {
+	return gjson.GetBytes(r.Tool("python"), "description").String()
+}
+
+func TestFileIDsArePlacedBeforeTheFirstCode(t *testing.T) {
+	h := filesHarness(t)
+	var sawAtRun string
+	h.fake.setRun(func(_ context.Context, code string) (sandbox.Result, error) {
+		// The file is in /mnt/data when the first code runs.
+		sawAtRun, _ = h.fake.fileData(h.fake.onlyBox(), "sales.csv")
+		return sandbox.Result{Stdout: "ok"}, nil
+	})
+	h.up.Enqueue(calls("open('/mnt/data/sales.csv').read()"), text("done"))
+	status, resp := h.post(toolWithFiles(`"file-sales","file-notes","file-sales"`)+`}`, "k")
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	if sawAtRun != "region,amount\nnorth,3\n" {
+		t.Errorf("the code saw %q in /mnt/data/sales.csv", sawAtRun)
+	}
+	if n := h.fake.placements(); n != 2 {
+		t.Errorf("%d files placed, want 2 (a repeated id once)", n)
+	}
+	reqs := h.up.Requests()
+	desc := standInDescription(reqs[0])
+	for _, want := range []string{"/mnt/data/sales.csv (22 bytes)", "/mnt/data/notes.txt (5 bytes)"} {
+		if !strings.Contains(desc, want) {
+			t.Errorf("the stand-in's description does not tell the model of %s: %q", want, desc)
+		}
+	}
+	for _, r := range reqs {
+		if s := upstreamText(r); strings.Contains(s, "file-sales") || strings.Contains(s, "file_ids") {
+			t.Errorf("a file id reached the upstream: %s", s)
+		}
+	}
+	// The client's tools are echoed as sent.
+	if got := gjson.GetBytes(resp, "tools.0.container.file_ids.0").String(); got != "file-sales" {
+		t.Errorf("tools echoed %s", gjson.GetBytes(resp, "tools").Raw)
+	}
+}
+
+func TestFileNameClashIsDisambiguated(t *testing.T) {
+	h := filesHarness(t)
+	h.up.Enqueue(text("ok"))
+	if status, resp := h.post(toolWithFiles(`"file-sales","file-other"`)+`}`, "k"); status != 200 {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	desc := standInDescription(h.up.Requests()[0])
+	if !strings.Contains(desc, "/mnt/data/sales.csv (22 bytes)") || !strings.Contains(desc, "/mnt/data/sales (1).csv (2 bytes)") {
+		t.Errorf("description %q; want both files under distinct names", desc)
+	}
+}
+
+func TestBadFileIDs(t *testing.T) {
+	many := strings.Repeat(`"file-sales",`, MaxFileIDs) + `"file-sales"`
+	tests := []struct {
+		name        string
+		body        string
+		caller      string
+		status      int
+		param, code string
+	}{
+		{"unknown id", toolWithFiles(`"file-nope"`) + `}`, "k", 404, "tools[0].container.file_ids", ""},
+		{"another caller's", toolWithFiles(`"file-theirs"`) + `}`, "k", 404, "tools[0].container.file_ids", ""},
+		{"too many", toolWithFiles(many) + `}`, "k", 400, "tools[0].container.file_ids", "array_above_max_length"},
+		{"not an array", `{"model":"gpt-test","input":"x","tools":[{"type":"code_interpreter","container":{"type":"auto","file_ids":"file-sales"}}]}`, "k", 400, "tools[0].container.file_ids", "invalid_type"},
+		{"not a string", toolWithFiles(`7`) + `}`, "k", 400, "tools[0].container.file_ids[0]", "invalid_type"},
+		{"unknown input file", `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"input":[{"role":"user","content":[{"type":"input_text","text":"x"},{"type":"input_file","file_id":"file-nope"}]}]}`, "k", 404, "input[0].content[1].file_id", ""},
+		{"inline without a filename", `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"input":[{"role":"user","content":[{"type":"input_file","file_data":"aGk="}]}]}`, "k", 400, "input[0].content[0].filename", "missing_required_parameter"},
+		{"inline not base64", `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"input":[{"role":"user","content":[{"type":"input_file","filename":"a.txt","file_data":"data:text/plain;base64,**"}]}]}`, "k", 400, "input[0].content[0].file_data", "invalid_value"},
+		{"inline bad filename", `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"input":[{"role":"user","content":[{"type":"input_file","filename":"..","file_data":"aGk="}]}]}`, "k", 400, "input[0].content[0].filename", "invalid_filename"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := filesHarness(t)
+			status, resp := h.post(tt.body, tt.caller)
+			if status != tt.status {
+				t.Fatalf("status %d, want %d: %s", status, tt.status, resp)
+			}
+			if p := gjson.GetBytes(resp, "error.param").String(); p != tt.param {
+				t.Errorf("param %q, want %q: %s", p, tt.param, resp)
+			}
+			if c := gjson.GetBytes(resp, "error.code").String(); c != tt.code {
+				t.Errorf("code %q, want %q", c, tt.code)
+			}
+			if tt.status == 404 && !strings.Contains(gjson.GetBytes(resp, "error.message").String(), "No such File object") {
+				t.Errorf("message %s", gjson.GetBytes(resp, "error.message").Raw)
+			}
+			if n := len(h.up.Requests()); n != 0 {
+				t.Errorf("%d upstream calls; want none", n)
+			}
+			if n := h.fake.Created(); n != 0 {
+				t.Errorf("%d containers created; want none", n)
+			}
+			if len(h.fake.Codes()) != 0 {
+				t.Error("code ran")
+			}
+		})
+	}
+}
+
+func TestInputFilesArePlacedAndNamedUpstream(t *testing.T) {
+	h := filesHarness(t)
+	h.up.Enqueue(calls("1"), text("ok"))
+	inline := base64.StdEncoding.EncodeToString([]byte("a,b\n1,2\n"))
+	b := `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"input":[
+		{"role":"user","content":[{"type":"input_text","text":"compare"},{"type":"input_file","file_id":"file-notes"},
+		 {"type":"input_file","filename":"dir/inline.csv","file_data":"data:text/csv;base64,` + inline + `"},
+		 {"type":"input_file","file_url":"https://example.com/a.pdf"}]}]}`
+	status, resp := h.post(b, "k")
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	cid := h.fake.onlyBox()
+	if got, _ := h.fake.fileData(cid, "notes.txt"); got != "hello" {
+		t.Errorf("notes.txt in the container = %q", got)
+	}
+	if got, _ := h.fake.fileData(cid, "inline.csv"); got != "a,b\n1,2\n" {
+		t.Errorf("inline.csv in the container = %q", got)
+	}
+	for i, r := range h.up.Requests() {
+		content := gjson.GetBytes(r.Input[0], "content")
+		if got := content.Get("1.type").String() + " " + content.Get("1.text").String(); !strings.Contains(got, "input_text") || !strings.Contains(got, "/mnt/data/notes.txt") {
+			t.Errorf("request %d: part 1 upstream = %s", i, content.Get("1").Raw)
+		}
+		if got := content.Get("2.text").String(); !strings.Contains(got, "/mnt/data/inline.csv (8 bytes)") {
+			t.Errorf("request %d: part 2 upstream = %s", i, content.Get("2").Raw)
+		}
+		if content.Get("3.file_url").String() != "https://example.com/a.pdf" {
+			t.Errorf("request %d: a file_url part is left as sent; got %s", i, content.Get("3").Raw)
+		}
+		if s := upstreamText(r); strings.Contains(s, "file-notes") || strings.Contains(s, inline) {
+			t.Errorf("request %d: a file id or the inline data reached the upstream", i)
+		}
+	}
+}
+
+func TestStatelessReplayOfAnInputFileReusesItsPlacement(t *testing.T) {
+	h := filesHarness(t)
+	h.up.Enqueue(calls("1"), text("first"))
+	msg := `{"role":"user","content":[{"type":"input_file","file_id":"file-notes"}]}`
+	tool := `"tools":[{"type":"code_interpreter","container":{"type":"auto"}}]`
+	status, resp := h.post(`{"model":"gpt-test","store":false,`+tool+`,"input":[`+msg+`]}`, "k")
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	// The client sends everything back, as a stateless client does, with one more message.
+	var items []string
+	items = append(items, msg)
+	gjson.GetBytes(resp, "output").ForEach(func(_, it gjson.Result) bool {
+		items = append(items, it.Raw)
+		return true
+	})
+	items = append(items, `{"role":"user","content":"again"}`)
+	h.up.Enqueue(calls("2"), text("second"))
+	status, resp = h.post(`{"model":"gpt-test","store":false,`+tool+`,"input":[`+strings.Join(items, ",")+`]}`, "k")
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	if n := h.fake.Created(); n != 1 {
+		t.Errorf("%d containers created; want the context's one reused", n)
+	}
+	if n := h.fake.placements(); n != 1 {
+		t.Errorf("the file was written %d times; want once", n)
+	}
+	last := h.up.Requests()[len(h.up.Requests())-1]
+	if got := gjson.GetBytes(last.Input[0], "content.0.text").String(); !strings.Contains(got, "/mnt/data/notes.txt") {
+		t.Errorf("the replayed note names %q", got)
+	}
+}
+
+func TestPlacementErrors(t *testing.T) {
+	t.Run("too large", func(t *testing.T) {
+		h := filesHarness(t)
+		h.fake.maxFile = 3
+		status, resp := h.post(toolWithFiles(`"file-sales"`)+`}`, "k")
+		if status != 400 || gjson.GetBytes(resp, "error.code").String() != "file_too_large" {
+			t.Fatalf("status %d: %s", status, resp)
+		}
+		if len(h.up.Requests()) != 0 || len(h.fake.Codes()) != 0 {
+			t.Error("the request went on")
+		}
+	})
+	t.Run("no sandbox", func(t *testing.T) {
+		h := newHarness(t, noSandbox())
+		h.setFiles(map[string]map[string][2]string{"k": {"file-sales": {"sales.csv", "x"}}})
+		status, resp := h.post(toolWithFiles(`"file-sales"`)+`}`, "k")
+		if status != http.StatusBadGateway || gjson.GetBytes(resp, "error.code").String() != "sandbox_unavailable" {
+			t.Fatalf("status %d: %s", status, resp)
+		}
+	})
+}
