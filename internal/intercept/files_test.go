@@ -237,3 +237,57 @@ func TestPlacementErrors(t *testing.T) {
 		}
 	})
 }
+
+func TestAutoReusesTheContextsContainer(t *testing.T) {
+	tool := `"tools":[{"type":"code_interpreter","container":{"type":"auto"}}]`
+	ciItem := func(id, cid string) string {
+		return `{"type":"code_interpreter_call","id":"` + id + `","status":"completed","code":"x = 1","container_id":"` + cid + `","outputs":null}`
+	}
+	tests := []struct {
+		name  string
+		input func(h *harness, first []byte) string // the second request's input items
+		reuse bool
+	}{
+		{"a call item sent back", func(_ *harness, first []byte) string {
+			return gjson.GetBytes(first, "output.0").Raw
+		}, true},
+		{"a reference to a call", func(_ *harness, first []byte) string {
+			return `{"type":"item_reference","id":"` + gjson.GetBytes(first, "output.0.id").String() + `"}`
+		}, true},
+		{"the latest of two", func(h *harness, first []byte) string {
+			return ciItem("ci_old", "cntr_gone") + "," + gjson.GetBytes(first, "output.0").Raw
+		}, true},
+		{"a live one before a dead one", func(_ *harness, first []byte) string {
+			return gjson.GetBytes(first, "output.0").Raw + "," + ciItem("ci_old", "cntr_gone")
+		}, true},
+		{"another caller's container", func(h *harness, _ []byte) string {
+			c, _ := h.fake.Create(context.Background(), "local", "other", sandbox.CreateOptions{}, 0)
+			return ciItem("ci_x", c.ID())
+		}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.up.Enqueue(calls("x = 1"), text("set"))
+			status, first := h.post(`{"model":"gpt-test","input":"go",`+tool+`}`, "k")
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, first)
+			}
+			cid := gjson.GetBytes(first, "output.0.container_id").String()
+			in := tt.input(h, first)
+			before := h.fake.Created()
+			h.up.Enqueue(calls("x"), text("again"))
+			status, resp := h.post(`{"model":"gpt-test","store":false,`+tool+`,"input":[`+in+`,{"role":"user","content":"more"}]}`, "k")
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, resp)
+			}
+			got := gjson.GetBytes(resp, "output.0.container_id").String()
+			if tt.reuse && (got != cid || h.fake.Created() != before) {
+				t.Errorf("container %s (created %d more), want %s reused", got, h.fake.Created()-before, cid)
+			}
+			if !tt.reuse && (got == cid || h.fake.Created() != before+1) {
+				t.Errorf("container %s; want a new one", got)
+			}
+		})
+	}
+}
