@@ -78,6 +78,8 @@ func main() {
 			method: "One execution of `1 + 1` in a started kernel: the local backend's floor per execution."},
 		{title: "e2b client overhead (internal/sandbox/e2b)", pkg: "./internal/sandbox/e2b", bench: ".", time: *benchtime,
 			method: "The same cell in the same local kernel, through the e2b client and the e2b emulator (HTTP, NDJSON re-encoding and decoding) versus calling the local provider directly."},
+		{title: "Shared store (internal/store/redisstore)", pkg: "./internal/store/redisstore", bench: ".", time: *benchtime,
+			method: "The store calls an intercepted request makes (read the previous response, read and touch its container, store the new response; `request` is the four in a row) on the embedded store and on Redis over loopback (a redis-server started by the benchmark), with the median and 99th percentile of single calls; and a 64 MiB file stored and read back through each."},
 	}
 	programs := []*program{
 		{title: "Pass-through, whole proxy (bench/passthrough)", pkg: "./bench/passthrough",
@@ -117,6 +119,7 @@ func main() {
 		{"argument decoder, 4-byte chunks", "BenchmarkDecoder/chunk=", "BenchmarkDecoder/chunk=4", "ns/op", "4-byte chunks / one chunk (baseline: the largest chunk size)"},
 		{"argument decoder, 64-byte chunks", "BenchmarkDecoder/chunk=", "BenchmarkDecoder/chunk=64", "ns/op", "64-byte chunks / one chunk"},
 		{"engine iteration, streaming", "BenchmarkIteration/json", "BenchmarkIteration/stream", "ns/iteration", "stream / JSON rendering per iteration"},
+		{"shared store per intercepted request", "BenchmarkHotCalls/embedded/request", "BenchmarkHotCalls/redis/request", "p50-µs", "Redis over loopback / embedded store, median of the four store calls of one request"},
 		{"engine per streamed event vs SSE reading", "BenchmarkSSEReader", "BenchmarkStreamEvent", "ns/event", "engine ns per event / SSE reader ns per event (the reader alone: 20 events per op)"},
 	}
 

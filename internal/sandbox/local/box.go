@@ -8,16 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
+	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
@@ -30,11 +28,21 @@ var (
 	endLine   = []byte(`{"type": "end_of_execution"}` + "\n")
 )
 
-// box is one running sandbox: a bubblewrap process tree with the kernel inside.
+// box is one running sandbox: an init (pid 1 of the sandbox's pid namespace) and the kernel
+// below it, forked by the zygote.
 type box struct {
-	id, dir string
-	memory  int64
-	cmd     *exec.Cmd
+	id     string
+	memory int64
+	uid    uint32 // namespace uid in the zygote's user namespace (0: shared)
+	pid    int    // the init's pid in the proxy's pid namespace
+	pidfd  *os.File
+	setup  *net.UnixConn // lifeline: the init exits when it is closed
+	cg     *sandboxCgroup
+	p      *Provider
+
+	// data is an O_PATH descriptor of the sandbox's /mnt/data (FileSystem); -1 once closed.
+	dataMu sync.RWMutex
+	data   int
 
 	stdinMu sync.Mutex
 	stdin   io.WriteCloser
@@ -47,14 +55,19 @@ type box struct {
 
 	ready     chan struct{}
 	readyOnce sync.Once
-	// done is closed when bubblewrap has exited and the kernel's output has reached EOF, that is
-	// when nothing of the sandbox runs any more.
+	// done is closed when every process of the sandbox has exited and the kernel's output has
+	// reached EOF, that is when nothing of the sandbox runs any more.
 	done chan struct{}
 
 	killOnce sync.Once
 	reason   atomic.Pointer[string] // why the sandbox was killed
-	fallback atomic.Pointer[time.Timer]
+	oom      atomic.Bool            // the memory controller killed a process of it (set before done)
 	stderr   headBuffer
+
+	// The sandbox is frozen whenever no execution is in progress (see freeze).
+	freezeMu sync.Mutex
+	active   int // executions sent and not yet ended
+	frozen   bool
 }
 
 // execution is one Run as the reader sees it: its lines go to pw until end_of_execution.
@@ -64,82 +77,166 @@ type execution struct {
 	ended chan struct{}
 }
 
-// start launches a sandbox with the given address-space limit and waits until its kernel is ready.
-func (p *Provider) start(ctx context.Context, mem int64) (*box, error) {
-	id := newID()
-	dir := filepath.Join(p.base, id)
-	if err := makeDataDir(dir, p.cred); err != nil {
-		return nil, fmt.Errorf("local sandbox: working directory: %w", err)
+// start forks a sandbox with the given memory limit and waits until its kernel is ready. The
+// new sandbox is frozen.
+func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return nil, errClosed
 	}
-	cfg := kernelConfig{
-		Memory: mem, Processes: p.opts.MaxProcesses, FileSize: p.opts.MaxFileSize, Preload: preload,
+	z, err := p.zygoteFor(ctx)
+	if err != nil {
+		return nil, err
 	}
-	// /tmp is a tmpfs, so its content costs memory: bounded by the same limit.
-	args := bwrapArgs(p.base, dir, p.opts.Python, mem, kernelArgv(p.opts.Python, cfg))
-	cmd := exec.Command(p.bwrap, args...)
-	cmd.Env = []string{} // not even bubblewrap sees the proxy's environment
-	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: p.cred}
-	cmd.WaitDelay = time.Second
+	uid, err := p.uids.take()
+	if err != nil {
+		return nil, fmt.Errorf("local sandbox: %w", err)
+	}
 	b := &box{
-		id: id, dir: dir, memory: mem, cmd: cmd,
+		id: newID(), memory: mem, uid: uid, data: -1, p: p,
 		sem: make(chan struct{}, 1), execs: make(chan *execution, 1),
 		ready: make(chan struct{}), done: make(chan struct{}),
 	}
-	cmd.Stderr = &b.stderr
-	stdin, err := cmd.StdinPipe()
+	var cleanup []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+	cleanup = append(cleanup, func() { p.uids.put(uid) })
+	if p.cg != nil {
+		cg, err := p.cg.create(b.id, cgroupSettings{memory: mem, processes: p.opts.MaxProcesses + 1, cpus: p.opts.CPULimit})
+		if err != nil {
+			return nil, fmt.Errorf("local sandbox: %w", err)
+		}
+		b.cg = cg
+		cleanup = append(cleanup, cg.remove)
+	}
+	var pipes [6]*os.File // stdin r/w, stdout r/w, stderr r/w
+	for i := 0; i < 6; i += 2 {
+		if pipes[i], pipes[i+1], err = os.Pipe(); err != nil {
+			return nil, fmt.Errorf("local sandbox: %w", err)
+		}
+	}
+	cleanup = append(cleanup, func() {
+		for _, f := range pipes {
+			f.Close()
+		}
+	})
+	ours, theirs, err := socketPair()
 	if err != nil {
-		os.RemoveAll(dir)
 		return nil, fmt.Errorf("local sandbox: %w", err)
 	}
-	b.stdin = stdin
-	r, w, err := os.Pipe()
+	req := spawnRequest{
+		Memory: mem, Processes: p.opts.MaxProcesses, FileSize: p.opts.MaxFileSize,
+		OpenFiles:  p.opts.MaxOpenFiles,
+		DataSize:   p.opts.MaxDiskSize,
+		DataInodes: inodesFor(p.opts.MaxDiskSize),
+		// /tmp and /dev/shm are tmpfs, so their content costs memory (the cgroup counts it): half
+		// the limit at most, so that a full /tmp is ENOSPC with memory left for the kernel.
+		TmpSize: mem / 2, TmpInodes: inodesFor(mem / 2), ShmSize: min(shmSize, mem/4),
+		Seccomp: !p.knobs.noSeccomp,
+	}
+	if p.perSandboxUIDs() {
+		req.UID = p.uids.host(uid)
+	}
+	err = z.spawn(req, pipes[0], pipes[3], pipes[5], theirs)
+	theirs.Close()
+	pipes[0].Close()
+	pipes[3].Close()
+	pipes[5].Close()
 	if err != nil {
-		os.RemoveAll(dir)
+		ours.Close()
+		return nil, fmt.Errorf("local sandbox: asking the fork server: %w", err)
+	}
+	if b.setup, err = unixConn(ours); err != nil {
 		return nil, fmt.Errorf("local sandbox: %w", err)
 	}
-	cmd.Stdout = w
+	cleanup = append(cleanup, func() { b.setup.Close() })
+	deadline := time.Now().Add(startTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if b.pidfd, err = readStarted(b.setup, deadline); err != nil {
+		return nil, fmt.Errorf("local sandbox: starting a sandbox: %w", err)
+	}
+	cleanup = append(cleanup, func() {
+		signalPidfd(b.pidfd, unix.SIGKILL)
+		waitPidfd(b.pidfd)
+		b.pidfd.Close()
+	})
+	if b.pid, err = pidfdPID(b.pidfd); err != nil {
+		return nil, fmt.Errorf("local sandbox: %w", err)
+	}
+	if b.data, err = openDataDir(b.pid, b.pidfd); err != nil {
+		return nil, fmt.Errorf("local sandbox: %w", err)
+	}
+	cleanup = append(cleanup, func() { unix.Close(b.data) })
+	if b.cg != nil {
+		if err := b.cg.place(b.pid); err != nil {
+			return nil, fmt.Errorf("local sandbox: %w", err)
+		}
+	}
+	if _, err := b.setup.Write([]byte("go")); err != nil {
+		return nil, fmt.Errorf("local sandbox: %w", err)
+	}
+	b.stdin = pipes[1]
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		r.Close()
-		w.Close()
-		os.RemoveAll(dir)
 		return nil, errClosed
 	}
-	p.wg.Add(2) // under mu: see track
+	p.wg.Add(3) // under mu: see track
 	p.mu.Unlock()
-	if err := cmd.Start(); err != nil {
-		p.wg.Add(-2)
-		r.Close()
-		w.Close()
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("local sandbox: starting bubblewrap: %w", err)
-	}
-	w.Close()
+	cleanup = nil // from here the goroutines below own everything
 	readerDone := make(chan struct{})
 	go func() {
 		defer p.wg.Done()
 		defer close(readerDone)
-		b.read(r)
+		b.read(pipes[2])
 	}()
 	go func() {
 		defer p.wg.Done()
-		b.cmd.Wait()
+		io.Copy(&b.stderr, pipes[4])
+		pipes[4].Close()
+	}()
+	go func() {
+		defer p.wg.Done()
 		<-readerDone
-		close(b.done)
-		if t := b.fallback.Load(); t != nil {
-			t.Stop()
+		// The kernel's output ended: it exited, or closed its protocol. Either way the sandbox
+		// is over; the init's exit takes every process of its pid namespace with it.
+		signalPidfd(b.pidfd, unix.SIGKILL)
+		if b.cg != nil {
+			b.cg.kill()
 		}
+		waitPidfd(b.pidfd)
+		b.dataMu.Lock()
+		unix.Close(b.data)
+		b.data = -1
+		b.dataMu.Unlock()
+		b.stdin.Close()
+		b.setup.Close()
+		b.pidfd.Close()
+		if b.cg != nil {
+			b.oom.Store(b.cg.oomKilled())
+			b.cg.remove()
+		}
+		p.uids.put(b.uid)
+		close(b.done)
+		p.forget(b)
 	}()
 	t := time.NewTimer(startTimeout)
 	defer t.Stop()
 	select {
 	case <-b.ready:
+		b.finish() // frozen until its first execution
 		return b, nil
 	case <-b.done:
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("local sandbox: kernel exited at start: %s", bytes.TrimSpace(b.stderr.Bytes()))
+		return nil, fmt.Errorf("local sandbox: kernel exited at start: %s", b.startFailure())
 	case <-ctx.Done():
 		p.destroy(b)
 		return nil, ctx.Err()
@@ -147,6 +244,43 @@ func (p *Provider) start(ctx context.Context, mem int64) (*box, error) {
 		p.destroy(b)
 		return nil, fmt.Errorf("local sandbox: kernel not ready after %s", startTimeout)
 	}
+}
+
+// inodesFor is the inode count of a tmpfs of size bytes: one per 16 KiB, so that a flood of
+// empty files meets the limit too.
+func inodesFor(size int64) int64 { return max(1024, size/(16<<10)) }
+
+// startFailure says why a kernel died before it was ready.
+func (b *box) startFailure() string {
+	msg := string(bytes.TrimSpace(b.stderr.Bytes()))
+	if b.oom.Load() {
+		return fmt.Sprintf("out of memory at %d bytes (%s)", b.memory, msg)
+	}
+	return msg
+}
+
+// openDataDir opens the sandbox's /mnt/data through its init's root, checking that the init is
+// still the process the pidfd refers to (so that the pid was not reused in between).
+func openDataDir(pid int, pidfd *os.File) (int, error) {
+	root, err := unix.Open(fmt.Sprintf("/proc/%d/root", pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("the sandbox's root: %w", err)
+	}
+	defer unix.Close(root)
+	if err := signalPidfd(pidfd, 0); err != nil {
+		return -1, fmt.Errorf("the sandbox's init: %w", err)
+	}
+	if _, err := pidfdPID(pidfd); err != nil {
+		return -1, err
+	}
+	fd, err := unix.Openat2(root, "mnt/data", &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return -1, fmt.Errorf("the sandbox's %s: %w", dataDir, err)
+	}
+	return fd, nil
 }
 
 // read forwards the kernel's NDJSON lines to the current execution until EOF.
@@ -184,6 +318,7 @@ func (b *box) read(r *os.File) {
 				cur.pw.Close()
 				close(cur.ended)
 				cur = nil
+				b.finish()
 			}
 		}
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
@@ -204,48 +339,57 @@ func (b *box) dead() bool {
 	}
 }
 
-// kill stops the whole sandbox. The sandbox's init (bubblewrap's child, PID 1 of the sandbox)
-// is killed first: the kernel then kills every process of the PID namespace, and the outer
-// bubblewrap reaps its child and exits. Killing the outer one first would leave the init to be
-// reparented to the host's PID 1, a zombie wherever that does not reap (a proxy running as PID 1
-// of a container). The process group is killed anyway if the sandbox is not gone shortly after.
+// kill stops the whole sandbox: the init is pid 1 of the sandbox's pid namespace, so its death
+// takes every process of the sandbox with it, however it was forked.
 func (b *box) kill(reason string) {
 	b.killOnce.Do(func() {
 		b.reason.Store(&reason)
 		if b.dead() {
 			return
 		}
-		pid := b.cmd.Process.Pid
-		children := childPIDs(pid)
-		for _, c := range children {
-			syscall.Kill(c, syscall.SIGKILL)
+		signalPidfd(b.pidfd, unix.SIGKILL)
+		if b.cg != nil {
+			b.cg.kill() // thaws a v1-frozen cgroup; v2-frozen and stopped processes die as they are
 		}
-		if len(children) == 0 {
-			syscall.Kill(-pid, syscall.SIGKILL)
-			return
-		}
-		t := time.AfterFunc(2*time.Second, func() {
-			if !b.dead() {
-				syscall.Kill(-pid, syscall.SIGKILL)
-			}
-		})
-		b.fallback.Store(t)
 	})
 }
 
-// childPIDs lists the children of pid (Linux /proc/PID/task/TID/children).
-func childPIDs(pid int) []int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-	if err != nil {
-		return nil
+// begin marks an execution as in progress, resuming the sandbox; finish marks its end, and the
+// sandbox is frozen again once none is in progress. Between executions nothing of a sandbox may
+// run, so that threads or processes a cell left behind burn no CPU until the next one.
+func (b *box) begin() {
+	b.freezeMu.Lock()
+	b.active++
+	b.setFrozen(false)
+	b.freezeMu.Unlock()
+}
+
+func (b *box) finish() {
+	b.freezeMu.Lock()
+	if b.active > 0 {
+		b.active--
 	}
-	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if n, err := strconv.Atoi(f); err == nil {
-			out = append(out, n)
-		}
+	if b.active == 0 {
+		b.setFrozen(true)
 	}
-	return out
+	b.freezeMu.Unlock()
+}
+
+// setFrozen freezes or thaws the sandbox: through its cgroup's freezer, or else by stopping and
+// continuing each of its processes. b.freezeMu is held.
+func (b *box) setFrozen(on bool) {
+	if b.frozen == on || b.dead() {
+		return
+	}
+	b.frozen = on
+	if b.cg != nil && b.p.cg.canFreeze() && b.cg.freeze(on) == nil {
+		return
+	}
+	sig := syscall.SIGCONT
+	if on {
+		sig = syscall.SIGSTOP
+	}
+	signalTree(b.pid, sig)
 }
 
 func (b *box) killReason() string {
@@ -308,11 +452,13 @@ func (p *Provider) Run(ctx context.Context, h sandbox.Handle, code string, opts 
 
 	pr, pw := io.Pipe()
 	ex := &execution{id: b.seq.Add(1), pw: pw, ended: make(chan struct{})}
+	b.begin()
 	select {
 	case b.execs <- ex:
 	case <-b.done:
 		return sandbox.Result{}, fmt.Errorf("%w: local sandbox %s", sandbox.ErrNotFound, h.ID)
 	case <-ctx.Done():
+		b.finish()
 		return sandbox.Result{}, ctx.Err()
 	}
 	// From here the request must go out: the reader will hand the next lines to ex.
@@ -334,6 +480,14 @@ func (p *Provider) Run(ctx context.Context, h sandbox.Handle, code string, opts 
 	pr.CloseWithError(errStopped)
 	if b.killReason() != "" {
 		<-b.done // a killed sandbox is gone before Run reports it
+	} else if err != nil && ctx.Err() == nil {
+		// The stream broke: if the sandbox is dying, let it finish so that Run can say why.
+		t := time.NewTimer(2 * time.Second)
+		select {
+		case <-b.done:
+		case <-t.C:
+		}
+		t.Stop()
 	}
 	switch {
 	case timedOut.Load():
@@ -342,23 +496,18 @@ func (p *Provider) Run(ctx context.Context, h sandbox.Handle, code string, opts 
 		return res, ctx.Err()
 	case b.killReason() != "":
 		return res, fmt.Errorf("%w: %s", sandbox.ErrIncomplete, b.killReason())
+	case b.oom.Load():
+		return res, fmt.Errorf("%w: the sandbox ran out of memory (its limit is %d MiB) and was stopped", sandbox.ErrIncomplete, b.memory>>20)
 	case err != nil:
 		return res, err
-	}
-	if over, size := p.diskOver(b); over {
-		b.kill(fmt.Sprintf("the working directory grew to %d bytes, over the %d-byte limit; the sandbox was stopped", size, p.opts.MaxDiskSize))
-		<-b.done
-		return res, fmt.Errorf("%w: %s", sandbox.ErrIncomplete, b.killReason())
 	}
 	return res, nil
 }
 
-// watch bounds one execution: the timeout, ctx, the working-directory size, and the sandbox dying.
+// watch bounds one execution: the timeout, ctx, and the sandbox dying.
 func (p *Provider) watch(ctx context.Context, b *box, ex *execution, pr *io.PipeReader, timeout time.Duration, timedOut *atomic.Bool) {
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
-	disk := time.NewTicker(p.diskEvery)
-	defer disk.Stop()
 	for {
 		select {
 		case <-ex.ended:
@@ -366,10 +515,6 @@ func (p *Provider) watch(ctx context.Context, b *box, ex *execution, pr *io.Pipe
 		case <-b.done:
 			pr.CloseWithError(errStopped)
 			return
-		case <-disk.C:
-			if over, size := p.diskOver(b); over {
-				b.kill(fmt.Sprintf("the working directory grew to %d bytes, over the %d-byte limit; the sandbox was stopped", size, p.opts.MaxDiskSize))
-			}
 		case <-timer.C:
 			select {
 			case <-ex.ended:
@@ -409,37 +554,6 @@ func (p *Provider) interrupt(b *box, ex *execution) {
 	case <-t.C:
 		b.kill(fmt.Sprintf("the execution did not stop within %s of an interrupt; the sandbox was stopped", p.grace))
 	}
-}
-
-// minEntrySize is what one directory entry counts for at least in the disk limit.
-const minEntrySize = 4096
-
-// diskOver reports whether the sandbox's working directory uses more than MaxDiskSize, and the
-// usage counted so far (the walk stops as soon as the limit is passed).
-func (p *Provider) diskOver(b *box) (bool, int64) {
-	var used int64
-	over := errors.New("over")
-	err := filepath.WalkDir(b.dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			return nil
-		}
-		// Every entry counts at least one block, so that a flood of empty files (inodes) is
-		// limited too.
-		if st, ok := info.Sys().(*syscall.Stat_t); ok {
-			used += max(st.Blocks*512, minEntrySize)
-		} else {
-			used += max(info.Size(), minEntrySize)
-		}
-		if used > p.opts.MaxDiskSize {
-			return over
-		}
-		return nil
-	})
-	return errors.Is(err, over), used
 }
 
 // headBuffer keeps the first 8 KiB written to it (bubblewrap's own errors come first).

@@ -1,34 +1,42 @@
 package local
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
-	"syscall"
-	"time"
 )
 
 // Paths inside the sandbox.
 const (
-	dataDir    = "/mnt/data"
-	kernelPath = "/opt/ciproxy/kernel.py"
+	dataDir        = "/mnt/data"
+	kernelPath     = "/opt/ciproxy/kernel.py"
+	codeFilterPath = "/opt/ciproxy/kernel.bpf"
 	// sandboxUID is the uid and gid the code runs as inside the sandbox's user namespace.
 	sandboxUID = 1000
-	// hostUID is the host uid bubblewrap is started as when the proxy runs as root. RLIMIT_NPROC
-	// is never enforced for processes whose real uid is host root (the kernel exempts INIT_USER),
-	// so a root proxy would get no process limit; as this unprivileged uid the count is kept per
-	// user namespace, that is per sandbox. It also means a sandbox escape lands as nobody, not root.
-	hostUID = 65534
 	// shmSize bounds /dev/shm, a tmpfs that costs memory (Docker's default).
 	shmSize = 64 << 20
+	// zygoteTmpSize bounds the fork server's own /tmp (matplotlib's and fontconfig's caches).
+	zygoteTmpSize = 32 << 20
 )
+
+// usrPaths are the parts of /usr a sandbox sees, read-only (globs; missing ones are skipped): the
+// programs, the shared libraries, the interpreter's standard library and packages, and the data
+// they read (time zones, fonts, matplotlib's). Not /usr/local, /usr/include, /usr/src, /usr/sbin
+// or the rest of /usr/lib and /usr/share.
+var usrPaths = []string{
+	"/usr/bin",
+	"/usr/lib/*-linux-gnu",
+	"/usr/lib64",
+	"/usr/lib/python3*",
+	"/usr/lib/locale",
+	"/usr/lib/ssl",
+	"/usr/share/zoneinfo",
+	"/usr/share/fonts",
+	"/usr/share/fontconfig",
+	"/usr/share/matplotlib",
+}
 
 // etcFiles are the host files under /etc that Python, numpy (BLAS through /etc/alternatives) and
 // matplotlib (Debian keeps matplotlibrc in /etc) need; found by removing entries until imports and
@@ -50,21 +58,13 @@ var syntheticEtc = map[string]string{
 	"hostname": "sandbox\n",
 }
 
-// kernelConfig is argv[1] of kernel.py.
-type kernelConfig struct {
-	Memory    int64    `json:"memory"`
-	Processes int      `json:"processes"`
-	FileSize  int64    `json:"file_size"`
-	Preload   []string `json:"preload,omitempty"`
-}
-
-// preload is imported by every kernel before it reports ready; import errors are ignored.
+// preload is imported by the fork server, before it forks any kernel; import errors are ignored.
 var preload = []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot"}
 
 // sandboxEnv is the whole environment of the kernel: nothing of the proxy's own is passed.
 func sandboxEnv() []string {
 	return []string{
-		"PATH", "/usr/local/bin:/usr/bin:/bin",
+		"PATH", "/usr/bin:/bin",
 		"HOME", dataDir,
 		"USER", "user",
 		"LANG", "C.UTF-8",
@@ -82,20 +82,50 @@ func sandboxEnv() []string {
 	}
 }
 
-// bwrapArgs builds the bubblewrap command line for one sandbox whose host working directory is
-// dir. base holds kernel.py and the synthetic /etc files. argv is the command run inside.
-func bwrapArgs(base, dir string, python string, tmpSize int64, argv []string) []string {
-	a := []string{
-		"--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-		"--uid", strconv.Itoa(sandboxUID), "--gid", strconv.Itoa(sandboxUID),
+// zygoteArgs builds the bubblewrap command line of the fork server: the filesystem view every
+// sandbox gets (its kernels' mount namespaces are copies of it, with their own tmpfs on top), its
+// own pid, network, IPC, UTS and cgroup namespaces (the user namespace is made by the caller),
+// files copied in from descriptors (dest → fd; -1 skips), the seccomp filter on seccompFD (-1:
+// none), bubblewrap's capability options, and argv run inside.
+func zygoteArgs(python string, files map[string]int, seccompFD int, caps, argv []string) []string {
+	a := append([]string(nil), caps...)
+	a = append(a, []string{
+		"--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+		"--die-with-parent", "--new-session",
 		"--hostname", "sandbox",
 		"--clearenv",
-	}
+	}...)
 	env := sandboxEnv()
 	for i := 0; i < len(env); i += 2 {
 		a = append(a, "--setenv", env[i], env[i+1])
 	}
-	a = append(a, "--ro-bind", "/usr", "/usr")
+	var binds []string
+	for _, pattern := range usrPaths {
+		matches, _ := filepath.Glob(pattern)
+		for _, m := range matches {
+			if fi, err := os.Lstat(m); err == nil && fi.IsDir() {
+				binds = append(binds, m)
+			}
+		}
+	}
+	// Parents that bubblewrap would otherwise create 0700, out of the sandbox user's reach.
+	parents := map[string]bool{}
+	for _, d := range append(binds, etcFiles[:]...) {
+		for p := filepath.Dir(d); p != "/"; p = filepath.Dir(p) {
+			parents[p] = true
+		}
+	}
+	sortedParents := make([]string, 0, len(parents))
+	for p := range parents {
+		sortedParents = append(sortedParents, p)
+	}
+	sort.Strings(sortedParents)
+	for _, p := range sortedParents {
+		a = append(a, "--perms", "0755", "--dir", p)
+	}
+	for _, m := range binds {
+		a = append(a, "--ro-bind", m, m)
+	}
 	// Merged-/usr systems (Debian 12) have these as symlinks; older ones as directories.
 	for _, p := range []string{"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"} {
 		fi, err := os.Lstat(p)
@@ -112,23 +142,36 @@ func bwrapArgs(base, dir string, python string, tmpSize int64, argv []string) []
 	for _, p := range etcFiles {
 		a = append(a, "--ro-bind-try", p, p)
 	}
-	for name := range syntheticEtc {
-		a = append(a, "--ro-bind", filepath.Join(base, "etc", name), "/etc/"+name)
-	}
 	if prefix := pythonPrefix(python); prefix != "" {
 		a = append(a, "--ro-bind", prefix, prefix)
+	}
+	a = append(a, "--dir", "/opt/ciproxy")
+	dests := make([]string, 0, len(files))
+	for dest := range files {
+		dests = append(dests, dest)
+	}
+	sort.Strings(dests)
+	for _, dest := range dests {
+		if fd := files[dest]; fd >= 0 {
+			// Copied into the sandbox's root (no bind mount, so no host path in mountinfo).
+			a = append(a, "--perms", "0444", "--file", strconv.Itoa(fd), dest)
+		}
 	}
 	a = append(a,
 		"--proc", "/proc",
 		"--dev", "/dev",
-		"--size", strconv.FormatInt(shmSize, 10), "--tmpfs", "/dev/shm",
-		"--size", strconv.FormatInt(tmpSize, 10), "--tmpfs", "/tmp",
-		"--bind", dir, dataDir,
-		"--ro-bind", filepath.Join(base, "kernel.py"), kernelPath,
+		"--size", strconv.Itoa(zygoteTmpSize), "--tmpfs", "/tmp",
+		// Mount points of every sandbox's own tmpfs.
+		"--dir", dataDir,
+	)
+	if seccompFD >= 0 {
+		a = append(a, "--seccomp", strconv.Itoa(seccompFD))
+	}
+	a = append(a,
 		// The root and /dev are tmpfs that bwrap builds; without this they are writable.
 		"--remount-ro", "/dev",
 		"--remount-ro", "/",
-		"--chdir", dataDir,
+		"--chdir", "/",
 		"--",
 	)
 	return append(a, argv...)
@@ -145,105 +188,6 @@ func pythonPrefix(python string) string {
 		return ""
 	}
 	return filepath.Dir(filepath.Dir(real))
-}
-
-// kernelArgv is the command that starts the kernel.
-func kernelArgv(python string, cfg kernelConfig) []string {
-	b, _ := json.Marshal(cfg)
-	// -I: no user site, no PYTHON* variables, no script directory on sys.path.
-	return []string{python, "-I", "-B", kernelPath, string(b)}
-}
-
-// credential returns the host identity to start bubblewrap as: nil (our own) unless we are root,
-// then hostUID (see there).
-func credential() *syscall.Credential {
-	if os.Geteuid() != 0 {
-		return nil
-	}
-	return &syscall.Credential{Uid: hostUID, Gid: hostUID, Groups: []uint32{}}
-}
-
-// prepareBase writes kernel.py and the synthetic /etc files into base.
-func prepareBase(base string) error {
-	if err := os.MkdirAll(filepath.Join(base, "etc"), 0o755); err != nil {
-		return err
-	}
-	// When bubblewrap runs as hostUID it must be able to reach base to bind from it.
-	if err := os.Chmod(base, 0o711); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(base, "kernel.py"), kernelSource, 0o644); err != nil {
-		return err
-	}
-	for name, content := range syntheticEtc {
-		if err := os.WriteFile(filepath.Join(base, "etc", name), []byte(content), 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// makeDataDir creates a sandbox's working directory, owned by the uid the sandbox maps to.
-func makeDataDir(dir string, cred *syscall.Credential) error {
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return err
-	}
-	if cred != nil {
-		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-			os.Remove(dir)
-			return err
-		}
-	}
-	return nil
-}
-
-// errBwrapMissing is Check's answer when bubblewrap is not installed.
-var errBwrapMissing = errors.New("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-
-// Check reports whether bubblewrap can start a sandbox on this host with these options: it runs
-// the interpreter once in a sandbox built exactly like the real ones. The error says what to
-// install or which sysctl to enable.
-func Check(ctx context.Context, opts Options) error {
-	opts = opts.withDefaults()
-	bwrap, err := exec.LookPath("bwrap")
-	if err != nil {
-		return errBwrapMissing
-	}
-	if _, err := os.Stat(opts.Python); err != nil {
-		return fmt.Errorf("local sandbox: python interpreter %s: %w", opts.Python, err)
-	}
-	if err := os.MkdirAll(opts.WorkDir, 0o711); err != nil {
-		return fmt.Errorf("local sandbox: work dir: %w", err)
-	}
-	base, err := os.MkdirTemp(opts.WorkDir, "check-")
-	if err != nil {
-		return fmt.Errorf("local sandbox: work dir: %w", err)
-	}
-	defer os.RemoveAll(base)
-	if err := prepareBase(base); err != nil {
-		return fmt.Errorf("local sandbox: %w", err)
-	}
-	cred := credential()
-	dir := filepath.Join(base, "data")
-	if err := makeDataDir(dir, cred); err != nil {
-		return fmt.Errorf("local sandbox: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	args := bwrapArgs(base, dir, opts.Python, 16<<20, []string{opts.Python, "-I", "-c", "print('ok')"})
-	cmd := exec.CommandContext(ctx, bwrap, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err == nil && strings.TrimSpace(string(out)) == "ok" {
-		return nil
-	}
-	msg := strings.TrimSpace(stderr.String())
-	if hint := userNamespaceHint(); hint != "" {
-		return fmt.Errorf("local sandbox: bubblewrap cannot start a sandbox (%s): %s", msg, hint)
-	}
-	return fmt.Errorf("local sandbox: bubblewrap cannot start a sandbox: %v: %s", err, msg)
 }
 
 // userNamespaceHint names the sysctl that keeps unprivileged user namespaces off, if any.

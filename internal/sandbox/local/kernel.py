@@ -1,4 +1,5 @@
-# The persistent Python kernel that runs inside a local sandbox.
+# The persistent Python kernel that runs inside a local sandbox, and the fork server (zygote)
+# that starts it.
 #
 # Protocol: requests arrive as JSON lines on fd 0 ({"id": n, "code": "..."} or
 # {"id": n, "interrupt": true}); replies leave as NDJSON on fd 1 with the message types and
@@ -7,12 +8,18 @@
 # fd 0 and pipes on fds 1 and 2, read by threads that stream the bytes as stdout/stderr
 # messages, so raw writes from subprocesses and C code are captured too.
 #
-# argv[1] is a JSON object of limits and options set by the launcher.
+# Two ways to run:
+#   kernel.py CONFIG            a kernel on its own (no sandbox of its own; tests of the protocol)
+#   kernel.py --zygote CONFIG   the fork server, inside the sandbox bubblewrap built for it: it
+#                               imports the preload once, then forks one kernel per request into
+#                               fresh namespaces (see _zygote below)
+# CONFIG is a JSON object of limits and options set by the launcher.
 
 import ast
 import base64
 import builtins
 import codecs
+import ctypes
 import datetime
 import fcntl
 import io
@@ -21,16 +28,18 @@ import linecache
 import os
 import pprint
 import queue
+import random
 import resource
 import select
 import signal
+import socket
 import struct
 import sys
 import termios
 import threading
 import traceback
 
-CONFIG = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+CONFIG = {}
 
 
 def _set_limit(kind, value):
@@ -44,22 +53,14 @@ def _set_limit(kind, value):
             resource.setrlimit(kind, (hard, hard))
 
 
-# Limits first, so that everything the kernel later imports or spawns is bound by them.
-_set_limit(resource.RLIMIT_AS, CONFIG.get("memory"))
-_set_limit(resource.RLIMIT_NPROC, CONFIG.get("processes"))
-_set_limit(resource.RLIMIT_FSIZE, CONFIG.get("file_size"))
-_set_limit(resource.RLIMIT_CORE, 0)
-
-KERNEL_PID = os.getpid()
-MAIN_THREAD = threading.main_thread().ident
 KERNEL_FILE = os.path.abspath(__file__)
-
+# Set by _setup_protocol in the kernel process.
+KERNEL_PID = None
+MAIN_THREAD = None
 # Protocol channels, kept away from user code (non-inheritable, closed in forked children).
-PROTO_IN = os.dup(0)
-PROTO_OUT = os.dup(1)
-_devnull = os.open(os.devnull, os.O_RDONLY)
-os.dup2(_devnull, 0)
-os.close(_devnull)
+PROTO_IN = None
+PROTO_OUT = None
+_captures = []
 
 _write_lock = threading.Lock()
 
@@ -71,9 +72,6 @@ def _after_fork_in_child():
             os.close(fd)
         except OSError:
             pass
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def emit(msg):
@@ -138,15 +136,26 @@ class _Capture:
             return struct.unpack("i", bytes(buf))[0] == 0
 
 
-_captures = [_Capture(1, "stdout"), _Capture(2, "stderr")]
-sys.stdin = open(0, "r", closefd=False)
-# Line-buffered like a terminal: a print arrives as one chunk; a partial line is flushed when the
-# execution ends.
-sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), encoding="utf-8",
-                              errors="backslashreplace", line_buffering=True)
-sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), encoding="utf-8",
-                              errors="backslashreplace", line_buffering=True)
-sys.__stdout__, sys.__stderr__, sys.__stdin__ = sys.stdout, sys.stderr, sys.stdin
+def _setup_protocol():
+    """Moves the protocol off fds 0 and 1 and captures what user code writes to fds 1 and 2."""
+    global KERNEL_PID, MAIN_THREAD, PROTO_IN, PROTO_OUT, _captures
+    KERNEL_PID = os.getpid()
+    MAIN_THREAD = threading.main_thread().ident
+    PROTO_IN = os.dup(0)
+    PROTO_OUT = os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    _captures = [_Capture(1, "stdout"), _Capture(2, "stderr")]
+    sys.stdin = open(0, "r", closefd=False)
+    # Line-buffered like a terminal: a print arrives as one chunk; a partial line is flushed when
+    # the execution ends.
+    sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+    sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+    sys.__stdout__, sys.__stderr__, sys.__stdin__ = sys.stdout, sys.stderr, sys.stdin
 
 
 def _drain_output():
@@ -378,11 +387,14 @@ def _next_request():
             continue
 
 
-def main():
+def serve():
+    """Runs the kernel on fds 0 and 1 until its requests end."""
     global _current
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    _preload()
-    _drain_output()
+    _setup_protocol()
+    if CONFIG.get("preload"):
+        _preload()
+        _drain_output()
     threading.Thread(target=_reader, daemon=True).start()
     emit({"type": "ready"})
     while True:
@@ -407,5 +419,350 @@ def main():
                 continue
 
 
+def _direct(cfg):
+    """A kernel on its own: limits first, so that everything it imports or spawns is bound."""
+    CONFIG.update(cfg)
+    _set_limit(resource.RLIMIT_AS, CONFIG.get("memory"))
+    _set_limit(resource.RLIMIT_NPROC, CONFIG.get("processes"))
+    _set_limit(resource.RLIMIT_FSIZE, CONFIG.get("file_size"))
+    _set_limit(resource.RLIMIT_CORE, 0)
+    serve()
+
+
+# --- the fork server -----------------------------------------------------------------------------
+#
+# The zygote runs inside a bubblewrap sandbox of its own: its own mount namespace with the minimal
+# read-only view every sandbox gets, and its own pid, network, IPC and UTS namespaces. When the
+# proxy runs as root, the zygote is root of the host's user namespace holding only the
+# capabilities that building a sandbox takes (SYS_ADMIN, NET_ADMIN, SETUID, SETGID, SETPCAP);
+# otherwise it is root of a user namespace that maps the proxy's uid alone. Bubblewrap has
+# installed the zygote's seccomp filter (the kernels' one plus what forking a sandbox needs:
+# unshare, mount, sethostname), which refuses the rest of what those capabilities could do
+# (setns, bpf, modules, keyrings...). It never runs user code.
+#
+# It imports the preload once, then reads spawn requests from the proxy on fd 3 (a SOCK_SEQPACKET
+# socket; each request is JSON with four descriptors: the kernel's stdin, stdout and stderr pipes
+# and a setup socket). For each it forks:
+#   C  unshares mount, UTS, IPC, network and pid namespaces; mounts size-capped tmpfs on
+#      /mnt/data (owned by the sandbox's uid), /tmp and /dev/shm and a new devpts; sets the
+#      hostname; brings up lo; forks I and exits.
+#   I  pid 1 of the new pid namespace: mounts its /proc, sends the proxy a pidfd of itself over
+#      the setup socket, waits for "go" (the proxy has put it into the sandbox's cgroups), then
+#      unshares a cgroup namespace rooted there, forks K and drops every capability. It reaps
+#      orphans, and exits when K exits or the proxy closes the setup socket; as the namespace's
+#      init its exit kills every process of the sandbox, however it was forked.
+#   K  the kernel: becomes the sandbox's own host uid and, as that uid, creates a user namespace
+#      in which it is uid 1000 and which allows no further one (the kernel's per-user counts, such
+#      as inotify instances, are thus the sandbox's own all the way up to the host's namespace;
+#      the sandbox's other namespaces belong to the host's, so it has no capability over them);
+#      drops every capability, sets its rlimits, moves to /mnt/data, installs the kernels' seccomp
+#      filter, reseeds the random generators and serves its protocol.
+#
+# What every kernel shares with its siblings, and why that is safe:
+#   - Memory pages of the zygote (the interpreter, the imported modules, their caches), mapped
+#     copy-on-write: a write by one kernel copies the page into that kernel alone (and is charged
+#     to its cgroup), so no kernel can change what another sees.
+#   - The state of the imported modules as the zygote left it: the zygote has never run user code,
+#     has no tenant's data, and was started with an empty environment, so there is nothing secret
+#     in it.
+#   - The address-space layout (ASLR), the stack protector's canary and Python's hash seed (which
+#     cannot change once the interpreter runs): they would matter only to an attacker who could
+#     feed input to another tenant's kernel, which no tenant can (separate namespaces, uids and
+#     pipes). Random generators that user code reads (random, numpy.random) are reseeded from the
+#     kernel's entropy in every kernel; os.urandom and secrets read the kernel directly.
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWCGROUP = 0x02000000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
+_MS_REC, _MS_PRIVATE = 0x4000, 0x40000
+_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP = 4, 24, 38, 22
+_SECCOMP_MODE_FILTER = 2
+_libc = None
+
+
+def _sys(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+
+def _b(s):
+    return None if s is None else s.encode()
+
+
+def _unshare(flags):
+    _sys(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def _mount(source, target, fstype, flags, data=None):
+    _sys(_libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data)),
+         "mount " + target)
+
+
+def _prctl(option, arg):
+    _sys(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0),
+                     ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl %d" % option)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_cap_last = None
+
+
+def _drop_capabilities():
+    for cap in range(_cap_last + 1):
+        _prctl(_PR_CAPBSET_DROP, cap)
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    _sys(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+def _install_seccomp(program):
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    _sys(_libc.prctl(ctypes.c_int(_PR_SET_SECCOMP), ctypes.c_ulong(_SECCOMP_MODE_FILTER),
+                     ctypes.byref(prog), ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
+
+
+def _write(path, text):
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise OSError(exc.errno, "writing %s: %s" % (path, exc.strerror)) from None
+
+
+def _loopback_up():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        ifr = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, 0x8913, ifr))[1]  # SIOCGIFFLAGS
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 1))  # SIOCSIFFLAGS, IFF_UP
+    finally:
+        s.close()
+
+
+def _vm_size():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _warm_up():
+    """Runs once in the zygote what a kernel's first cells would otherwise pay for."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:
+        try:
+            fig = plt.figure()
+            fig.gca().plot([1, 2])
+            fig.savefig(io.BytesIO(), format="png", bbox_inches="tight")
+            plt.close("all")
+        except Exception:
+            pass
+    pd = sys.modules.get("pandas")
+    if pd is not None:
+        try:
+            pd.DataFrame({"a": [1]})._repr_html_()
+        except Exception:
+            pass
+    _result(1, True)
+
+
+def _report(sock, msg, fds=()):
+    socket.send_fds(sock, [json.dumps(msg).encode()], list(fds))
+
+
+def _failure(exc):
+    """What went wrong in the fork server's children, with the line it went wrong at."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = (" (at %s)" % tb[-1].line) if tb else ""
+    return {"type": "error", "message": "%s: %s%s" % (type(exc).__name__, exc, where)}
+
+
+def _zygote(cfg):
+    global _libc, _cap_last
+    CONFIG.update(cfg)
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _cap_last = int(open("/proc/sys/kernel/cap_last_cap").read())
+    with open(CONFIG["seccomp"], "rb") as f:
+        code_filter = f.read()
+    ctl = socket.socket(fileno=3)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    _preload()
+    _warm_up()
+    # Forked children (C) exit at once; nobody waits for them.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    _report(ctl, {"type": "ready", "threads": len(os.listdir("/proc/self/task"))})
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 8)
+        except InterruptedError:
+            continue
+        if not msg:
+            os._exit(0)  # the proxy is gone
+        try:
+            _spawn(json.loads(msg), fds, code_filter, ctl)
+        except Exception:
+            pass
+        for fd in fds:
+            os.close(fd)
+
+
+def _spawn(req, fds, code_filter, ctl):
+    if len(fds) != 4:
+        return
+    if len(os.listdir("/proc/self/task")) != 1:
+        # fork() copies only the calling thread: locks held by another would stay locked.
+        _report(socket.socket(fileno=os.dup(fds[3])), {"type": "error", "message": "the fork server has threads"})
+        return
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        _report(socket.socket(fileno=os.dup(fds[3])), {"type": "error", "message": "fork: %s" % exc})
+        return
+    if pid != 0:
+        return
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        ctl.close()
+        _child(req, fds, code_filter)
+    except BaseException as exc:
+        try:
+            _report(socket.socket(fileno=fds[3]), _failure(exc))
+        finally:
+            os._exit(1)
+    os._exit(0)
+
+
+def _child(req, fds, code_filter):
+    """C: the sandbox's namespaces and filesystems, then its init."""
+    uid = int(req["uid"])
+    _unshare(_CLONE_NEWNS | _CLONE_NEWUTS | _CLONE_NEWIPC | _CLONE_NEWNET | _CLONE_NEWPID)
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    tmpfs = _MS_NOSUID | _MS_NODEV
+    _mount("tmpfs", "/mnt/data", "tmpfs", tmpfs, "size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d" % (
+        req["data_size"], req["data_inodes"], uid, uid))
+    _mount("tmpfs", "/tmp", "tmpfs", tmpfs, "size=%d,nr_inodes=%d,mode=1777" % (
+        req["tmp_size"], req["tmp_inodes"]))
+    _mount("tmpfs", "/dev/shm", "tmpfs", tmpfs | _MS_NOEXEC, "size=%d,nr_inodes=%d,mode=1777" % (
+        req["shm_size"], req["tmp_inodes"]))
+    _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    _sys(_libc.sethostname(b"sandbox", 7), "sethostname")
+    _loopback_up()
+    if os.fork() == 0:
+        try:
+            _init(req, fds, code_filter)
+        except BaseException as exc:
+            try:
+                _report(socket.socket(fileno=fds[3]), _failure(exc))
+            finally:
+                os._exit(1)
+
+
+def _init(req, fds, code_filter):
+    """I: pid 1 of the sandbox."""
+    setup = socket.socket(fileno=fds[3])
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    pidfd = os.pidfd_open(os.getpid())
+    _report(setup, {"type": "started"}, [pidfd])
+    os.close(pidfd)
+    if setup.recv(16) != b"go":
+        os._exit(1)
+    _unshare(_CLONE_NEWCGROUP)
+    kernel = os.fork()
+    if kernel == 0:
+        setup.close()
+        _kernel(req, fds, code_filter)
+        os._exit(1)
+    for fd in fds[:3]:
+        os.close(fd)
+    _drop_capabilities()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    while True:
+        ready, _, _ = select.select([setup, wake_r], [], [])
+        if setup in ready and not setup.recv(16):
+            os._exit(0)  # the proxy is gone or deleted the sandbox
+        if wake_r in ready:
+            os.read(wake_r, 512)
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                os._exit(0)
+            if pid == 0:
+                break
+            if pid == kernel:
+                os._exit(0)
+
+
+def _kernel(req, fds, code_filter):
+    """K: the sandbox's identity, limits and filter, then the kernel itself."""
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python's own startup does
+    uid = int(req["uid"])
+    if uid:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    # A changed identity makes the process undumpable, and its /proc files root's: they must be
+    # its own to write its user namespace's maps.
+    _prctl(_PR_SET_DUMPABLE, 1)
+    outer_uid, outer_gid = os.geteuid(), os.getegid()
+    _unshare(_CLONE_NEWUSER)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", "1000 %d 1\n" % outer_uid)
+    _write("/proc/self/gid_map", "1000 %d 1\n" % outer_gid)
+    _write("/proc/sys/user/max_user_namespaces", "0")
+    _drop_capabilities()
+    vm = _vm_size()
+    memory = int(req.get("memory") or 0)
+    if memory:
+        # Address space: what the zygote mapped plus the limit, so that one huge allocation is a
+        # MemoryError; the aggregate over all processes is the cgroup's business (see local.go).
+        _set_limit(resource.RLIMIT_AS, vm + memory)
+    _set_limit(resource.RLIMIT_NPROC, req.get("processes"))
+    _set_limit(resource.RLIMIT_FSIZE, req.get("file_size"))
+    _set_limit(resource.RLIMIT_NOFILE, req.get("open_files"))
+    _set_limit(resource.RLIMIT_CORE, 0)
+    os.chdir("/mnt/data")
+    for i, fd in enumerate(fds[:3]):
+        os.dup2(fd, i)
+    os.closerange(3, 1 << 16)
+    if req.get("seccomp", True):
+        _install_seccomp(code_filter)
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+    CONFIG.pop("preload", None)
+    serve()
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--zygote":
+        _zygote(json.loads(sys.argv[2]))
+    else:
+        _direct(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})

@@ -1,27 +1,30 @@
-// Package local runs code in sandboxes on the proxy's own host: bubblewrap with every namespace
-// unshared (so no network), and inside it a persistent Python kernel (kernel.py, embedded) that
-// speaks the NDJSON stream of e2b's code-interpreter server, so sandbox.DecodeExecution reads both.
+// Package local runs code in sandboxes on the proxy's own host: a persistent Python kernel
+// (kernel.py, embedded) that speaks the NDJSON stream of e2b's code-interpreter server, so
+// sandbox.DecodeExecution reads both, forked by a fork server (zygote.go) into namespaces of its
+// own.
 //
-// Isolation: the sandbox sees a read-only /usr (with the /bin, /lib... symlinks), a few files of
-// /etc that Python, numpy and matplotlib need plus synthetic passwd/group/hosts, a private /proc
-// and /dev, size-capped tmpfs at /tmp and /dev/shm, and its own host directory read-write at
-// /mnt/data (cwd and HOME). Everything else of the host is absent, / and /dev are remounted
-// read-only, the environment is built from nothing, the code runs as uid 1000 without
-// capabilities and cannot create further user namespaces. When the proxy runs as root,
-// bubblewrap itself is started as uid 65534, so the host side of the sandbox is never root.
+// Every sandbox has its own mount, pid, network (only lo: no network), IPC, UTS, cgroup and user
+// namespaces; it sees a read-only root with the parts of /usr the interpreter needs (usrPaths),
+// a few files of /etc plus synthetic passwd/group/hosts, its own /proc and /dev, and size-capped
+// tmpfs of its own at /mnt/data (cwd and HOME), /tmp and /dev/shm. The environment is built from
+// nothing. The code runs as uid 1000 of its user namespace, which is a host uid of its own when
+// the proxy runs as root (uids.go), with no capability, no further user namespace and a seccomp
+// filter (seccomp.go). No host path of the proxy appears in its mountinfo.
 //
-// Limits are rlimits that the kernel sets on itself before it imports anything, so they bind
-// everything it later spawns:
-//   - memory: RLIMIT_AS (address space) = the memory limit. Per process, so crude: BLAS and
-//     OpenMP are kept to one thread so their arenas do not eat the budget, and N processes may
-//     use N times the limit. cgroups would be exact but are not reliably writable (this Debian
-//     host has cgroup v1 with v2 unified but no controllers; containers in CI vary).
-//   - processes: RLIMIT_NPROC. The kernel counts it per user namespace and uid, so per sandbox;
-//     it is not enforced at all for host root, which is why bubblewrap runs as 65534 under root.
-//   - file size: RLIMIT_FSIZE (EFBIG in Python, SIGXFSZ for other programs).
-//   - working directory: measured every second while code runs and after each execution; a
-//     sandbox over MaxDiskSize is stopped (RLIMIT_FSIZE bounds how far one write can overshoot).
-//     /tmp is a tmpfs capped at the memory limit, /dev/shm at 64 MiB.
+// Limits (docs/sandbox-local.md says exactly what each mode guarantees):
+//   - memory: with cgroups (cgroup.go), one bound for everything the sandbox holds: the memory
+//     of all its processes, its tmpfs files (/mnt/data, /tmp, /dev/shm) and kernel memory such
+//     as socket buffers, which forking cannot multiply. Every process also has RLIMIT_AS at what
+//     the zygote mapped plus the limit, so one huge allocation is a MemoryError rather than the
+//     end of the sandbox. Without cgroups (mode rlimit) RLIMIT_AS is the only memory bound, per
+//     process, and Provider.Isolation and the start-up log say so.
+//   - processes: pids.max where cgroups allow, and RLIMIT_NPROC (counted per user namespace and
+//     uid, so per sandbox; its processes are never root, whom the kernel exempts).
+//   - CPU: cpu.max (or cfs quota) per sandbox; between executions the whole sandbox is frozen
+//     (cgroup freezer, or SIGSTOP to every process of it without cgroups), so nothing left behind
+//     by a cell burns CPU until the next one.
+//   - files: RLIMIT_FSIZE per file; /mnt/data is a tmpfs of MaxDiskSize, so the disk limit holds
+//     by construction (ENOSPC), with no walk; a low RLIMIT_NOFILE.
 //   - time: an execution that outlives its timeout gets a KeyboardInterrupt (the kernel and its
 //     state survive); if it has not stopped within a grace period the sandbox is killed.
 //
@@ -41,6 +44,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -68,6 +72,8 @@ const (
 	DefaultMaxProcesses = 64
 	DefaultPoolSize     = 2
 	DefaultExecTimeout  = 120 * time.Second
+	DefaultCPULimit     = 1.0
+	DefaultMaxOpenFiles = 256
 )
 
 // Options configure a Provider. DecodeSettings makes them from a sandbox tool's litellm_params.
@@ -75,13 +81,13 @@ type Options struct {
 	// Python is the interpreter run inside the sandbox. Outside /usr its prefix is bound read-only
 	// too, so it must be readable by an unprivileged user.
 	Python string
-	// WorkDir is the parent of the per-sandbox directories (default os.TempDir()/ciproxy-sandboxes).
-	// When the proxy runs as root, bubblewrap runs as uid 65534 and must be able to traverse it.
+	// WorkDir holds each provider's lock and private directory (default
+	// os.TempDir()/ciproxy-sandboxes); a new provider sweeps what dead ones left there.
 	WorkDir string
-	// MemoryLimit is a sandbox's address-space limit when a request asks for none; MaxMemory caps
-	// what a request may ask for (larger asks are lowered to it).
+	// MemoryLimit is a sandbox's memory when a request asks for none; MaxMemory caps what a
+	// request may ask for (larger asks are lowered to it).
 	MemoryLimit, MaxMemory int64
-	// MaxFileSize bounds any one file a sandbox writes; MaxDiskSize its working directory.
+	// MaxFileSize bounds any one file a sandbox writes; MaxDiskSize is the size of its /mnt/data.
 	MaxFileSize, MaxDiskSize int64
 	// MaxProcesses bounds the processes and threads of one sandbox.
 	MaxProcesses int
@@ -90,6 +96,13 @@ type Options struct {
 	PoolSize int
 	// ExecTimeout bounds an execution when RunOptions.Timeout is zero.
 	ExecTimeout time.Duration
+	// CPULimit is the CPU time a sandbox may use, in CPUs (cgroup cpu controller; 1 = one core).
+	CPULimit float64
+	// MaxOpenFiles is every sandboxed process's RLIMIT_NOFILE.
+	MaxOpenFiles int
+	// UIDBase and UIDCount are the range of host uids that sandboxes run as when the proxy runs as
+	// root, one uid each (see uids.go); no other user or service on the host may use it.
+	UIDBase, UIDCount uint32
 	// Tool is the sandbox_tool_name put in handles.
 	Tool string
 	// Logger; nil means no logging.
@@ -143,6 +156,18 @@ func (o Options) withDefaults() Options {
 	if o.ExecTimeout <= 0 {
 		o.ExecTimeout = def.ExecTimeout
 	}
+	if o.CPULimit <= 0 {
+		o.CPULimit = DefaultCPULimit
+	}
+	if o.MaxOpenFiles <= 0 {
+		o.MaxOpenFiles = DefaultMaxOpenFiles
+	}
+	if o.UIDBase == 0 {
+		o.UIDBase = DefaultUIDBase
+	}
+	if o.UIDCount < uidBlock {
+		o.UIDCount = DefaultUIDCount
+	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -152,20 +177,28 @@ func (o Options) withDefaults() Options {
 // Provider starts and runs local sandboxes. It is safe for concurrent use.
 type Provider struct {
 	opts  Options
+	knobs knobs
 	bwrap string
-	base  string // private directory: kernel.py, synthetic /etc, one directory per sandbox
-	cred  *syscall.Credential
+	id    string   // p-...: names the private directory, the lock and the cgroups
+	base  string   // private directory
+	lock  *os.File // flock held for the provider's life (see sweep.go)
 	log   *zap.Logger
 
-	// grace is how long an interrupted execution may take to stop before the sandbox is killed;
-	// diskEvery is how often the working directory is measured while code runs.
-	grace     time.Duration
-	diskEvery time.Duration
+	uids         *uidLease
+	cg           *cgroupHost // nil: no cgroup
+	codeFilter   []byte      // installed by every kernel on itself
+	zygoteFilter []byte      // installed by bubblewrap on the fork server
+
+	// grace is how long an interrupted execution may take to stop before the sandbox is killed.
+	grace time.Duration
 
 	ctx    context.Context // ends at Close; bounds pool starts
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	refill chan struct{}
+
+	zmu sync.Mutex
+	zyg *zygote
 
 	mu     sync.Mutex
 	closed bool
@@ -173,11 +206,19 @@ type Provider struct {
 	pool   []*box          // started, waiting for Create
 }
 
+// knobs are switches for tests and benchmarks only.
+type knobs struct {
+	noSeccomp bool // kernels and the zygote run without their filters
+	noCgroups bool // as on a host without writable cgroups
+}
+
 var _ sandbox.Provider = (*Provider)(nil)
 
 // New prepares a Provider and starts filling its warm pool in the background. It fails when
 // bubblewrap is not installed; Check tells whether it can actually start a sandbox.
-func New(opts Options) (*Provider, error) {
+func New(opts Options) (*Provider, error) { return newProvider(opts, knobs{}) }
+
+func newProvider(opts Options, k knobs) (*Provider, error) {
 	opts = opts.withDefaults()
 	bwrap, err := exec.LookPath("bwrap")
 	if err != nil {
@@ -186,26 +227,70 @@ func New(opts Options) (*Provider, error) {
 	if err := privateDir(opts.WorkDir); err != nil {
 		return nil, fmt.Errorf("local sandbox: work dir: %w", err)
 	}
-	base, err := os.MkdirTemp(opts.WorkDir, "p-")
+	codeFilter, err := buildFilter(seccompRules(false))
+	if err != nil {
+		return nil, fmt.Errorf("local sandbox: %w", err)
+	}
+	zygoteFilter, err := buildFilter(seccompRules(true))
+	if err != nil {
+		return nil, fmt.Errorf("local sandbox: %w", err)
+	}
+	id := "p-" + newID()[:16]
+	lock, err := ownerLock(opts.WorkDir, id)
 	if err != nil {
 		return nil, fmt.Errorf("local sandbox: work dir: %w", err)
 	}
-	if err := prepareBase(base); err != nil {
-		os.RemoveAll(base)
-		return nil, fmt.Errorf("local sandbox: %w", err)
+	base := filepath.Join(opts.WorkDir, id)
+	if err := os.Mkdir(base, 0o700); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("local sandbox: work dir: %w", err)
+	}
+	var cg *cgroupHost
+	if !k.noCgroups {
+		cg = newCgroupHost(cgroupName(id))
+	}
+	swept := sweep(opts.WorkDir, cgroupParents(cg), time.Now())
+	uids := sharedUID()
+	if os.Geteuid() == 0 {
+		if uids, err = leaseUIDs(uidLockDir, opts.UIDBase, opts.UIDCount); err != nil {
+			cg.close()
+			os.RemoveAll(base)
+			lock.Close()
+			return nil, fmt.Errorf("local sandbox: %w", err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Provider{
-		opts: opts, bwrap: bwrap, base: base, cred: credential(), log: opts.Logger,
-		grace: 3 * time.Second, diskEvery: time.Second,
-		ctx: ctx, cancel: cancel, refill: make(chan struct{}, 1),
+		opts: opts, knobs: k, bwrap: bwrap, id: id, base: base, lock: lock, log: opts.Logger,
+		uids: uids, cg: cg, codeFilter: codeFilter, zygoteFilter: zygoteFilter,
+		grace: 3 * time.Second,
+		ctx:   ctx, cancel: cancel, refill: make(chan struct{}, 1),
 		live: map[string]*box{},
+	}
+	if swept.dirs+swept.cgroups > 0 {
+		p.log.Info("local sandbox: swept what earlier processes left in the work dir",
+			zap.Int("directories", swept.dirs), zap.Int("cgroups", swept.cgroups))
+	}
+	iso := p.Isolation()
+	if iso.Mode == string(modeRlimit) || len(iso.Warnings) > 0 {
+		p.log.Warn("local sandbox: WEAKER ISOLATION ON THIS HOST: "+strings.Join(iso.Warnings, "; "), zap.String("mode", iso.Mode))
+	} else {
+		p.log.Info("local sandbox isolation", zap.String("mode", iso.Mode), zap.String("cgroups", iso.Cgroups), zap.String("uids", iso.UIDs))
 	}
 	if opts.PoolSize > 0 {
 		p.wg.Add(1)
 		go p.fillPool()
 	}
 	return p, nil
+}
+
+// cgroupParents are the directories in which providers create their parent cgroups.
+func cgroupParents(h *cgroupHost) []string {
+	var out []string
+	for _, d := range h.dirs() {
+		out = append(out, filepath.Dir(d))
+	}
+	return out
 }
 
 // Create returns a started sandbox: a warm one from the pool when the request asks for the
@@ -231,32 +316,8 @@ func (p *Provider) Create(ctx context.Context, opts sandbox.CreateOptions) (sand
 		return sandbox.Handle{}, fmt.Errorf("%w: %w", sandbox.ErrUnavailable, errClosed)
 	}
 	p.live[b.id] = b
-	p.wg.Add(1)
 	p.mu.Unlock()
-	go func() {
-		defer p.wg.Done()
-		p.watchDisk(b)
-		p.forget(b)
-	}()
 	return sandbox.Handle{Backend: Backend, Tool: p.opts.Tool, ID: b.id}, nil
-}
-
-// watchDisk measures the working directory of a handed-out sandbox for its whole life, not only
-// while code runs (a background process keeps writing between executions), and stops the sandbox
-// when it goes over MaxDiskSize. It returns when the sandbox is gone.
-func (p *Provider) watchDisk(b *box) {
-	t := time.NewTicker(p.diskEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-b.done:
-			return
-		case <-t.C:
-			if over, size := p.diskOver(b); over {
-				b.kill(fmt.Sprintf("the working directory grew to %d bytes, over the %d-byte limit; the sandbox was stopped", size, p.opts.MaxDiskSize))
-			}
-		}
-	}
 }
 
 // takeWarm takes a live kernel from the pool, or returns nil, and asks for a refill.
@@ -356,18 +417,17 @@ func (p *Provider) lookup(h sandbox.Handle) (*box, error) {
 	return b, nil
 }
 
-// forget drops a sandbox that has stopped from the live set and removes its directory.
+// forget drops a sandbox that has stopped from the live set.
 func (p *Provider) forget(b *box) {
 	p.mu.Lock()
 	if p.live[b.id] == b {
 		delete(p.live, b.id)
 	}
 	p.mu.Unlock()
-	os.RemoveAll(b.dir)
 }
 
-// Delete kills the sandbox's processes and removes its working directory. Deleting a sandbox
-// that is already gone returns nil.
+// Delete kills the sandbox's processes, which frees its files (tmpfs), uid and cgroup. Deleting a
+// sandbox that is already gone returns nil.
 func (p *Provider) Delete(ctx context.Context, h sandbox.Handle) error {
 	if h.Backend != Backend || !validID(h.ID) {
 		return nil
@@ -383,9 +443,6 @@ func (p *Provider) Delete(ctx context.Context, h sandbox.Handle) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	}
-	if err := os.RemoveAll(filepath.Join(p.base, h.ID)); err != nil {
-		return fmt.Errorf("local sandbox: removing working directory: %w", err)
 	}
 	return nil
 }
@@ -409,8 +466,8 @@ func (p *Provider) Live() int {
 	return n
 }
 
-// Close kills every sandbox, the warm pool included, and removes their directories. Later calls
-// to Create fail with sandbox.ErrUnavailable.
+// Close kills every sandbox, the warm pool included, and the fork server, and removes the
+// provider's directory, cgroups and lock. Later calls to Create fail with sandbox.ErrUnavailable.
 func (p *Provider) Close(ctx context.Context) error {
 	p.mu.Lock()
 	p.closed = true
@@ -439,7 +496,17 @@ func (p *Provider) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if err := os.RemoveAll(p.base); err != nil {
+	p.zmu.Lock()
+	if p.zyg != nil {
+		p.zyg.stop()
+	}
+	p.zmu.Unlock()
+	p.cg.close()
+	p.uids.release()
+	err := os.RemoveAll(p.base)
+	os.Remove(p.lock.Name())
+	p.lock.Close()
+	if err != nil {
 		return fmt.Errorf("local sandbox: removing work dir: %w", err)
 	}
 	return nil
@@ -464,11 +531,10 @@ func (p *Provider) track(f func()) bool {
 // errClosed is returned by operations on a closed provider.
 var errClosed = errors.New("local sandbox provider is closed")
 
-// destroy kills a sandbox and removes its directory, waiting for it to stop.
+// destroy kills a sandbox and waits for it to be gone.
 func (p *Provider) destroy(b *box) {
 	b.kill("discarded")
 	<-b.done
-	os.RemoveAll(b.dir)
 }
 
 func newID() string {

@@ -42,6 +42,9 @@ func sharedProvider(t testing.TB) *Provider {
 
 func TestMain(m *testing.M) {
 	ctx := context.Background()
+	if dir := os.Getenv(sweepHelperEnv); dir != "" {
+		sweepHelper(dir) // never returns
+	}
 	if err := Check(ctx, Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, "local sandbox tests need a working bubblewrap:", err)
 		os.Exit(1)
@@ -62,7 +65,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func newProvider(t testing.TB, opts Options) *Provider {
+func newTestProvider(t testing.TB, opts Options) *Provider {
 	t.Helper()
 	p, err := New(opts)
 	if err != nil {
@@ -253,12 +256,9 @@ func TestHandle(t *testing.T) {
 	if err := shared.KeepAlive(context.Background(), h, time.Minute); err != nil {
 		t.Errorf("KeepAlive: %v", err)
 	}
-	var tree []int
-	for _, pid := range processesWith(filepath.Join(shared.base, h.ID)) {
-		tree = append(tree, descendants(pid)...)
-	}
-	if len(tree) < 3 {
-		t.Fatalf("sandbox process tree %v; want bubblewrap, init and python", tree)
+	tree := descendants(sandboxPID(t, shared, h))
+	if len(tree) < 2 {
+		t.Fatalf("sandbox process tree %v; want init and python", tree)
 	}
 	if err := shared.Delete(context.Background(), h); err != nil {
 		t.Fatalf("Delete: %v", err)
@@ -296,7 +296,7 @@ func TestHandle(t *testing.T) {
 }
 
 func TestTimeout(t *testing.T) {
-	p := newProvider(t, Options{PoolSize: -1})
+	p := newTestProvider(t, Options{PoolSize: -1})
 	p.grace = 500 * time.Millisecond
 	h := create(t, p, sandbox.CreateOptions{})
 	run(t, p, h, "kept = 'yes'")
@@ -532,7 +532,7 @@ print(os.path.exists("/mnt/data/a.txt"), any(b"sleep" in open(f"/proc/{p}/cmdlin
 
 func TestLimits(t *testing.T) {
 	shared := sharedProvider(t)
-	p := newProvider(t, Options{
+	p := newTestProvider(t, Options{
 		PoolSize: 2, MaxProcesses: 32, MemoryLimit: 768 << 20, MaxFileSize: 4 << 20, MaxDiskSize: 10 << 20,
 	})
 	p.grace = time.Second
@@ -591,14 +591,14 @@ children`)
 			t.Errorf("error %+v; want File too large", res.Error)
 		}
 	})
-	t.Run("working directory size stops the sandbox", func(t *testing.T) {
+	t.Run("data directory is a full disk at its size", func(t *testing.T) {
 		h := create(t, p, sandbox.CreateOptions{})
-		_, err := p.Run(context.Background(), h, "for i in range(4):\n    open(f'/mnt/data/f{i}', 'wb').write(b'x' * (3 << 20))", sandbox.RunOptions{})
-		if !errors.Is(err, sandbox.ErrIncomplete) || !strings.Contains(err.Error(), "working directory") {
-			t.Errorf("err = %v; want ErrIncomplete about the working directory", err)
+		res := run(t, p, h, "for i in range(4):\n    open(f'/mnt/data/f{i}', 'wb').write(b'x' * (3 << 20))")
+		if res.Error == nil || !strings.Contains(res.Error.Value, "No space left on device") {
+			t.Errorf("error %+v; want No space left on device", res.Error)
 		}
-		if _, err := p.Run(context.Background(), h, "1", sandbox.RunOptions{}); !errors.Is(err, sandbox.ErrNotFound) {
-			t.Errorf("Run after the stop: %v; want ErrNotFound", err)
+		if got := mainText(run(t, p, h, "import os\nos.remove('/mnt/data/f0')\n1 + 1")); got != "2" {
+			t.Errorf("after the full disk: %q", got)
 		}
 	})
 	t.Run("tmp is bounded", func(t *testing.T) {
@@ -694,12 +694,11 @@ func TestPoolAndClose(t *testing.T) {
 		t.Errorf("Live() = %d; want 1", n)
 	}
 	base := p.base
-	var tree []int
-	for _, pid := range processesWith(base) {
-		tree = append(tree, descendants(pid)...)
-	}
-	if len(tree) < 4 { // per sandbox: bubblewrap, its init, the kernel
-		t.Errorf("sandbox process tree %v; want bubblewrap, init and python for two sandboxes", tree)
+	p.zmu.Lock()
+	tree := descendants(p.zyg.cmd.Process.Pid)
+	p.zmu.Unlock()
+	if len(tree) < 7 { // bubblewrap, its init, the zygote; per sandbox its init and kernel
+		t.Errorf("process tree %v; want bubblewrap, its init, the zygote, and init and python for two sandboxes", tree)
 	}
 	if err := p.Close(context.Background()); err != nil {
 		t.Fatal(err)
@@ -707,12 +706,8 @@ func TestPoolAndClose(t *testing.T) {
 	if n := p.Live(); n != 0 {
 		t.Errorf("Live() after Close = %d; want 0", n)
 	}
-	// No process of this provider may survive: every one has base in its command line (bubblewrap)
-	// or is inside a PID namespace whose init had it.
+	// No process of this provider may survive.
 	waitFor("no sandbox processes", func() bool {
-		if len(processesWith(base)) > 0 {
-			return false
-		}
 		for _, pid := range tree {
 			if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); err == nil {
 				return false
@@ -728,21 +723,14 @@ func TestPoolAndClose(t *testing.T) {
 	}
 }
 
-// processesWith lists the host pids whose command line contains s.
-func processesWith(s string) []int {
-	var pids []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(b, []byte(s)) {
-			pids = append(pids, pid)
-		}
+// sandboxPID is the host pid of the init of h's sandbox.
+func sandboxPID(t testing.TB, p *Provider, h sandbox.Handle) int {
+	t.Helper()
+	b, err := p.lookup(h)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return pids
+	return b.pid
 }
 
 func TestCheckWithoutBubblewrap(t *testing.T) {

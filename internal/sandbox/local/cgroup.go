@@ -1,0 +1,479 @@
+package local
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Cgroups of local sandboxes. Each sandbox gets a cgroup of its own under a parent that the
+// provider creates below the proxy's own cgroup (so whatever bounds the proxy bounds its
+// sandboxes too), in every hierarchy the host lets this process write:
+//
+//   - cgroup v2 with the memory and pids controllers delegated (a writable subtree: a container
+//     with its own cgroup namespace, a systemd unit with Delegate=yes): memory.max (it counts
+//     anonymous memory, tmpfs and kernel memory such as socket buffers), memory.swap.max=0,
+//     memory.oom.group=1, pids.max and cpu.max.
+//   - cgroup v1 memory and pids controllers, where the process may write them (as root):
+//     memory.limit_in_bytes (it counts the same: anonymous, page cache and tmpfs, kernel memory),
+//     memory.memsw.limit_in_bytes equal to it (no swap), pids.max, and cpu.cfs_quota_us when the
+//     cpu controller is there.
+//   - for freezing and killing, the v2 core files (cgroup.freeze, cgroup.kill: no controller
+//     needed, so a v2 hierarchy mounted beside v1 ones serves) or else the v1 freezer.
+//
+// A controller that is missing is simply not used: cgroupHost.describe says what is.
+
+// cgroupSettings are the limits of one sandbox's cgroup.
+type cgroupSettings struct {
+	memory    int64   // bytes, 0 for none
+	processes int     // pids.max, 0 for none
+	cpus      float64 // CPUs of time per period, 0 for none
+}
+
+// cgroupHost is where this provider's sandbox cgroups go, hierarchy by hierarchy.
+type cgroupHost struct {
+	// v2 is the provider's parent directory in the unified hierarchy, "" when there is none;
+	// v2Controllers are the controllers its children get (of memory, pids, cpu).
+	v2            string
+	v2Controllers []string
+	// v1 maps a v1 controller (memory, pids, cpu, freezer) to the provider's parent directory.
+	v1 map[string]string
+}
+
+// cgroupMode names what limits memory and processes, for logs and checks.
+type cgroupMode string
+
+const (
+	modeCgroup2 cgroupMode = "cgroup2"
+	modeCgroup1 cgroupMode = "cgroup1"
+	modeRlimit  cgroupMode = "rlimit"
+)
+
+func (h *cgroupHost) mode() cgroupMode {
+	switch {
+	case h == nil:
+		return modeRlimit
+	case slices.Contains(h.v2Controllers, "memory") && slices.Contains(h.v2Controllers, "pids"):
+		return modeCgroup2
+	case h.v1["memory"] != "" && h.v1["pids"] != "":
+		return modeCgroup1
+	}
+	return modeRlimit
+}
+
+// canFreeze tells whether a sandbox's processes can be frozen through its cgroup.
+func (h *cgroupHost) canFreeze() bool {
+	return h != nil && (h.v2 != "" || h.v1["freezer"] != "")
+}
+
+// describe says in a sentence what the cgroups give.
+func (h *cgroupHost) describe() string {
+	if h == nil {
+		return "no cgroup is writable"
+	}
+	var parts []string
+	if h.v2 != "" {
+		what := "cgroup v2 (kill, freeze"
+		for _, c := range h.v2Controllers {
+			what += ", " + c
+		}
+		parts = append(parts, what+")")
+	}
+	var v1 []string
+	for _, c := range []string{"memory", "pids", "cpu", "freezer"} {
+		if h.v1[c] != "" {
+			v1 = append(v1, c)
+		}
+	}
+	if len(v1) > 0 {
+		parts = append(parts, "cgroup v1 ("+strings.Join(v1, ", ")+")")
+	}
+	return strings.Join(parts, " and ")
+}
+
+// cgroupMount is one mounted cgroup hierarchy of this process.
+type cgroupMount struct {
+	dir         string   // where this process's own cgroup is, in the mounted filesystem
+	controllers []string // v1: the controllers the hierarchy has; v2: nil
+}
+
+// ownCgroups finds this process's own cgroup in every mounted hierarchy, from /proc/self/cgroup
+// and /proc/self/mountinfo. v2 is the unified hierarchy ("" if none).
+func ownCgroups() (v2 string, v1 []cgroupMount, err error) {
+	paths := map[string]string{} // controllers field of /proc/self/cgroup → path
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", nil, err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 {
+			paths[parts[1]] = parts[2]
+		}
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint options [optional...] - fstype source superoptions
+		fields := strings.Fields(sc.Text())
+		sep := slices.Index(fields, "-")
+		if sep < 5 || sep+3 >= len(fields) {
+			continue
+		}
+		root, mountpoint, fstype, super := unescapeMount(fields[3]), unescapeMount(fields[4]), fields[sep+1], fields[sep+3]
+		switch fstype {
+		case "cgroup2":
+			if p, ok := paths[""]; ok && v2 == "" {
+				if dir, ok := below(mountpoint, root, p); ok {
+					v2 = dir
+				}
+			}
+		case "cgroup":
+			var ctrls []string
+			for _, o := range strings.Split(super, ",") {
+				if slices.Contains([]string{"memory", "pids", "cpu", "freezer"}, o) {
+					ctrls = append(ctrls, o)
+				}
+			}
+			if len(ctrls) == 0 {
+				continue
+			}
+			for key, p := range paths {
+				if slices.Contains(strings.Split(key, ","), ctrls[0]) {
+					if dir, ok := below(mountpoint, root, p); ok {
+						v1 = append(v1, cgroupMount{dir: dir, controllers: ctrls})
+					}
+				}
+			}
+		}
+	}
+	return v2, v1, sc.Err()
+}
+
+// below maps a cgroup path to its directory under a mount of the hierarchy whose root is root.
+func below(mountpoint, root, path string) (string, bool) {
+	rel, err := filepath.Rel(root, path)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", false
+	}
+	return filepath.Join(mountpoint, rel), true
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space...).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// newCgroupHost creates the provider's parent cgroup, named name, in every hierarchy it can
+// write, and returns nil when there is none. Failures are not errors: a hierarchy that cannot be
+// written is left out.
+func newCgroupHost(name string) *cgroupHost {
+	v2, v1, err := ownCgroups()
+	if err != nil {
+		return nil
+	}
+	h := &cgroupHost{v1: map[string]string{}}
+	if v2 != "" {
+		h.v2, h.v2Controllers = delegatedV2(v2, name)
+	}
+	for _, m := range v1 {
+		dir := filepath.Join(m.dir, name)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		for _, c := range m.controllers {
+			if h.v1[c] == "" && !(c == "freezer" && h.v2 != "") {
+				h.v1[c] = dir
+			}
+		}
+	}
+	if h.v2 == "" && len(h.v1) == 0 {
+		return nil
+	}
+	return h
+}
+
+// delegatedV2 creates the provider's parent in the unified hierarchy below own and enables for its
+// children what controllers it can. The v2 rule that a cgroup with processes cannot hand
+// controllers to children means the proxy itself must first leave its own cgroup for a leaf
+// beside the sandboxes' parents (what a service with Delegate=yes is expected to do).
+func delegatedV2(own, name string) (string, []string) {
+	dir := filepath.Join(own, name)
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err != nil {
+		// Before Linux 5.14 there is no cgroup.kill: not worth a hierarchy of its own.
+		os.Remove(dir)
+		return "", nil
+	}
+	var want []string
+	for _, c := range strings.Fields(readString(filepath.Join(own, "cgroup.controllers"))) {
+		if c == "memory" || c == "pids" || c == "cpu" {
+			want = append(want, c)
+		}
+	}
+	if len(want) == 0 {
+		return dir, nil
+	}
+	enable := func(d string) error {
+		var b strings.Builder
+		for _, c := range want {
+			b.WriteString("+" + c + " ")
+		}
+		return os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte(b.String()), 0)
+	}
+	if err := enable(own); err != nil {
+		// EBUSY: own has processes (this one). Move the whole proxy into a leaf and try again.
+		leaf := filepath.Join(own, "ciproxy-proxy")
+		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return dir, nil
+		}
+		if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte("0"), 0); err != nil {
+			return dir, nil
+		}
+		if err := enable(own); err != nil {
+			return dir, nil
+		}
+	}
+	if err := enable(dir); err != nil {
+		return dir, nil
+	}
+	return dir, strings.Fields(readString(filepath.Join(dir, "cgroup.subtree_control")))
+}
+
+func readString(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// close removes the provider's parent cgroups (they must be empty by then).
+func (h *cgroupHost) close() {
+	if h == nil {
+		return
+	}
+	for _, d := range h.dirs() {
+		removeCgroup(d)
+	}
+}
+
+func (h *cgroupHost) dirs() []string {
+	if h == nil {
+		return nil
+	}
+	var out []string
+	if h.v2 != "" {
+		out = append(out, h.v2)
+	}
+	for _, d := range h.v1 {
+		if !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// sandboxCgroup is one sandbox's cgroup in every hierarchy of its host.
+type sandboxCgroup struct {
+	host *cgroupHost
+	name string
+	made []string // directories created, to remove
+}
+
+// create makes the sandbox's cgroups and writes its limits.
+func (h *cgroupHost) create(name string, s cgroupSettings) (*sandboxCgroup, error) {
+	cg := &sandboxCgroup{host: h, name: name}
+	for _, parent := range h.dirs() {
+		dir := filepath.Join(parent, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			cg.remove()
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+		cg.made = append(cg.made, dir)
+	}
+	var writes [][2]string
+	if h.v2 != "" {
+		dir := filepath.Join(h.v2, name)
+		for _, c := range h.v2Controllers {
+			switch c {
+			case "memory":
+				if s.memory > 0 {
+					writes = append(writes,
+						[2]string{filepath.Join(dir, "memory.max"), strconv.FormatInt(s.memory, 10)},
+						[2]string{filepath.Join(dir, "memory.swap.max"), "0"},
+						[2]string{filepath.Join(dir, "memory.oom.group"), "1"})
+				}
+			case "pids":
+				if s.processes > 0 {
+					writes = append(writes, [2]string{filepath.Join(dir, "pids.max"), strconv.Itoa(s.processes)})
+				}
+			case "cpu":
+				if s.cpus > 0 {
+					writes = append(writes, [2]string{filepath.Join(dir, "cpu.max"), fmt.Sprintf("%d %d", cpuQuota(s.cpus), cpuPeriod)})
+				}
+			}
+		}
+	}
+	if d := h.v1["memory"]; d != "" && s.memory > 0 {
+		dir := filepath.Join(d, name)
+		writes = append(writes, [2]string{filepath.Join(dir, "memory.limit_in_bytes"), strconv.FormatInt(s.memory, 10)})
+		if _, err := os.Stat(filepath.Join(dir, "memory.memsw.limit_in_bytes")); err == nil {
+			writes = append(writes, [2]string{filepath.Join(dir, "memory.memsw.limit_in_bytes"), strconv.FormatInt(s.memory, 10)})
+		}
+	}
+	if d := h.v1["pids"]; d != "" && s.processes > 0 {
+		writes = append(writes, [2]string{filepath.Join(d, name, "pids.max"), strconv.Itoa(s.processes)})
+	}
+	if d := h.v1["cpu"]; d != "" && s.cpus > 0 {
+		writes = append(writes,
+			[2]string{filepath.Join(d, name, "cpu.cfs_period_us"), strconv.Itoa(cpuPeriod)},
+			[2]string{filepath.Join(d, name, "cpu.cfs_quota_us"), strconv.Itoa(cpuQuota(s.cpus))})
+	}
+	for _, w := range writes {
+		if err := os.WriteFile(w[0], []byte(w[1]), 0); err != nil {
+			cg.remove()
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+	}
+	return cg, nil
+}
+
+const cpuPeriod = 100000 // µs
+
+func cpuQuota(cpus float64) int { return max(1000, int(cpus*cpuPeriod)) }
+
+// place moves process pid (in this process's pid namespace) into the sandbox's cgroups; its
+// children are born there.
+func (cg *sandboxCgroup) place(pid int) error {
+	for _, dir := range cg.made {
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("cgroup: placing the sandbox: %w", err)
+		}
+	}
+	return nil
+}
+
+// freeze stops (true) or resumes (false) every process of the sandbox. It does not wait for the
+// freezing to complete.
+func (cg *sandboxCgroup) freeze(on bool) error {
+	if cg.host.v2 != "" {
+		v := "0"
+		if on {
+			v = "1"
+		}
+		return os.WriteFile(filepath.Join(cg.host.v2, cg.name, "cgroup.freeze"), []byte(v), 0)
+	}
+	if d := cg.host.v1["freezer"]; d != "" {
+		v := "THAWED"
+		if on {
+			v = "FROZEN"
+		}
+		return os.WriteFile(filepath.Join(d, cg.name, "freezer.state"), []byte(v), 0)
+	}
+	return errors.ErrUnsupported
+}
+
+// kill sends SIGKILL to every process in the sandbox's cgroup.
+func (cg *sandboxCgroup) kill() {
+	if cg.host.v2 != "" {
+		if os.WriteFile(filepath.Join(cg.host.v2, cg.name, "cgroup.kill"), []byte("1"), 0) == nil {
+			return
+		}
+	}
+	for _, dir := range cg.made {
+		for _, f := range strings.Fields(readString(filepath.Join(dir, "cgroup.procs"))) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	// A v1-frozen process handles its SIGKILL only once thawed.
+	if d := cg.host.v1["freezer"]; d != "" && cg.host.v2 == "" {
+		os.WriteFile(filepath.Join(d, cg.name, "freezer.state"), []byte("THAWED"), 0)
+	}
+}
+
+// oomKilled reports whether the memory controller killed a process of the sandbox.
+func (cg *sandboxCgroup) oomKilled() bool {
+	var file string
+	switch {
+	case slices.Contains(cg.host.v2Controllers, "memory"):
+		file = filepath.Join(cg.host.v2, cg.name, "memory.events")
+	case cg.host.v1["memory"] != "":
+		file = filepath.Join(cg.host.v1["memory"], cg.name, "memory.oom_control")
+	default:
+		return false
+	}
+	for _, line := range strings.Split(readString(file), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "oom_kill" && f[1] != "0" {
+			return true
+		}
+	}
+	return false
+}
+
+// memoryPeak is the most memory the sandbox's cgroup used, or 0 when not known.
+func (cg *sandboxCgroup) memoryPeak() int64 {
+	var file string
+	switch {
+	case slices.Contains(cg.host.v2Controllers, "memory"):
+		file = filepath.Join(cg.host.v2, cg.name, "memory.peak")
+	case cg.host.v1["memory"] != "":
+		file = filepath.Join(cg.host.v1["memory"], cg.name, "memory.max_usage_in_bytes")
+	default:
+		return 0
+	}
+	n, _ := strconv.ParseInt(readString(file), 10, 64)
+	return n
+}
+
+// remove deletes the sandbox's cgroups. They must hold no process: the caller waits until the
+// sandbox is gone; a cgroup whose last process is still exiting is retried for a moment.
+func (cg *sandboxCgroup) remove() {
+	for _, dir := range cg.made {
+		removeCgroup(dir)
+	}
+	cg.made = nil
+}
+
+func removeCgroup(dir string) {
+	delay := time.Millisecond
+	for range 10 {
+		err := os.Remove(dir)
+		if err == nil || errors.Is(err, fs.ErrNotExist) || !errors.Is(err, syscall.EBUSY) {
+			return
+		}
+		time.Sleep(delay)
+		delay *= 2
+	}
+}

@@ -1,0 +1,120 @@
+package local
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+)
+
+const sweepHelperEnv = "CIPROXY_TEST_SWEEP_HELPER"
+
+// helperState is what the helper process reports before it is killed.
+type helperState struct {
+	Base    string   `json:"base"`
+	Lock    string   `json:"lock"`
+	Init    int      `json:"init"`
+	Cgroups []string `json:"cgroups"`
+}
+
+// sweepHelper runs as a separate process: a provider in dir with one sandbox holding a file,
+// reported on stdout, then it waits to be killed.
+func sweepHelper(dir string) {
+	p, err := New(Options{WorkDir: dir, PoolSize: -1})
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	ctx := context.Background()
+	h, err := p.Create(ctx, sandbox.CreateOptions{})
+	if err == nil {
+		_, err = p.Run(ctx, h, "open('/mnt/data/user-file', 'w').write('private')", sandbox.RunOptions{})
+	}
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	b, _ := p.lookup(h)
+	st := helperState{Base: p.base, Lock: p.lock.Name(), Init: b.pid}
+	for _, d := range p.cg.dirs() {
+		st.Cgroups = append(st.Cgroups, filepath.Join(d, b.id))
+	}
+	out, _ := json.Marshal(st)
+	fmt.Println(string(out))
+	select {}
+}
+
+// TestSweepAfterKill: a proxy killed with SIGKILL leaves its directory, lock and cgroups behind;
+// the next provider in the same work dir removes them, and leaves a live provider's alone.
+func TestSweepAfterKill(t *testing.T) {
+	dir := t.TempDir()
+	live := newTestProvider(t, Options{WorkDir: dir, PoolSize: -1})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), sweepHelperEnv+"="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	var st helperState
+	if err != nil || json.Unmarshal([]byte(line), &st) != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("helper: %q %v", line, err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	// Its sandbox dies with it (the fork server's bubblewrap dies with its parent).
+	eventually(t, "the killed proxy's sandbox to exit", func() bool {
+		_, err := os.Stat("/proc/" + strconv.Itoa(st.Init))
+		return os.IsNotExist(err)
+	})
+	for _, p := range append([]string{st.Base, st.Lock}, st.Cgroups...) {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s is not there before the sweep: %v", p, err)
+		}
+	}
+	next := newTestProvider(t, Options{WorkDir: dir, PoolSize: -1})
+	for _, p := range append([]string{st.Base, st.Lock}, st.Cgroups...) {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left after the sweep (%v)", p, err)
+		}
+	}
+	for _, p := range []*Provider{live, next} {
+		if _, err := os.Stat(p.base); err != nil {
+			t.Errorf("a live provider's directory was swept: %v", err)
+		}
+		h := create(t, p, sandbox.CreateOptions{})
+		if got := mainText(run(t, p, h, "1 + 1")); got != "2" {
+			t.Errorf("a live provider after the sweep: %q", got)
+		}
+	}
+}
+
+// eventually polls cond until it holds, or fails the test after a minute.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	delay := time.Millisecond
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(delay)
+		delay = min(2*delay, 100*time.Millisecond)
+	}
+}

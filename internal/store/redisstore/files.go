@@ -1,0 +1,410 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ciproxy/ciproxy/internal/store"
+)
+
+// fileRecord is the r field of file:<id>.
+type fileRecord struct {
+	ID        string    `json:"id"`
+	Owner     string    `json:"owner"`
+	Filename  string    `json:"filename"`
+	Purpose   string    `json:"purpose"`
+	Bytes     int64     `json:"bytes"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+}
+
+func (r fileRecord) file() store.File {
+	return store.File{ID: r.ID, Owner: r.Owner, Filename: r.Filename, Purpose: r.Purpose, Bytes: r.Bytes, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt}
+}
+
+// fileFields are the fields of file:<id> a read needs, in the order decodeFile takes.
+var fileFields = []string{"o", "e", "r", "b"}
+
+// decodeFile builds a file from its fields, or reports false when it does not exist, is another
+// owner's or has expired by now. blob is the id of its bytes.
+func decodeFile(id, owner string, f []any, now int64) (file store.File, blob string, ok bool, err error) {
+	o, isStr := f[0].(string)
+	if !isStr || o != owner {
+		return store.File{}, "", false, nil
+	}
+	if at, _ := strconv.ParseInt(str(f[1]), 10, 64); expiredMs(at, now) {
+		return store.File{}, "", false, nil
+	}
+	var r fileRecord
+	if err := json.Unmarshal([]byte(str(f[2])), &r); err != nil {
+		return store.File{}, "", false, fmt.Errorf("redis store: file %s: %w", id, err)
+	}
+	return r.file(), str(f[3]), true, nil
+}
+
+// Usage implements [store.Files.Usage]. The owner's expired files are dropped first.
+func (s *Store) Usage(ctx context.Context, owner string) (store.Usage, error) {
+	if err := s.checkOpen(); err != nil {
+		return store.Usage{}, err
+	}
+	v, err := scriptUsage.Run(ctx, s.rdb, []string{s.ownerKey(owner, "files")}, s.prefix, s.nowMs(), s.readGrace.Milliseconds()).Result()
+	if err != nil {
+		return store.Usage{}, s.fail(ctx, err)
+	}
+	_, rest, err := status(v)
+	if err != nil || len(rest) != 2 {
+		return store.Usage{}, fmt.Errorf("redis store: unexpected usage reply %v (%w)", v, err)
+	}
+	files, _ := rest[0].(int64)
+	bytes, err := strconv.ParseInt(str(rest[1]), 10, 64)
+	if err != nil {
+		return store.Usage{}, fmt.Errorf("redis store: usage of %s: %w", owner, err)
+	}
+	return store.Usage{Files: int(files), Bytes: bytes}, nil
+}
+
+// BeginFile implements [store.Files.BeginFile]. Nothing is written to Redis until the first
+// chunk is full.
+func (s *Store) BeginFile(ctx context.Context, owner string, lim store.FileLimits) (store.FileUpload, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	u, err := s.Usage(ctx, owner)
+	if err != nil {
+		return nil, err
+	}
+	if lim.OwnerBytes > 0 && u.Bytes >= lim.OwnerBytes {
+		return nil, fmt.Errorf("%w: %d of %d bytes in use", store.ErrQuota, u.Bytes, lim.OwnerBytes)
+	}
+	up := &upload{s: s, owner: owner, lim: lim, blob: randomHex(16), max: -1, tooLarge: store.ErrTooLarge}
+	// The first limit to bind decides which error a file too big for it gets.
+	if lim.MaxBytes > 0 {
+		up.max = lim.MaxBytes
+	}
+	if lim.OwnerBytes > 0 && (up.max < 0 || lim.OwnerBytes-u.Bytes < up.max) {
+		up.max, up.tooLarge = lim.OwnerBytes-u.Bytes, store.ErrQuota
+	}
+	up.buf = s.chunks.Get().(*[]byte)
+	return up, nil
+}
+
+// upload is a file being written to upload:<blob>, one chunk at a time.
+type upload struct {
+	s        *Store
+	owner    string
+	lim      store.FileLimits
+	blob     string
+	buf      *[]byte // the chunk being filled; nil once committed or aborted
+	fill     int     // bytes in *buf
+	chunks   int     // full chunks stored in Redis
+	n        int64
+	max      int64 // -1: no limit
+	tooLarge error // what passing max is
+	failed   bool
+}
+
+func (u *upload) key() string { return u.s.key("upload", u.blob) }
+
+// Write implements [store.FileUpload.Write].
+func (u *upload) Write(ctx context.Context, r io.Reader) (int64, error) {
+	if u.buf == nil || u.failed {
+		return 0, fmt.Errorf("%w: the upload is finished", store.ErrInvalid)
+	}
+	if err := u.s.checkOpen(); err != nil {
+		u.failed = true
+		return 0, err
+	}
+	src := r
+	if u.max >= 0 {
+		// One byte past the limit tells "exactly max" from "more than max".
+		src = io.LimitReader(r, u.max-u.n+1)
+	}
+	var written int64
+	buf := *u.buf
+	for {
+		if err := ctx.Err(); err != nil {
+			u.failed = true
+			return written, err
+		}
+		m, err := src.Read(buf[u.fill:])
+		u.fill += m
+		u.n += int64(m)
+		written += int64(m)
+		if u.max >= 0 && u.n > u.max {
+			u.failed = true
+			return written, fmt.Errorf("%w: more than %d bytes", u.tooLarge, u.max)
+		}
+		if u.fill == len(buf) {
+			if ferr := u.flush(ctx); ferr != nil {
+				u.failed = true
+				return written, ferr
+			}
+		}
+		switch {
+		case errors.Is(err, io.EOF):
+			return written, nil
+		case err != nil:
+			u.failed = true
+			return written, fmt.Errorf("redis store: storing a file: %w", err)
+		}
+	}
+}
+
+// flush stores the full chunk and refreshes the upload's TTL, in one transaction, so that no
+// chunk is ever stored without a TTL.
+func (u *upload) flush(ctx context.Context) error {
+	key := u.key()
+	_, err := u.s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, key, strconv.Itoa(u.chunks), (*u.buf)[:u.fill])
+		p.PExpire(ctx, key, u.s.uploadTTL)
+		return nil
+	})
+	if err != nil {
+		return u.s.fail(ctx, err)
+	}
+	u.chunks++
+	u.fill = 0
+	return nil
+}
+
+// Commit implements [store.FileUpload.Commit]: the last chunk, the id, the quota, the bytes and
+// the metadata are settled by one script.
+func (u *upload) Commit(ctx context.Context, f store.File) (store.File, error) {
+	if u.buf == nil || u.failed {
+		return store.File{}, fmt.Errorf("%w: the upload is finished", store.ErrInvalid)
+	}
+	defer func() { _ = u.Abort() }()
+	s := u.s
+	if f.ID != "" && !store.FileKind.Valid(f.ID) {
+		return store.File{}, fmt.Errorf("%w: %q is not a file id", store.ErrInvalid, f.ID)
+	}
+	if err := s.checkOpen(); err != nil {
+		return store.File{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return store.File{}, err
+	}
+	if f.ID == "" {
+		f.ID = s.NewID(store.FileKind)
+	}
+	if f.CreatedAt.IsZero() {
+		f.CreatedAt = s.now().Round(0)
+	}
+	f.Owner, f.Bytes = u.owner, u.n
+	rec, err := json.Marshal(fileRecord{ID: f.ID, Owner: f.Owner, Filename: f.Filename, Purpose: f.Purpose, Bytes: f.Bytes, CreatedAt: f.CreatedAt, ExpiresAt: f.ExpiresAt})
+	if err != nil {
+		return store.File{}, fmt.Errorf("%w: encoding file %s: %w", store.ErrInvalid, f.ID, err)
+	}
+	chunks := u.chunks
+	tail := (*u.buf)[:u.fill]
+	if len(tail) > 0 {
+		chunks++
+	}
+	keys := []string{u.key(), s.key("blob", u.blob), s.key("file", f.ID), s.ownerKey(u.owner, "files")}
+	v, err := scriptCommitFile.Run(ctx, s.rdb, keys, s.prefix, s.nowMs(), s.readGrace.Milliseconds(),
+		f.ID, u.owner, u.n, chunks, u.chunks, tail, u.lim.OwnerBytes, atMs(f.ExpiresAt), u.blob, rec).Result()
+	if err != nil {
+		return store.File{}, s.fail(ctx, err)
+	}
+	st, rest, err := status(v)
+	switch {
+	case err != nil:
+		return store.File{}, err
+	case st == "exists":
+		return store.File{}, fmt.Errorf("file %s: %w", f.ID, store.ErrExists)
+	case st == "quota":
+		return store.File{}, fmt.Errorf("%w: %s bytes in use, %d more asked, %d allowed", store.ErrQuota, str(rest[0]), u.n, u.lim.OwnerBytes)
+	case st == "lost":
+		return store.File{}, fmt.Errorf("redis store: the upload's bytes expired before it was committed (more than %s between two chunks)", s.uploadTTL)
+	case st != "ok":
+		return store.File{}, fmt.Errorf("redis store: unexpected commit reply %v", v)
+	}
+	u.release()
+	return f, nil
+}
+
+// release gives the chunk buffer back; the upload is then finished.
+func (u *upload) release() {
+	if u.buf != nil {
+		u.s.chunks.Put(u.buf)
+		u.buf = nil
+	}
+}
+
+// Abort implements [store.FileUpload.Abort]. When Redis cannot be reached (or the store is
+// closed) the chunks stored so far are left to expire with the upload's TTL.
+func (u *upload) Abort() error {
+	if u.buf == nil {
+		return nil
+	}
+	u.release()
+	if u.chunks == 0 || u.s.checkOpen() != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), u.s.rdb.Options().ReadTimeout)
+	defer cancel()
+	return u.s.fail(ctx, u.s.rdb.Unlink(ctx, u.key()).Err())
+}
+
+// File implements [store.Files.File].
+func (s *Store) File(ctx context.Context, owner, id string) (store.File, error) {
+	f, _, err := s.fileMeta(ctx, owner, id)
+	return f, err
+}
+
+func (s *Store) fileMeta(ctx context.Context, owner, id string) (store.File, string, error) {
+	if err := s.checkOpen(); err != nil {
+		return store.File{}, "", err
+	}
+	if !store.FileKind.Valid(id) {
+		return store.File{}, "", notFound("file", id)
+	}
+	fields, err := s.rdb.HMGet(ctx, s.key("file", id), fileFields...).Result()
+	if err != nil {
+		return store.File{}, "", s.fail(ctx, err)
+	}
+	f, blob, ok, err := decodeFile(id, owner, fields, s.nowMs())
+	if err == nil && !ok {
+		err = notFound("file", id)
+	}
+	return f, blob, err
+}
+
+// OpenFile implements [store.Files.OpenFile]. The reader fetches one chunk at a time with ctx,
+// and keeps the bytes of a file deleted meanwhile alive for ReadGrace after each chunk.
+func (s *Store) OpenFile(ctx context.Context, owner, id string) (store.File, io.ReadCloser, error) {
+	f, blob, err := s.fileMeta(ctx, owner, id)
+	if err != nil {
+		return store.File{}, nil, err
+	}
+	return f, &blobReader{s: s, ctx: ctx, key: s.key("blob", blob), id: id, size: f.Bytes}, nil
+}
+
+// blobReader reads blob:<b> chunk by chunk.
+type blobReader struct {
+	s       *Store
+	ctx     context.Context
+	key, id string
+	size    int64
+	fetched int64  // bytes of the chunks fetched so far
+	next    int    // the next chunk to fetch
+	chunk   string // what is left of the current chunk
+	closed  bool
+}
+
+func (r *blobReader) Read(p []byte) (int, error) {
+	if r.closed {
+		return 0, fmt.Errorf("redis store: read of a closed file")
+	}
+	for r.chunk == "" {
+		if r.fetched >= r.size {
+			return 0, io.EOF
+		}
+		if err := r.fetch(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, r.chunk)
+	r.chunk = r.chunk[n:]
+	return n, nil
+}
+
+func (r *blobReader) fetch() error {
+	if err := r.s.checkOpen(); err != nil {
+		return err
+	}
+	var get *redis.StringCmd
+	_, err := r.s.rdb.Pipelined(r.ctx, func(p redis.Pipeliner) error {
+		get = p.HGet(r.ctx, r.key, strconv.Itoa(r.next))
+		p.Do(r.ctx, "pexpire", r.key, r.s.readGrace.Milliseconds(), "gt")
+		return nil
+	})
+	if errors.Is(err, redis.Nil) {
+		return fmt.Errorf("redis store: the bytes of file %s are gone after %d of %d: %w", r.id, r.fetched, r.size, io.ErrUnexpectedEOF)
+	}
+	if err != nil {
+		return r.s.fail(r.ctx, err)
+	}
+	c := get.Val()
+	if c == "" || r.fetched+int64(len(c)) > r.size {
+		return fmt.Errorf("redis store: the bytes of file %s do not match its size %d", r.id, r.size)
+	}
+	r.chunk, r.fetched = c, r.fetched+int64(len(c))
+	r.next++
+	return nil
+}
+
+func (r *blobReader) Close() error {
+	r.closed, r.chunk = true, ""
+	return nil
+}
+
+// ListFiles implements [store.Files.ListFiles]. The owner's expired files are dropped first.
+func (s *Store) ListFiles(ctx context.Context, owner string, q store.FileQuery) (store.List[store.File], error) {
+	if q.After != "" && !store.FileKind.Valid(q.After) {
+		return store.List[store.File]{}, fmt.Errorf("%w: after %q is not a file id", store.ErrInvalid, q.After)
+	}
+	if err := s.checkOpen(); err != nil {
+		return store.List[store.File]{}, err
+	}
+	ix := s.ownerKey(owner, "files")
+	if err := scriptReapFiles.Run(ctx, s.rdb, []string{ix}, s.prefix, s.nowMs(), s.readGrace.Milliseconds()).Err(); err != nil {
+		return store.List[store.File]{}, s.fail(ctx, err)
+	}
+	return pageIndex(ctx, s, ix, q.Page, func(ctx context.Context, ids []string) ([]store.File, []bool, error) {
+		cmds := make([]*redis.SliceCmd, len(ids))
+		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, id := range ids {
+				cmds[i] = p.HMGet(ctx, s.key("file", id), fileFields...)
+			}
+			return nil
+		}); err != nil {
+			return nil, nil, s.fail(ctx, err)
+		}
+		now := s.nowMs()
+		out, ok := make([]store.File, len(ids)), make([]bool, len(ids))
+		for i, cmd := range cmds {
+			f, _, live, err := decodeFile(ids[i], owner, cmd.Val(), now)
+			if err != nil {
+				return nil, nil, err
+			}
+			out[i], ok[i] = f, live && (q.Purpose == "" || f.Purpose == q.Purpose)
+		}
+		return out, ok, nil
+	})
+}
+
+// DeleteFile implements [store.Files.DeleteFile].
+func (s *Store) DeleteFile(ctx context.Context, owner, id string) (store.File, error) {
+	if err := s.checkOpen(); err != nil {
+		return store.File{}, err
+	}
+	if !store.FileKind.Valid(id) {
+		return store.File{}, notFound("file", id)
+	}
+	v, err := scriptDeleteFile.Run(ctx, s.rdb, []string{s.key("file", id)}, s.prefix, s.nowMs(), s.readGrace.Milliseconds(), owner, id).Result()
+	if err != nil {
+		return store.File{}, s.fail(ctx, err)
+	}
+	st, rest, err := status(v)
+	switch {
+	case err != nil:
+		return store.File{}, err
+	case st != "ok" || len(rest) != 1:
+		return store.File{}, notFound("file", id)
+	}
+	var r fileRecord
+	if err := json.Unmarshal([]byte(str(rest[0])), &r); err != nil {
+		return store.File{}, fmt.Errorf("redis store: file %s: %w", id, err)
+	}
+	return r.file(), nil
+}
+
+var _ store.Files = (*Store)(nil)

@@ -1,0 +1,363 @@
+package redisstore
+
+import "github.com/redis/go-redis/v9"
+
+// The scripts. Each is the prelude followed by its body, and runs atomically in Redis. Every
+// script takes ARGV[1] = the key prefix and ARGV[2] = the store's clock in milliseconds; its own
+// arguments follow. Each returns a table whose first element is a status ("ok", "exists",
+// "notfound", ...), never an error reply, so that an error reply always means Redis failed.
+//
+// Keys the script derives from records (a container's files and markers, another owner's index
+// on a takeover) are not declared in KEYS: the store runs on one Redis, not a cluster (Open checks).
+const prelude = `
+local P = ARGV[1]
+local NOW = tonumber(ARGV[2])
+
+-- dead reports whether an expiry (ms; '0', nil or false: none) has passed.
+local function dead(at)
+  return at and at ~= '0' and tonumber(at) <= NOW
+end
+
+-- live gives key the lifetime of an object expiring at at (ms; '0': never).
+local function live(key, at)
+  if at == '0' then
+    redis.call('PERSIST', key)
+  else
+    redis.call('PEXPIRE', key, math.max(1, tonumber(at) - NOW))
+  end
+end
+
+-- score is an expiry as a zset score: never is +inf.
+local function score(at)
+  if at == '0' then return '+inf' end
+  return at
+end
+
+-- fit gives the keys of one index the lifetime of its longest-lived member, which the zset life
+-- (id -> expiry) names. An index with no member left is deleted whole.
+local function fit(life, keys)
+  local top = redis.call('ZRANGE', life, -1, -1, 'WITHSCORES')
+  for _, k in ipairs(keys) do
+    if #top == 0 then
+      redis.call('DEL', k)
+    elseif top[2] == 'inf' then
+      redis.call('PERSIST', k)
+    else
+      redis.call('PEXPIRE', k, math.max(1, tonumber(top[2]) - NOW))
+    end
+  end
+end
+
+local function fit_expiring()
+  local ex = P .. 'cntrs:expiring'
+  fit(ex .. ':forget', {ex, ex .. ':forget'})
+end
+
+-- drop_container removes container id (its key cntr) with its files, their markers and its
+-- index entries.
+local function drop_container(cntr, id)
+  local ix = redis.call('HGET', cntr, 'ix')
+  local files = cntr .. ':files'
+  for _, fid in ipairs(redis.call('HKEYS', files)) do
+    local m = P .. 'cfile:' .. fid
+    if redis.call('GET', m) == id then redis.call('DEL', m) end
+  end
+  redis.call('DEL', files, cntr)
+  if ix then
+    redis.call('ZREM', ix, id)
+    redis.call('ZREM', ix .. ':forget', id)
+    fit(ix .. ':forget', {ix, ix .. ':forget'})
+  end
+  local ex = P .. 'cntrs:expiring'
+  if redis.call('ZREM', ex, id) == 1 then
+    redis.call('ZREM', ex .. ':forget', id)
+    fit_expiring()
+  end
+end
+
+-- unindex takes file id out of its owner's index ix; its size leaves the owner's bytes.
+local function unindex(ix, id)
+  local size = ix .. ':size'
+  local n = redis.call('HGET', size, id)
+  if n then
+    redis.call('HDEL', size, id)
+    redis.call('DECRBY', ix .. ':bytes', n)
+  end
+  redis.call('ZREM', ix, id)
+  redis.call('ZREM', ix .. ':exp', id)
+end
+
+local function fit_files(ix)
+  fit(ix .. ':exp', {ix, ix .. ':exp', ix .. ':size', ix .. ':bytes'})
+end
+
+-- drop_meta deletes a file's metadata; its bytes stay grace ms at most, for readers in flight.
+local function drop_meta(meta, grace)
+  local b = redis.call('HGET', meta, 'b')
+  if b and b ~= '' then redis.call('PEXPIRE', P .. 'blob:' .. b, grace, 'LT') end
+  redis.call('UNLINK', meta)
+end
+
+-- reap drops the expired files of the owner whose index is ix, 1000 at most per call.
+local function reap(ix, grace)
+  local ids = redis.call('ZRANGEBYSCORE', ix .. ':exp', '-inf', NOW, 'LIMIT', 0, 1000)
+  for _, id in ipairs(ids) do
+    unindex(ix, id)
+    local meta = P .. 'file:' .. id
+    if redis.call('HGET', meta, 'ix') == ix then drop_meta(meta, grace) end
+  end
+  if #ids > 0 then fit_files(ix) end
+end
+`
+
+func script(body string) *redis.Script { return redis.NewScript(prelude + body) }
+
+// scriptMint: KEYS idclock; ARGV ttl. Returns the millisecond of a new id: after the last one.
+var scriptMint = script(`
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+local ms = math.max(NOW, last + 1)
+redis.call('SET', KEYS[1], string.format('%d', ms), 'PX', ARGV[3])
+return ms
+`)
+
+// scriptCreateContainer: KEYS cntr; ARGV id owner ix created forget expires record.
+var scriptCreateContainer = script(`
+local cntr, id = KEYS[1], ARGV[3]
+if redis.call('EXISTS', cntr) == 1 then
+  if not dead(redis.call('HGET', cntr, 'f')) then return {'exists'} end
+  drop_container(cntr, id)
+end
+local ix, forget, expires = ARGV[5], ARGV[7], ARGV[8]
+redis.call('HSET', cntr, 'o', ARGV[4], 'v', 1, 'c', ARGV[6], 'f', forget, 'e', expires, 'ix', ix, 'r', ARGV[9])
+live(cntr, forget)
+redis.call('ZADD', ix, 0, id)
+redis.call('ZADD', ix .. ':forget', score(forget), id)
+fit(ix .. ':forget', {ix, ix .. ':forget'})
+if expires ~= '0' then
+  local ex = P .. 'cntrs:expiring'
+  redis.call('ZADD', ex, expires, id)
+  redis.call('ZADD', ex .. ':forget', score(forget), id)
+  fit_expiring()
+end
+return {'ok'}
+`)
+
+// scriptUpdateContainer: KEYS cntr; ARGV id owner version forget expires record. Returns
+// {'ok', new version, created}, {'conflict', stored version} or {'notfound'}.
+var scriptUpdateContainer = script(`
+local cntr, id = KEYS[1], ARGV[3]
+local cur = redis.call('HMGET', cntr, 'o', 'v', 'f', 'c', 'ix')
+if not cur[1] or cur[1] ~= ARGV[4] or dead(cur[3]) then return {'notfound'} end
+if cur[2] ~= ARGV[5] then return {'conflict', cur[2]} end
+local forget, expires = ARGV[6], ARGV[7]
+local v = redis.call('HINCRBY', cntr, 'v', 1)
+redis.call('HSET', cntr, 'f', forget, 'e', expires, 'r', ARGV[8])
+if forget ~= cur[3] then
+  live(cntr, forget)
+  local files = cntr .. ':files'
+  if redis.call('EXISTS', files) == 1 then
+    live(files, forget)
+    for _, fid in ipairs(redis.call('HKEYS', files)) do
+      local m = P .. 'cfile:' .. fid
+      if redis.call('GET', m) == id then live(m, forget) end
+    end
+  end
+  local ix = cur[5]
+  redis.call('ZADD', ix .. ':forget', score(forget), id)
+  fit(ix .. ':forget', {ix, ix .. ':forget'})
+end
+local ex = P .. 'cntrs:expiring'
+if expires ~= '0' then
+  redis.call('ZADD', ex, expires, id)
+  redis.call('ZADD', ex .. ':forget', score(forget), id)
+  fit_expiring()
+elseif redis.call('ZREM', ex, id) == 1 then
+  redis.call('ZREM', ex .. ':forget', id)
+  fit_expiring()
+end
+return {'ok', v, cur[4]}
+`)
+
+// scriptDeleteContainer: KEYS cntr; ARGV id owner.
+var scriptDeleteContainer = script(`
+local cur = redis.call('HMGET', KEYS[1], 'o', 'f')
+if not cur[1] or cur[1] ~= ARGV[4] or dead(cur[2]) then return {'notfound'} end
+drop_container(KEYS[1], ARGV[3])
+return {'ok'}
+`)
+
+// scriptReapContainers: KEYS owner's container index. Drops the owner's forgotten containers and
+// the index entries of containers that are gone.
+var scriptReapContainers = script(`
+local ix = KEYS[1]
+local life = ix .. ':forget'
+local ids = redis.call('ZRANGEBYSCORE', life, '-inf', NOW, 'LIMIT', 0, 1000)
+for _, id in ipairs(ids) do
+  local cntr = P .. 'cntr:' .. id
+  local h = redis.call('HMGET', cntr, 'ix', 'f')
+  if h[1] == ix and dead(h[2]) then
+    drop_container(cntr, id)
+  elseif h[1] == ix then
+    redis.call('ZADD', life, score(h[2]), id)
+  else
+    redis.call('ZREM', ix, id)
+    redis.call('ZREM', life, id)
+  end
+end
+if #ids > 0 then fit(life, {ix, life}) end
+return {'ok'}
+`)
+
+// scriptExpiringContainers: ARGV before limit. Returns {'ok', then id o v c f r per container},
+// the earliest ExpiresAt first; members whose container is gone are removed on the way.
+var scriptExpiringContainers = script(`
+local ex = P .. 'cntrs:expiring'
+local before, limit = ARGV[3], tonumber(ARGV[4])
+local out, stale, found, off, full = {'ok'}, {}, 0, 0, false
+while not full do
+  local ids = redis.call('ZRANGEBYSCORE', ex, '-inf', before, 'LIMIT', off, 100)
+  if #ids == 0 then break end
+  off = off + #ids
+  for _, id in ipairs(ids) do
+    local cntr = P .. 'cntr:' .. id
+    local h = redis.call('HMGET', cntr, 'o', 'v', 'c', 'f', 'r')
+    if h[1] and not dead(h[4]) then
+      if limit > 0 and found == limit then full = true break end
+      found = found + 1
+      out[#out + 1] = id
+      for i = 1, 5 do out[#out + 1] = h[i] end
+    else
+      stale[#stale + 1] = id
+    end
+  end
+end
+for _, id in ipairs(stale) do
+  local cntr = P .. 'cntr:' .. id
+  if redis.call('EXISTS', cntr) == 1 then
+    drop_container(cntr, id)
+  else
+    redis.call('ZREM', ex, id)
+    redis.call('ZREM', ex .. ':forget', id)
+  end
+end
+if #stale > 0 then fit_expiring() end
+return out
+`)
+
+// scriptPutContainerFile: KEYS cntr, marker; ARGV owner container-id file-id record.
+var scriptPutContainerFile = script(`
+local cntr, marker = KEYS[1], KEYS[2]
+local c = redis.call('HMGET', cntr, 'o', 'f')
+if not c[1] or c[1] ~= ARGV[3] or dead(c[2]) then return {'notfound'} end
+local cid, fid = ARGV[4], ARGV[5]
+local m = redis.call('GET', marker)
+if m and m ~= cid then
+  local other = P .. 'cntr:' .. m
+  local o = redis.call('HMGET', other, 'o', 'f')
+  if o[1] and not dead(o[2]) then return {'exists'} end
+  redis.call('HDEL', other .. ':files', fid)
+end
+local files = cntr .. ':files'
+redis.call('HSET', files, fid, ARGV[6])
+redis.call('SET', marker, cid)
+live(files, c[2])
+live(marker, c[2])
+return {'ok'}
+`)
+
+// scriptDeleteContainerFile: KEYS cntr, marker; ARGV owner container-id file-id.
+var scriptDeleteContainerFile = script(`
+local cntr, marker = KEYS[1], KEYS[2]
+local c = redis.call('HMGET', cntr, 'o', 'f')
+if not c[1] or c[1] ~= ARGV[3] or dead(c[2]) then return {'notfound'} end
+if redis.call('HDEL', cntr .. ':files', ARGV[5]) == 0 then return {'notfound'} end
+if redis.call('GET', marker) == ARGV[4] then redis.call('DEL', marker) end
+return {'ok'}
+`)
+
+// scriptUsage: KEYS owner's file index; ARGV grace. Returns {'ok', files, bytes} after dropping
+// the owner's expired files.
+var scriptUsage = script(`
+local ix = KEYS[1]
+reap(ix, ARGV[3])
+return {'ok', redis.call('HLEN', ix .. ':size'), redis.call('GET', ix .. ':bytes') or '0'}
+`)
+
+// scriptCommitFile: KEYS upload blob meta ix; ARGV grace id owner bytes chunks tail-index tail
+// quota expires blob-id record. The upload's last chunk (tail, possibly empty) is written here,
+// and the upload renamed to the file's blob, only once the id and the quota are settled; a
+// refused commit writes nothing. Returns {'ok'}, {'exists'}, {'quota', used} or {'lost'} (the
+// upload's bytes expired before the commit).
+var scriptCommitFile = script(`
+local upload, blob, meta, ix = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local grace, id, n = ARGV[3], ARGV[4], tonumber(ARGV[6])
+reap(ix, grace)
+local old = redis.call('HMGET', meta, 'ix', 'e')
+if old[1] then
+  if not dead(old[2]) then return {'exists'} end
+  -- An expired file, of any owner, is gone for every reader: its id is free.
+  unindex(old[1], id)
+  fit_files(old[1])
+  drop_meta(meta, grace)
+end
+local used = tonumber(redis.call('GET', ix .. ':bytes') or '0')
+local quota = tonumber(ARGV[10])
+if quota > 0 and used + n > quota then return {'quota', used} end
+local chunks, tail = tonumber(ARGV[7]), ARGV[9]
+local stored = chunks
+if tail ~= '' then stored = chunks - 1 end
+if redis.call('HLEN', upload) ~= stored then return {'lost'} end
+local expires = ARGV[11]
+if chunks > 0 then
+  if tail ~= '' then redis.call('HSET', upload, ARGV[8], tail) end
+  redis.call('RENAME', upload, blob)
+  live(blob, expires)
+end
+redis.call('HSET', meta, 'o', ARGV[5], 'n', n, 'b', ARGV[12], 'e', expires, 'ix', ix, 'r', ARGV[13])
+live(meta, expires)
+redis.call('ZADD', ix, 0, id)
+redis.call('ZADD', ix .. ':exp', score(expires), id)
+redis.call('HSET', ix .. ':size', id, n)
+redis.call('INCRBY', ix .. ':bytes', n)
+fit_files(ix)
+return {'ok'}
+`)
+
+// scriptDeleteFile: KEYS meta; ARGV grace owner id. Returns {'ok', record} or {'notfound'}.
+var scriptDeleteFile = script(`
+local m = redis.call('HMGET', KEYS[1], 'o', 'e', 'ix', 'r')
+if not m[1] or m[1] ~= ARGV[4] or dead(m[2]) then return {'notfound'} end
+unindex(m[3], ARGV[5])
+fit_files(m[3])
+drop_meta(KEYS[1], ARGV[3])
+return {'ok', m[4]}
+`)
+
+// scriptReapFiles: KEYS owner's file index; ARGV grace.
+var scriptReapFiles = script(`
+reap(KEYS[1], ARGV[3])
+return {'ok'}
+`)
+
+// scriptClaim: KEYS claim; ARGV holder until-ms ttl-ms. Returns {'ok'} or {'held'}.
+var scriptClaim = script(`
+local v = redis.call('GET', KEYS[1])
+if v then
+  local sep = string.find(v, ':', 1, true)
+  if string.sub(v, sep + 1) ~= ARGV[3] and NOW < tonumber(string.sub(v, 1, sep - 1)) then
+    return {'held'}
+  end
+end
+redis.call('SET', KEYS[1], ARGV[4] .. ':' .. ARGV[3], 'PX', ARGV[5])
+return {'ok'}
+`)
+
+// scriptRelease: KEYS claim; ARGV holder.
+var scriptRelease = script(`
+local v = redis.call('GET', KEYS[1])
+if v then
+  local sep = string.find(v, ':', 1, true)
+  if string.sub(v, sep + 1) == ARGV[3] then redis.call('DEL', KEYS[1]) end
+end
+return {'ok'}
+`)
