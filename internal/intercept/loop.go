@@ -136,7 +136,7 @@ func (r *run) complete(ctx context.Context, pending [][]byte) error {
 		r.cont.stored = true
 	}
 	if r.req.store {
-		sr.Body = ev.Response
+		sr.Body = r.tr.storedResponse(ev.Response)
 	}
 	r.e.store.Put(ctx, r.id, sr, r.stored)
 	return r.emit(ev)

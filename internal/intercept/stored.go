@@ -3,6 +3,7 @@ package intercept
 import (
 	"context"
 	"net/http"
+	"slices"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 )
@@ -17,7 +18,9 @@ func (e *Engine) Minted(ctx context.Context, id string) bool {
 
 // ServeStored answers GET and DELETE /v1/responses/{id} for a response this proxy minted, as
 // OpenAI answers for its stored responses: GET returns the Response the client received (kept
-// when the request had store true), DELETE forgets it. A response minted for another caller, or
+// when the request had store true), with the calls' outputs when the query includes
+// code_interpreter_call.outputs (include[]= or include=) and null otherwise, whatever the
+// request included; DELETE forgets it. A response minted for another caller, or
 // one not kept, is a 404, as if it did not exist. An error means nothing was written; the caller
 // writes it.
 func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error {
@@ -31,7 +34,12 @@ func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller 
 		if sr.Body == nil {
 			return notFound
 		}
-		writeJSON(w, sr.Body)
+		q := r.URL.Query()
+		if slices.Contains(q["include[]"], includeOutputs) || slices.Contains(q["include"], includeOutputs) {
+			writeJSON(w, sr.Body)
+		} else {
+			writeJSON(w, withoutOutputs(sr.Body))
+		}
 	case http.MethodDelete:
 		e.store.Delete(r.Context(), id)
 		writeJSON(w, marshal(deletedResponse{ID: id, Object: "response", Deleted: true}))

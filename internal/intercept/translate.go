@@ -86,6 +86,9 @@ type translator struct {
 	uncited    []store.ContainerFile
 
 	out       [][]byte // client-visible items by output_index (nil while in progress)
+	// withOutputs holds call items with their outputs, by output_index, when the client's
+	// items have none (outputs not included), for the stored Response.
+	withOutputs map[int][]byte
 	announced bool     // response.created and response.in_progress were sent
 	skeleton  []byte   // the latest upstream Response object (fields other than ours come from it)
 	usage     usage
@@ -527,6 +530,13 @@ func (t *translator) executed(ref int, ex execution) []Event {
 	s := t.slots[ref]
 	item := ciItem(s.ciID, ex.status, s.code, t.container, &ex, t.req.includeOutputs)
 	t.out[s.index] = item
+	if !t.req.includeOutputs {
+		// Kept for a GET of the stored response that includes code_interpreter_call.outputs.
+		if t.withOutputs == nil {
+			t.withOutputs = map[int][]byte{}
+		}
+		t.withOutputs[s.index] = ciItem(s.ciID, ex.status, s.code, t.container, &ex, true)
+	}
 	return []Event{
 		newCallEvent(evCallCompleted, s.index, s.ciID),
 		newItemEvent(evItemDone, s.index, item),
