@@ -85,14 +85,14 @@ type translator struct {
 	filesKnown bool
 	uncited    []store.ContainerFile
 
-	out       [][]byte // client-visible items by output_index (nil while in progress)
+	out [][]byte // client-visible items by output_index (nil while in progress)
 	// withOutputs holds call items with their outputs, by output_index, when the client's
 	// items have none (outputs not included), for the stored Response.
 	withOutputs map[int][]byte
-	announced bool     // response.created and response.in_progress were sent
-	skeleton  []byte   // the latest upstream Response object (fields other than ours come from it)
-	usage     usage
-	started   int // stand-in calls started over the request
+	announced   bool   // response.created and response.in_progress were sent
+	skeleton    []byte // the latest upstream Response object (fields other than ours come from it)
+	usage       usage
+	started     int // stand-in calls started over the request
 
 	// The current upstream call.
 	base      int              // output_index of the call's first item
