@@ -148,9 +148,6 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		Logger:   log,
 		Metrics:  reg,
 	})
-	engine := intercept.New(intercept.Options{Sessions: sessions, Logger: log, Metrics: reg})
-	client := upstream.NewClient(upstream.ClientOptions{Logger: log, Metrics: upstream.NewMetrics(reg)})
-
 	state, err := openState(f, cfg, log)
 	if err != nil {
 		closeSandboxes(log, sessions, store)
@@ -161,6 +158,8 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 			log.Error("closing the data directory", zap.Error(err))
 		}
 	}()
+	engine := intercept.New(intercept.Options{Sessions: sessions, Files: state, Logger: log, Metrics: reg})
+	client := upstream.NewClient(upstream.ClientOptions{Logger: log, Metrics: upstream.NewMetrics(reg)})
 
 	var draining atomic.Bool
 	handler := router.New(router.Options{

@@ -2,16 +2,18 @@
 // function calling. A request travels one pipeline, each stage in its own file:
 //
 //	request.go     the client's body, parsed once into a value (tools, tool_choice, include,
-//	               input, container) without I/O, then resolved against the store (what a
+//	               input, container, files) without I/O, then resolved against the store (what a
 //	               previous_response_id or a replayed call stands for); rewrite.go builds each
-//	               upstream body from it
+//	               upstream body from it; files.go checks the files it names and places them
+//	               in the container before the first upstream call
 //	loop.go        the agentic loop, which with resolve is the only I/O: the upstream, through
 //	               the Responses seam (upstream.ResponsesAPI); the container (containers.go,
 //	               execution.go); the response store (store.go)
 //	translate.go   the pure translator: upstream events in, client events out, each call
 //	               ending with a typed outcome; response.go assembles the client's Response,
 //	               errors.go the error details, usage.go the summed usage, wire.go the
-//	               objects the proxy mints
+//	               objects the proxy mints, citations.go the container_file_citation
+//	               annotations of the assistant's text
 //	render_*.go    one event stream, rendered as server-sent events or as one JSON Response
 //
 // Both renderings consume the same events, so a stream's response.completed carries the Response

@@ -22,7 +22,8 @@ const (
 
 // parsedRequest is one intercepted /v1/responses request, parsed once: the client's bytes, kept
 // unmodified, and what the loop derives from them. Every upstream body is built from base, itself
-// built from raw (rewrite.go). parseRequest and resolve build it; nothing changes it after.
+// built from raw (rewrite.go). parseRequest, resolve and findFiles build it, and placed completes
+// it with where its files went before the first upstream call; nothing changes it after.
 type parsedRequest struct {
 	raw  []byte // the client's body; never modified
 	base []byte // raw with tools, include and previous_response_id rewritten
