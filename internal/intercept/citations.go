@@ -1,6 +1,7 @@
 package intercept
 
 import (
+	"bytes"
 	"errors"
 	"net/url"
 	"path"
@@ -155,7 +156,7 @@ var errNeedFiles = errors.New("intercept: a message links a container file; the 
 
 // needsFiles reports whether an event completes a text that links a file not known yet.
 func (t *translator) needsFiles(typ string, data []byte) bool {
-	if t.filesKnown || !t.req.code || !strings.Contains(string(data), sandboxLink) {
+	if t.filesKnown || !t.req.code || !bytes.Contains(data, []byte(sandboxLink)) {
 		return false
 	}
 	unknown := func(text string) bool {

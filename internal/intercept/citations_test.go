@@ -204,3 +204,24 @@ func TestNoCitationsWithoutFiles(t *testing.T) {
 		t.Errorf("%d containers created", h.fake.Created())
 	}
 }
+
+func FuzzFindLinks(f *testing.F) {
+	for _, s := range []string{"[a](sandbox:/mnt/data/a.csv)", "sandbox:/mnt/data/", "x sandbox:/mnt/data/%zz.", "](sandbox:/mnt/data/é 📊.png"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		prev := 0
+		for _, l := range findLinks(text) {
+			if l.start < prev || l.end > len(text) || l.start >= l.end || !strings.HasPrefix(text[l.start:], sandboxLink) {
+				t.Fatalf("link %+v out of order or bounds in %q", l, text)
+			}
+			if !strings.HasPrefix(l.path, "/mnt/data/") || strings.Contains(l.path, "/../") {
+				t.Fatalf("path %q escapes /mnt/data", l.path)
+			}
+			if utf8.ValidString(text) && runeIndex(text, l.end) > utf8.RuneCountInString(text) {
+				t.Fatal("rune index past the end")
+			}
+			prev = l.end
+		}
+	})
+}
