@@ -9,6 +9,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -224,4 +225,23 @@ func FuzzFindLinks(f *testing.F) {
 			prev = l.end
 		}
 	})
+}
+
+// BenchmarkCite measures citing one finished text of 2 KB with two links, in a container of
+// 1000 known files: what the translator adds to a message's output_text.done.
+func BenchmarkCite(b *testing.B) {
+	tr := newTranslator(&parsedRequest{code: true}, "resp_x", 0, nil)
+	files := make([]store.ContainerFile, 1000)
+	for i := range files {
+		files[i] = store.ContainerFile{ID: "cfile_" + strconv.Itoa(i), ContainerID: "cntr_x", Path: "/mnt/data/f" + strconv.Itoa(i) + ".csv"}
+	}
+	tr.addFiles(files, false)
+	text := strings.Repeat("Here is the analysis you asked for, with totals per region. ", 32) +
+		"[totals](sandbox:/mnt/data/f7.csv) and [details](sandbox:/mnt/data/f999.csv)."
+	b.ReportAllocs()
+	for b.Loop() {
+		if len(tr.cite(text)) != 2 {
+			b.Fatal("want 2 citations")
+		}
+	}
 }
