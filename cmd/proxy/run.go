@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -94,17 +95,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, listening
 		return 0
 	}
 
+	if f.check {
+		return check(f.config, stdout, stderr)
+	}
 	cfg, err := config.Load(f.config, backends.ParseOptions(nil))
 	if err != nil {
 		fmt.Fprintf(stderr, "proxy: configuration is not valid:\n%v\n", err)
 		return 1
-	}
-	if f.check {
-		for _, w := range cfg.Warnings {
-			fmt.Fprintf(stdout, "warning: %s\n", w)
-		}
-		fmt.Fprintf(stdout, "%s: OK\n", f.config)
-		return 0
 	}
 
 	log, err := newLogger(f.logFormat, stderr)
@@ -117,6 +114,54 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, listening
 		log.Error("proxy stopped", zap.Error(err))
 		return 1
 	}
+	return 0
+}
+
+// check is --check: it prints the file's three lists (errors on stderr; the LiteLLM keys accepted
+// but not implemented, and the deployments that load but cannot be called, on stdout) and the other
+// warnings, and returns 0 when there is no error.
+func check(path string, stdout, stderr io.Writer) int {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintf(stderr, "proxy: reading config: %v\n", err)
+		return 1
+	}
+	cfg, err := config.Check(data, path, backends.ParseOptions(nil))
+	var errs *config.Errors
+	switch {
+	case errors.As(err, &errs):
+		fmt.Fprintf(stderr, "errors (%d): the configuration is not valid:\n%v\n", len(errs.Problems), err)
+	case err != nil:
+		fmt.Fprintf(stderr, "proxy: %v\n", err)
+		return 1
+	default:
+		fmt.Fprintln(stdout, "errors: none")
+	}
+	list := func(title string, lines []string) {
+		if len(lines) == 0 {
+			fmt.Fprintf(stdout, "%s: none\n", title)
+			return
+		}
+		fmt.Fprintf(stdout, "%s (%d):\n", title, len(lines))
+		for _, l := range lines {
+			fmt.Fprintf(stdout, "  %s\n", l)
+		}
+	}
+	var ignored []string
+	for _, k := range cfg.Ignored {
+		ignored = append(ignored, k.String())
+	}
+	list("ignored LiteLLM keys (accepted, not implemented)", ignored)
+	list("unusable deployments (loaded; requests for them get an error)", cfg.UnusableWarnings())
+	var warnings []string
+	for _, w := range cfg.Warnings {
+		warnings = append(warnings, "warning: "+w)
+	}
+	list("warnings", warnings)
+	if err != nil {
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s: OK\n", path)
 	return 0
 }
 

@@ -310,6 +310,21 @@ func TestCommandLine(t *testing.T) {
 	if err := os.WriteFile(badSandbox, []byte("sandbox_tools:\n  - sandbox_tool_name: local\n    litellm_params:\n      sandbox_provider: local\n      pool_size: two\n      api_key: k\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	litellm := filepath.Join(dir, "litellm.yaml")
+	if err := os.WriteFile(litellm, []byte(`model_list:
+  - model_name: claude
+    litellm_params: {model: bedrock/anthropic.claude-3, aws_region_name: us-east-1}
+  - model_name: gpt-4o
+    litellm_params: {model: gpt-4o, api_key: sk-x, rpm: 10}
+router_settings:
+  routing_strategy: least-busy
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	litellmTypo := filepath.Join(dir, "litellm-typo.yaml")
+	if err := os.WriteFile(litellmTypo, []byte("model_list:\n  - model_name: m\n    litellm_params: {model: openai/m, rpm: 1}\nrouter_settings:\n  routing_stratgy: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	brokenSandbox := filepath.Join(dir, "broken.yaml")
 	if err := os.WriteFile(brokenSandbox, []byte("sandbox_tools:\n  - sandbox_tool_name: local\n    litellm_params: {sandbox_provider: local, python: /nonexistent/python3, pool_size: 0}\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -323,6 +338,20 @@ func TestCommandLine(t *testing.T) {
 	}{
 		{"version", []string{"--version"}, 0, []string{"ciproxy dev"}, nil},
 		{"check passes and prints warnings", []string{"--check", "--config", good}, 0, []string{"warning: ", "master_key", good + ": OK"}, nil},
+		{"check lists the ignored LiteLLM keys and unusable deployments, and passes", []string{"--check", "--config", litellm}, 0, []string{
+			"errors: none",
+			"ignored LiteLLM keys (accepted, not implemented) (3):",
+			"ignored: model_list[].litellm_params.aws_region_name (line 3), AWS credentials",
+			"ignored: model_list[].litellm_params.rpm (line 5)",
+			"ignored: router_settings.routing_strategy (line 7), LiteLLM's load-balancing strategy; this proxy balances round-robin",
+			"unusable deployments (loaded; requests for them get an error) (1):",
+			`unusable: model_list entry "claude" at line 2 (bedrock/anthropic.claude-3): provider bedrock calls AWS's native API with AWS SigV4 signing`,
+			"warning: general_settings.master_key is not set",
+			litellm + ": OK",
+		}, nil},
+		{"check fails on a misspelt LiteLLM key and still lists the rest", []string{"--check", "--config", litellmTypo}, 1,
+			[]string{"ignored: model_list[].litellm_params.rpm (line 3)", "unusable deployments (loaded; requests for them get an error): none"},
+			[]string{"errors (1)", litellmTypo + `:5: router_settings: unknown key "routing_stratgy" (did you mean "routing_strategy"?)`}},
 		{"check lists every problem with its line", []string{"--check", "--config", bad}, 1, nil, []string{bad + ":3:", "colour", bad + ":5:", "shutdown_grace"}},
 		{"check reports the backends' keys with their lines", []string{"--check", "--config", badSandbox}, 1, nil, []string{badSandbox + ":5:", "pool_size", badSandbox + ":6:", `"api_key" does not apply to sandbox_provider local`}},
 		{"start refuses an invalid file", []string{"--config", bad}, 1, nil, []string{bad + ":3:"}},

@@ -8,7 +8,10 @@ package config
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -26,8 +29,15 @@ type Config struct {
 	Interception Interception
 	// General is general_settings with defaults applied.
 	General General
-	// Warnings are problems that do not stop the proxy (an os.environ/NAME that is not set, an open
-	// proxy without master_key). They are printed at start, on reload and by --check.
+	// Router is what router_settings (and its fallbacks in litellm_settings) says that this proxy
+	// honours: retries, timeouts and the Redis server.
+	Router Router
+	// Ignored lists the LiteLLM keys the file uses that this proxy knows but does not implement,
+	// one entry per key with every line it is on (see the vocabulary in vocabulary.go).
+	Ignored []IgnoredKey
+	// Warnings are the other problems that do not stop the proxy (an os.environ/NAME that is not
+	// set, an open proxy without master_key). AllWarnings adds the ignored keys and the unusable
+	// deployments: that is what is printed at start, on reload and by --check.
 	Warnings []string
 
 	// raw is the file content this snapshot was parsed from (see SameSource).
@@ -38,19 +48,157 @@ type Config struct {
 type Deployment struct {
 	// ModelName is what clients send as "model".
 	ModelName string
-	// Provider is the part of litellm_params.model before the first "/" ("openai", "hosted_vllm", ...).
+	// Provider is the part of litellm_params.model before the first "/" ("openai", "hosted_vllm",
+	// ...), litellm_params.custom_llm_provider when set, or the provider inferred for a bare model
+	// name (InferProvider).
 	Provider string
-	// UpstreamModel is the part after the first "/": the model name sent upstream.
+	// UpstreamModel is the part after the first "/": the model name sent upstream. For Azure it is
+	// the deployment name.
 	UpstreamModel string
 	// APIBase is the provider's base URL without a trailing slash, e.g. "https://api.openai.com/v1".
+	// For Azure it is the resource's endpoint (https://NAME.openai.azure.com); the upstream client
+	// adds Azure's paths.
 	APIBase string
-	// APIKey is the resolved upstream key; "" means none is sent.
+	// APIKey is the resolved upstream credential; "" means none is sent. It goes in the header
+	// KeyHeader names.
 	APIKey string
+	// KeyHeader is the header APIKey is sent in: "" means "Authorization: Bearer <APIKey>" (every
+	// OpenAI-compatible provider, and Azure's Entra ID token, azure_ad_token); KeyHeaderAzure means
+	// Azure's "api-key: <APIKey>".
+	KeyHeader string
+	// APIVersion is Azure's api-version query value (litellm_params.api_version, else the
+	// AZURE_API_VERSION variable, else "" for the upstream client's per-route default); "" for
+	// every other provider.
+	APIVersion string
+	// API is the API the deployment speaks for /v1/responses: model_info.supported_endpoints when
+	// the entry gives it, else the provider's default (DefaultAPI).
+	API API
+	// Params are the default request parameters of litellm_params (temperature, max_tokens, seed,
+	// ...), in Chat Completions names and file order, each value as JSON. A client's own value for
+	// a parameter wins; internal/upstream applies them (and maps them for the Responses API).
+	Params []Param
+	// ExtraBody is litellm_params.extra_body: keys merged into the top level of each JSON request
+	// body where the client did not set them.
+	ExtraBody []Param
+	// ExtraHeaders are litellm_params.extra_headers (and organization, as OpenAI-Organization),
+	// sent with every request where the client did not set them, in file order.
+	ExtraHeaders []Header
+	// Timeout bounds the wait for an upstream's response headers, per attempt (litellm_params
+	// timeout, else router_settings.timeout, else litellm_settings.request_timeout); 0: no bound.
+	// StreamTimeout is the same for "stream": true requests (stream_timeout, falling back the same
+	// way, then to Timeout).
+	Timeout, StreamTimeout time.Duration
+	// Attempts is how many upstream calls a request that starts at this deployment may make across
+	// its model's deployments, in turn (router_settings.num_retries + 1); 0 means each deployment
+	// once.
+	Attempts int
 	// MissingEnv names the os.environ variable that api_key (or api_base) referred to and that was not
 	// set; the deployment then answers with an error naming it instead of calling upstream.
 	MissingEnv string
+	// Unusable says why the proxy cannot call this deployment (a provider that is not
+	// OpenAI-compatible, a base URL missing, ...); "" when it can. Such an entry still loads, with a
+	// warning: requests for its model go to the model's other deployments, and fail with an error
+	// saying this when there is none.
+	Unusable string
 	// Line is the line of the entry in the file, for messages.
 	Line int
+}
+
+// KeyHeaderAzure is Deployment.KeyHeader for an Azure OpenAI key.
+const KeyHeaderAzure = "api-key"
+
+// API is an OpenAI API a deployment speaks for /v1/responses.
+type API string
+
+const (
+	// APIResponses is OpenAI's Responses API: /v1/responses goes to the upstream as it is.
+	APIResponses API = "responses"
+	// APIChatCompletions is Chat Completions only: /v1/responses must be translated.
+	APIChatCompletions API = "chat_completions"
+)
+
+// Param is one default request parameter (or extra_body key) and its value as JSON.
+type Param struct {
+	Name  string
+	Value json.RawMessage
+}
+
+// Header is one extra header sent upstream.
+type Header struct {
+	Name, Value string
+}
+
+// Router holds the router_settings this proxy honours.
+type Router struct {
+	// Redis is the Redis server that replicas share (redis_host, redis_port, redis_password,
+	// redis_url, redis_db); the zero value means none is configured.
+	Redis Redis
+}
+
+// Redis is router_settings' Redis server, as LiteLLM writes it: a URL, or host, port and password.
+// Every field may come from os.environ/NAME.
+type Redis struct {
+	// URL is redis_url (redis://, rediss:// or unix://); when set, it is what to connect to, and
+	// Host and Port are not used (a warning says so when both are given). It may hold the
+	// password: never log it.
+	URL string
+	// Host and Port are redis_host and redis_port; Port is DefaultRedisPort when only the host is
+	// given.
+	Host string
+	Port int
+	// Password is redis_password; "" means none.
+	Password string
+	// DB is redis_db, the database number; 0 by default.
+	DB int
+}
+
+// DefaultRedisPort is Redis's own port, used when router_settings has redis_host but no redis_port.
+const DefaultRedisPort = 6379
+
+// Configured reports whether a Redis server is configured.
+func (r Redis) Configured() bool { return r.URL != "" || r.Host != "" }
+
+// Addr is "host:port" for a server given by host and port; "" when it is given by URL or not at all.
+func (r Redis) Addr() string {
+	if r.Host == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s:%d", r.Host, r.Port)
+}
+
+// IgnoredKey is a LiteLLM key that this proxy accepts without implementing it.
+type IgnoredKey struct {
+	// Key is the key's place in the file: "router_settings.routing_strategy", or
+	// "model_list[].litellm_params.rpm" for a key of every model_list entry.
+	Key string
+	// Lines are the lines it is on, in order.
+	Lines []int
+	// Reason says what LiteLLM does with the key and what this proxy does instead.
+	Reason string
+}
+
+// String is the warning: "ignored: router_settings.routing_strategy (line 12), LiteLLM's ...".
+func (k IgnoredKey) String() string {
+	lines := make([]string, len(k.Lines))
+	for i, l := range k.Lines {
+		lines[i] = fmt.Sprint(l)
+	}
+	word := "line"
+	if len(lines) > 1 {
+		word = "lines"
+	}
+	return fmt.Sprintf("ignored: %s (%s %s), %s", k.Key, word, strings.Join(lines, ", "), k.Reason)
+}
+
+// Name identifies a deployment in messages, without its key: "provider/upstream-model".
+func (d Deployment) Name() string {
+	switch {
+	case d.Provider == "":
+		return d.UpstreamModel
+	case d.UpstreamModel == "":
+		return d.Provider + "/"
+	}
+	return d.Provider + "/" + d.UpstreamModel
 }
 
 // SandboxTool is one sandbox_tools entry: a name, the backend that serves it, and that backend's
@@ -139,6 +287,42 @@ func (c *Config) Deployments(modelName string) []Deployment {
 		if d.ModelName == modelName {
 			out = append(out, d)
 		}
+	}
+	return out
+}
+
+// Unusable returns the deployments the proxy cannot call, in file order.
+func (c *Config) Unusable() []Deployment {
+	var out []Deployment
+	for _, d := range c.Models {
+		if d.Unusable != "" {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// AllWarnings returns every warning of the file, one line each, as the proxy prints them at start,
+// on reload and in --check: the ignored LiteLLM keys, the unusable deployments, then the rest.
+func (c *Config) AllWarnings() []string {
+	out := make([]string, 0, len(c.Ignored)+len(c.Warnings))
+	for _, k := range c.Ignored {
+		out = append(out, k.String())
+	}
+	out = append(out, c.UnusableWarnings()...)
+	return append(out, c.Warnings...)
+}
+
+// UnusableWarnings returns a warning for each deployment the proxy cannot call, in file order:
+// which entry, why, and what then happens to requests for its model.
+func (c *Config) UnusableWarnings() []string {
+	var out []string
+	for _, d := range c.Unusable() {
+		then := fmt.Sprintf("requests for %q get an error saying so", d.ModelName)
+		if slices.ContainsFunc(c.Models, func(o Deployment) bool { return o.ModelName == d.ModelName && o.Unusable == "" }) {
+			then = fmt.Sprintf("the other deployments of %q serve", d.ModelName)
+		}
+		out = append(out, fmt.Sprintf("unusable: model_list entry %q at line %d (%s): %s; %s", d.ModelName, d.Line, d.Name(), d.Unusable, then))
 	}
 	return out
 }

@@ -15,6 +15,8 @@ import (
 // must never panic, and it must either return a config or an *Errors with at least one problem.
 func FuzzParse(f *testing.F) {
 	files, _ := filepath.Glob("testdata/*.yaml")
+	litellm, _ := filepath.Glob("testdata/litellm/*.yaml")
+	files = append(files, litellm...)
 	for _, file := range files {
 		raw, err := os.ReadFile(file)
 		if err != nil {

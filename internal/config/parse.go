@@ -87,15 +87,23 @@ func Parse(data []byte, path string) (*Config, error) {
 // os.environ/NAME that is not set never fails parsing: it becomes a warning, and the entry that needs
 // it records it in MissingEnv (or its backend does).
 func ParseWith(data []byte, path string, opts ParseOptions) (*Config, error) {
-	d := &decoder{Decoder: settings.NewDecoder(opts.LookupEnv), backends: opts.Backends}
-	cfg := d.config(data)
-	if err := d.Err(path); err != nil {
+	cfg, err := Check(data, path, opts)
+	if err != nil {
 		return nil, err
 	}
+	return cfg, nil
+}
+
+// Check parses data as ParseWith does, but returns the configuration even when the file has
+// errors (with them as the *Errors), so that --check can list what else the file holds: its
+// ignored LiteLLM keys and unusable deployments. A configuration with errors must never serve.
+func Check(data []byte, path string, opts ParseOptions) (*Config, error) {
+	d := &decoder{Decoder: settings.NewDecoder(opts.LookupEnv), backends: opts.Backends}
+	cfg := d.config(data)
 	cfg.Path = path
 	cfg.Warnings = d.Warnings()
 	cfg.raw = slices.Clone(data)
-	return cfg, nil
+	return cfg, d.Err(path)
 }
 
 // Defaults returns the configuration of an empty file: no model, the implicit local sandbox tool
@@ -115,6 +123,7 @@ func Defaults() *Config {
 type decoder struct {
 	*settings.Decoder
 	backends []SandboxBackend
+	ignored  map[string]*IgnoredKey // by place in the file
 }
 
 // syntaxError returns the line and message of a YAML syntax error. yaml.v3 reports the line where
@@ -163,124 +172,70 @@ func (d *decoder) config(data []byte) *Config {
 	if len(doc.Content) > 0 {
 		root = doc.Content[0]
 	}
-	top := d.Map(root, "", "the file", []string{"model_list", "sandbox_tools", "litellm_settings", "general_settings"}, nil)
+	top := d.section(root, secTop, "", "the file", "")
 
-	cfg.Models = d.models(top.Node("model_list"))
+	// environment_variables first: every os.environ/ reference below may name one of them.
+	d.environment(top.Node("environment_variables"))
+	litellm := d.section(top.Node("litellm_settings"), secLiteLLMSettings, "litellm_settings", "litellm_settings", "litellm_settings")
+	var defaults deploymentDefaults
+	cfg.Router, defaults = d.routerSettings(top.Node("router_settings"), litellm)
+	creds := d.credentials(top.Node("credential_list"))
+
+	cfg.Models = d.models(top.Node("model_list"), creds, defaults)
 	if len(cfg.Models) == 0 {
 		d.Warnf("model_list is empty: the proxy serves no model")
 	}
 	var toolNames map[string]int
 	cfg.SandboxTools, toolNames = d.sandboxTools(top.Node("sandbox_tools"))
-	d.litellmSettings(top.Node("litellm_settings"), cfg, toolNames)
+	d.litellmSettings(litellm, cfg, toolNames)
 	cfg.General = d.general(top.Node("general_settings"))
+	cfg.Ignored = d.ignoredKeys()
 	return cfg
 }
 
-// KnownAPIBase returns the default api_base of an upstream provider, or "" when a deployment of
-// that provider must set api_base itself. Only OpenAI-compatible endpoints whose address is fixed
-// and documented by the provider are listed.
-func KnownAPIBase(provider string) string {
-	switch provider {
-	case "openai":
-		return "https://api.openai.com/v1"
-	case "openrouter":
-		return "https://openrouter.ai/api/v1"
-	case "ollama":
-		return "http://localhost:11434/v1"
-	case "lm_studio":
-		return "http://localhost:1234/v1"
-	case "groq":
-		return "https://api.groq.com/openai/v1"
-	case "xai":
-		return "https://api.x.ai/v1"
-	case "mistral":
-		return "https://api.mistral.ai/v1"
-	case "deepseek":
-		return "https://api.deepseek.com/v1"
-	case "together_ai":
-		return "https://api.together.xyz/v1"
-	case "fireworks_ai":
-		return "https://api.fireworks.ai/inference/v1"
-	}
-	return ""
+// section decodes one mapping of the vocabulary's section: its readable keys are returned, its
+// ignored keys recorded under pattern (their place in the file, "router_settings"), anything else
+// is an unknown key.
+func (d *decoder) section(n *yaml.Node, section, path, label, pattern string) *settings.Map {
+	readable, ignored := sectionKeys(section)
+	m := d.Map(n, path, label, readable, ignored)
+	d.noteIgnored(pattern, section, m.IgnoredKeys())
+	return m
 }
 
-// ignoredModelParams are LiteLLM litellm_params keys of model_list entries that are accepted and
-// ignored, so that LiteLLM configs load unchanged. Any other unknown key is an error.
-var ignoredModelParams = []string{"rpm", "tpm", "timeout", "stream_timeout", "max_retries", "organization"}
+// noteIgnored records ignored keys found in a mapping of section, at the place pattern names.
+func (d *decoder) noteIgnored(pattern, section string, keys []settings.KeyAt) {
+	for _, k := range keys {
+		name := k.Key
+		if pattern != "" {
+			name = pattern + "." + k.Key
+		}
+		if d.ignored == nil {
+			d.ignored = map[string]*IgnoredKey{}
+		}
+		ik, ok := d.ignored[name]
+		if !ok {
+			v, _ := lookupKey(section, k.Key)
+			ik = &IgnoredKey{Key: name, Reason: v.note}
+			d.ignored[name] = ik
+		}
+		ik.Lines = append(ik.Lines, k.Line)
+	}
+}
 
-// ignoredLiteLLMSettings are litellm_settings keys accepted and ignored for the same reason.
-var ignoredLiteLLMSettings = []string{"drop_params", "set_verbose", "num_retries", "request_timeout"}
-
-func (d *decoder) models(n *yaml.Node) []Deployment {
-	n = settings.Deref(n)
-	if settings.IsNull(n) {
-		return nil
+// ignoredKeys returns the ignored keys recorded, ordered by the line each is first on.
+func (d *decoder) ignoredKeys() []IgnoredKey {
+	out := make([]IgnoredKey, 0, len(d.ignored))
+	for _, k := range d.ignored {
+		slices.Sort(k.Lines)
+		out = append(out, *k)
 	}
-	if n.Kind != yaml.SequenceNode {
-		d.Errorf(n.Line, "model_list must be a list")
-		return nil
-	}
-	var out []Deployment
-	for i, item := range n.Content {
-		item = settings.Deref(item)
-		path := fmt.Sprintf("model_list[%d]", i)
-		entry := d.Map(item, path, path, []string{"model_name", "litellm_params"}, []string{"model_info"})
-		dep := Deployment{Line: item.Line}
-		label := path
-		name := entry.String("model_name")
-		if name.Present {
-			dep.ModelName = name.S
-			label = fmt.Sprintf("%s (%s)", path, name.S)
+	slices.SortFunc(out, func(a, b IgnoredKey) int {
+		if a.Lines[0] != b.Lines[0] {
+			return a.Lines[0] - b.Lines[0]
 		}
-		if name.S == "" && name.Env == "" && item.Kind == yaml.MappingNode {
-			d.Errorf(item.Line, "%s: model_name is required", path)
-		}
-		pn := entry.Node("litellm_params")
-		if settings.IsNull(pn) {
-			if item.Kind == yaml.MappingNode {
-				d.Errorf(item.Line, "%s: litellm_params is required", path)
-			}
-			continue
-		}
-		ppath := path + ".litellm_params"
-		p := d.Map(pn, ppath, label, []string{"model", "api_key", "api_base"}, ignoredModelParams)
-		model := p.String("model")
-		switch {
-		case model.Present:
-			provider, upstream, found := strings.Cut(model.S, "/")
-			if !found || provider == "" || upstream == "" {
-				d.Errorf(p.ValueLine("model"), "%s: %s must be provider/model, e.g. \"openai/gpt-4.1\"", p.Key("model"), model.Shown())
-			} else {
-				dep.Provider, dep.UpstreamModel = provider, upstream
-			}
-		case model.Env != "":
-			dep.MissingEnv = model.Env
-		case pn.Kind == yaml.MappingNode:
-			d.Errorf(pn.Line, "%s: model is required (provider/model, e.g. \"openai/gpt-4.1\")", ppath)
-		}
-		key := p.String("api_key")
-		dep.APIKey = key.S
-		if key.Env != "" && !key.Present && dep.MissingEnv == "" {
-			dep.MissingEnv = key.Env
-		}
-		base := p.String("api_base")
-		switch {
-		case base.Present:
-			dep.APIBase = p.BaseURL(base, p.ValueLine("api_base"), p.Key("api_base"))
-		case base.Env != "":
-			if dep.MissingEnv == "" {
-				dep.MissingEnv = base.Env
-			}
-			dep.APIBase = KnownAPIBase(dep.Provider)
-		case dep.Provider != "":
-			dep.APIBase = KnownAPIBase(dep.Provider)
-			if dep.APIBase == "" {
-				d.Errorf(pn.Line, "%s: api_base is required for provider %q (it has no known default)", ppath, dep.Provider)
-			}
-		}
-		out = append(out, dep)
-	}
+		return strings.Compare(a.Key, b.Key)
+	})
 	return out
 }
 
@@ -384,9 +339,10 @@ func (d *decoder) sandboxTools(n *yaml.Node) ([]SandboxTool, map[string]int) {
 	return out, names
 }
 
-func (d *decoder) litellmSettings(n *yaml.Node, cfg *Config, tools map[string]int) {
+// litellmSettings reads litellm_settings (s, decoded by config) but for num_retries and
+// request_timeout, which routerSettings reads.
+func (d *decoder) litellmSettings(s *settings.Map, cfg *Config, tools map[string]int) {
 	const path = "litellm_settings"
-	s := d.Map(n, path, path, []string{"callbacks", "code_interpreter_interception_params"}, ignoredLiteLLMSettings)
 	cbs, _ := s.StringList("callbacks")
 	cfg.Callbacks = cbs
 	for _, cb := range cbs {
@@ -444,8 +400,7 @@ func (d *decoder) litellmSettings(n *yaml.Node, cfg *Config, tools map[string]in
 
 func (d *decoder) general(n *yaml.Node) General {
 	const path = "general_settings"
-	p := d.Map(n, path, path, []string{"master_key", "container_secret", "max_request_body_size", "shutdown_grace",
-		"data_dir", "max_file_upload_size", "max_file_storage_per_key"}, nil)
+	p := d.section(n, secGeneral, path, path, path)
 	var g General
 	mk := p.String("master_key")
 	switch {
@@ -465,6 +420,16 @@ func (d *decoder) general(n *yaml.Node) General {
 		d.AmendWarning(": container ids are sealed with a random key per process")
 	}
 	g.MaxRequestBodySize, _ = p.Size("max_request_body_size", DefaultMaxRequestBodySize)
+	// LiteLLM's max_request_size_mb, in MiB, applies when this proxy's own key is absent.
+	if !p.Has("max_request_body_size") {
+		if mb := p.Int("max_request_size_mb", 0, 1); mb > 0 {
+			if mb > 1<<20 {
+				d.Errorf(p.ValueLine("max_request_size_mb"), "%s: must be at most %d", p.Key("max_request_size_mb"), 1<<20)
+			} else {
+				g.MaxRequestBodySize = int64(mb) << 20
+			}
+		}
+	}
 	g.ShutdownGrace = p.Duration("shutdown_grace", DefaultShutdownGrace, true)
 	g.DataDir = strings.TrimSpace(p.String("data_dir").S)
 	g.MaxFileUploadSize, _ = p.Size("max_file_upload_size", DefaultMaxFileUploadSize)

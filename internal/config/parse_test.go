@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -22,16 +23,19 @@ var update = flag.Bool("update", false, "rewrite the expected results in testdat
 // parsed summary or the error text.
 const goldenSep = "#### want\n"
 
-// TestGolden parses every testdata/*.yaml with every sandbox backend, as the proxy does. Leading
+// TestGolden parses every testdata/*.yaml and testdata/litellm/*.yaml (LiteLLM configs in the
+// shapes its docs give) with every sandbox backend, as the proxy does. Leading
 // "# env: NAME=value" comment lines set the environment seen by os.environ/NAME references; no other
 // variable is set.
 func TestGolden(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no testdata: %v", err)
+	litellm, err2 := filepath.Glob("testdata/litellm/*.yaml")
+	if err != nil || err2 != nil || len(files) == 0 || len(litellm) < 20 {
+		t.Fatalf("testdata: %d files, %d LiteLLM configs (want at least 20): %v %v", len(files), len(litellm), err, err2)
 	}
-	for _, file := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(file), ".yaml"), func(t *testing.T) {
+	for _, file := range append(files, litellm...) {
+		name := strings.TrimSuffix(strings.TrimPrefix(file, "testdata/"), ".yaml")
+		t.Run(name, func(t *testing.T) {
 			raw, err := os.ReadFile(file)
 			if err != nil {
 				t.Fatal(err)
@@ -76,7 +80,7 @@ func summarize(c *Config, err error) string {
 	tmp := filepath.Join(os.TempDir(), "ciproxy-sandboxes")
 	b.WriteString("models:\n")
 	for _, m := range c.Models {
-		fmt.Fprintf(&b, "  %+v\n", m)
+		fmt.Fprintf(&b, "  %s\n", describe(m))
 	}
 	b.WriteString("sandbox_tools:\n")
 	for _, s := range c.SandboxTools {
@@ -97,11 +101,37 @@ func summarize(c *Config, err error) string {
 		g.MasterKey = "<random>"
 	}
 	fmt.Fprintf(&b, "general: %+v\n", g)
+	if c.Router != (Router{}) {
+		fmt.Fprintf(&b, "router: %+v\n", c.Router)
+	}
 	b.WriteString("warnings:\n")
-	for _, w := range c.Warnings {
+	for _, w := range c.AllWarnings() {
 		fmt.Fprintf(&b, "  %s\n", w)
 	}
 	return b.String()
+}
+
+// describe renders the fields of v that are not zero, as "{Name:value ...}", so that golden files
+// show what each deployment sets. Params and ExtraBody print their JSON.
+func describe(v any) string {
+	rv := reflect.ValueOf(v)
+	var parts []string
+	for i := range rv.NumField() {
+		f := rv.Field(i)
+		if f.IsZero() {
+			continue
+		}
+		val := fmt.Sprintf("%v", f.Interface())
+		if ps, ok := f.Interface().([]Param); ok {
+			var items []string
+			for _, p := range ps {
+				items = append(items, p.Name+"="+string(p.Value))
+			}
+			val = "[" + strings.Join(items, " ") + "]"
+		}
+		parts = append(parts, rv.Type().Field(i).Name+":"+val)
+	}
+	return "{" + strings.Join(parts, " ") + "}"
 }
 
 func TestErrorsType(t *testing.T) {
@@ -112,13 +142,13 @@ func TestErrorsType(t *testing.T) {
 		t.Fatalf("Parse error = %T %v; want *Errors", err, err)
 	}
 	want := []Problem{
-		{Line: 5, Msg: `model_list[0].litellm_params: unknown key "api_bse"`},
+		{Line: 5, Msg: `model_list[0].litellm_params: unknown key "api_bse" (did you mean "api_base"?)`},
 		{Line: 6, Msg: `top level: unknown key "bogus"`},
 	}
 	if fmt.Sprint(errs.Problems) != fmt.Sprint(want) {
 		t.Errorf("Problems = %v; want %v", errs.Problems, want)
 	}
-	wantText := "c.yaml:5: model_list[0].litellm_params: unknown key \"api_bse\"\nc.yaml:6: top level: unknown key \"bogus\""
+	wantText := "c.yaml:5: model_list[0].litellm_params: unknown key \"api_bse\" (did you mean \"api_base\"?)\nc.yaml:6: top level: unknown key \"bogus\""
 	if err.Error() != wantText {
 		t.Errorf("Error() = %q; want %q", err.Error(), wantText)
 	}
@@ -171,6 +201,46 @@ general_settings:
 	}
 	if n := len(err.(*Errors).Problems); n != 3 {
 		t.Errorf("got %d problems; want 3 (bad, python, shutdown_grace):\n%v", n, err)
+	}
+}
+
+// TestLiteLLMSecretsStayOutOfMessages: the LiteLLM keys that carry secrets (a Redis URL with its
+// password, Azure tokens, credential values, extra headers) are never repeated in a message or a
+// warning, whatever is wrong around them.
+func TestLiteLLMSecretsStayOutOfMessages(t *testing.T) {
+	in := `model_list:
+  - model_name: a
+    litellm_params:
+      model: azure/dep
+      api_base: https://contoso.openai.azure.com
+      azure_ad_token: SECRET-TOKEN
+      extra_headers: {X-Key: SECRET-HEADER, "Bad Name": SECRET-HEADER2}
+      litellm_credential_name: cred
+      temperature: SECRET-TEMP
+credential_list:
+  - credential_name: cred
+    credential_values: {api_key: SECRET-CRED, api_bsae: SECRET-BASE}
+router_settings:
+  redis_url: ftp://user:SECRET-REDIS@host
+  redis_password: SECRET-PW
+  redis_port: SECRET-PORT
+general_settings:
+  master_key: SECRET-MASTER
+  database_url: postgresql://u:SECRET-DB@db/x
+`
+	c, err := Check([]byte(in), "c.yaml", backends.ParseOptions(func(string) (string, bool) { return "", false }))
+	if err == nil {
+		t.Fatal("Check succeeded; want errors")
+	}
+	all := err.Error() + "\n" + strings.Join(c.AllWarnings(), "\n")
+	// The port's value is not a secret in itself, but the message must still name it only.
+	for _, secret := range []string{"SECRET-TOKEN", "SECRET-HEADER", "SECRET-CRED", "SECRET-BASE", "SECRET-REDIS", "SECRET-PW", "SECRET-MASTER", "SECRET-DB"} {
+		if strings.Contains(all, secret) {
+			t.Errorf("messages reveal %s:\n%s", secret, all)
+		}
+	}
+	if n := len(err.(*Errors).Problems); n != 5 {
+		t.Errorf("got %d problems; want 5 (header name, temperature, api_bsae, redis_url, redis_port):\n%v", n, err)
 	}
 }
 
@@ -247,6 +317,69 @@ func TestExampleConfigE2BTool(t *testing.T) {
 	}
 	if opts.Timeout != 300*time.Second || opts.Template != "code-interpreter-v1" || opts.Domain != "e2b.app" {
 		t.Errorf("e2b defaults = %+v; want the SDKs' (300 s, code-interpreter-v1, e2b.app)", opts)
+	}
+}
+
+// uncomment returns data with the commented-out block that starts with the line first
+// uncommented: that line and those after it with the same comment prefix, up to a blank line.
+func uncomment(t *testing.T, data []byte, first string) []byte {
+	t.Helper()
+	prefix := first[:strings.Index(first, "# ")+2]
+	var out []string
+	in, found := false, false
+	for _, line := range strings.Split(string(data), "\n") {
+		if line == first {
+			in, found = true, true
+		}
+		if in && (!strings.HasPrefix(line, prefix) || line == "") {
+			in = false
+		}
+		if in {
+			line = prefix[:len(prefix)-2] + strings.TrimPrefix(line, prefix)
+		}
+		out = append(out, line)
+	}
+	if !found {
+		t.Fatalf("no line %q", first)
+	}
+	return []byte(strings.Join(out, "\n"))
+}
+
+// TestExampleConfigLiteLLMBlocks uncomments the example's LiteLLM blocks (default params,
+// model_info, Azure, router_settings, credential_list, environment_variables): each must be valid
+// as written and mean what its comment says.
+func TestExampleConfigLiteLLMBlocks(t *testing.T) {
+	data, err := os.ReadFile("../../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, first := range []string{
+		"      # temperature: 0.2", "      # timeout: 600        # longest wait for the upstream's response headers (then the next entry)", "    # model_info:", "  # - model_name: gpt-4o-azure",
+		"# router_settings:", "# credential_list:", "# environment_variables:",
+	} {
+		data = uncomment(t, data, first)
+	}
+	env := map[string]string{"AZURE_API_KEY": "az", "REDIS_HOST": "redis", "OPENAI_API_KEY": "sk"}
+	c, err := ParseWith(data, "config.example.yaml", backends.ParseOptions(func(n string) (string, bool) { v, ok := env[n]; return v, ok }))
+	if err != nil {
+		t.Fatalf("config.example.yaml with its LiteLLM blocks uncommented: %v", err)
+	}
+	gpt := c.Deployments("gpt-4.1")[0]
+	if len(gpt.Params) != 3 || len(gpt.ExtraHeaders) != 1 || len(gpt.ExtraBody) != 1 || gpt.Timeout != 600*time.Second ||
+		gpt.StreamTimeout != 60*time.Second || gpt.API != APIResponses || gpt.Attempts != 3 {
+		t.Errorf("gpt-4.1 = %+v; want 3 params, a header, an extra_body key, the timeouts, the Responses API and 3 attempts", gpt)
+	}
+	az := c.Deployments("gpt-4o-azure")
+	if len(az) != 1 || az[0].Provider != "azure" || az[0].APIKey != "az" || az[0].KeyHeader != KeyHeaderAzure || az[0].APIVersion != "2025-04-01-preview" || az[0].Unusable != "" {
+		t.Errorf("gpt-4o-azure = %+v; want a usable Azure deployment with its key and version", az)
+	}
+	if r := c.Router.Redis; r.Addr() != "redis:6379" {
+		t.Errorf("Redis = %+v; want redis:6379", r)
+	}
+	for _, w := range c.AllWarnings() {
+		if strings.HasPrefix(w, "ignored: ") || strings.HasPrefix(w, "unusable: ") {
+			t.Errorf("the example's blocks use only honoured keys, yet: %s", w)
+		}
 	}
 }
 

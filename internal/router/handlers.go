@@ -116,8 +116,9 @@ func (s *server) storedResponse(w http.ResponseWriter, r *http.Request) error {
 }
 
 // byID serves the stored-response endpoints (GET and DELETE /v1/responses/{id}, its input_items
-// and cancel). The request names no model, so it goes to the first deployment in model_list: with
-// several upstreams, stored responses are only reachable on that one.
+// and cancel). The request names no model, so it goes to the first deployment in model_list that
+// can be called (see config.Deployment.Unusable): with several upstreams, stored responses are
+// only reachable on that one.
 func (s *server) byID(w http.ResponseWriter, r *http.Request) error {
 	cfg := configFrom(r.Context())
 	if cfg == nil {
@@ -131,6 +132,12 @@ func (s *server) byID(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	dep := cfg.Models[0]
+	for _, d := range cfg.Models {
+		if d.Unusable == "" && d.MissingEnv == "" {
+			dep = d
+			break
+		}
+	}
 	annotate(r.Context(), "", deploymentName(dep))
 	s.client.Target([]config.Deployment{dep}).Proxy(w, r, body)
 	return nil

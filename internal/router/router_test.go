@@ -64,6 +64,20 @@ func TestRequestValidation(t *testing.T) {
 	}
 }
 
+// TestStoredResponsesSkipUnusableDeployments: a request that names no model goes to the first
+// deployment that can be called, not to one the proxy cannot call.
+func TestStoredResponsesSkipUnusableDeployments(t *testing.T) {
+	up := newUpstream(t, nil)
+	p := newProxy(t, testConfig(up.URL+"/v1", func(c *config.Config) {
+		bedrock := config.Deployment{ModelName: "claude", Provider: "bedrock", UpstreamModel: "anthropic.claude-3", Unusable: "provider bedrock cannot be called", Line: 2}
+		c.Models = append([]config.Deployment{bedrock}, c.Models...)
+	}))
+	status, _, body := p.do(t, http.MethodGet, "/v1/responses/resp_1", "", "Authorization", "Bearer client-key")
+	if status != http.StatusOK || len(up.requests()) != 1 {
+		t.Fatalf("GET /v1/responses/resp_1 = %d %s after %d upstream requests; want 200 from the usable deployment", status, body, len(up.requests()))
+	}
+}
+
 func TestPathForms(t *testing.T) {
 	up := newUpstream(t, nil)
 	p := newProxy(t, testConfig(up.URL+"/v1"))

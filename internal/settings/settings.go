@@ -23,6 +23,7 @@ const EnvPrefix = "os.environ/"
 // Decoder collects the problems and warnings of one file. It is not safe for concurrent use.
 type Decoder struct {
 	lookup   func(string) (string, bool)
+	overlay  map[string]string
 	problems []Problem
 	warnings []string
 }
@@ -52,8 +53,19 @@ func (d *Decoder) AmendWarning(suffix string) {
 	}
 }
 
-// LookupEnv reads an environment variable as the Decoder's os.environ/NAME references do.
-func (d *Decoder) LookupEnv(name string) (string, bool) { return d.lookup(name) }
+// LookupEnv reads an environment variable as the Decoder's os.environ/NAME references do: from the
+// overlay first (Overlay), then from the environment.
+func (d *Decoder) LookupEnv(name string) (string, bool) {
+	if v, ok := d.overlay[name]; ok {
+		return v, true
+	}
+	return d.lookup(name)
+}
+
+// Overlay makes vars take precedence over the environment for every later lookup, as LiteLLM's
+// environment_variables section does. The process environment itself is never changed: parsing
+// has no side effects.
+func (d *Decoder) Overlay(vars map[string]string) { d.overlay = vars }
 
 // Warnings returns the warnings recorded so far, in order.
 func (d *Decoder) Warnings() []string { return slices.Clone(d.warnings) }
@@ -61,12 +73,20 @@ func (d *Decoder) Warnings() []string { return slices.Clone(d.warnings) }
 // Map is one YAML mapping being decoded: the values of the keys it may hold. Each getter reads its key
 // once (a second read returns the same value and repeats no warning) and records what is wrong with it.
 type Map struct {
-	d      *Decoder
-	path   string
-	label  string
-	line   int
-	fields map[string]field
-	values map[string]Value
+	d       *Decoder
+	path    string
+	label   string
+	line    int
+	order   []string // the readable keys present, in file order
+	fields  map[string]field
+	values  map[string]Value
+	ignored []KeyAt
+}
+
+// KeyAt is a key of a mapping and the line it is on.
+type KeyAt struct {
+	Key  string
+	Line int
 }
 
 // field is a value node with the line of its key, for messages about the key itself.
@@ -76,10 +96,67 @@ type field struct {
 }
 
 // Map checks that n is a mapping (or absent, or null) whose keys are all in allowed or ignored,
-// records unknown and duplicate keys, and returns the mapping's allowed keys for reading. path is the
-// dotted location used in problems ("model_list[1].litellm_params", "" for the top level); label names
-// the entry in warnings ("model_list[1] (gpt-5)") and, at the top level, in problems ("the file").
+// records unknown and duplicate keys, and returns the mapping's allowed keys for reading; the ignored
+// keys present are listed by IgnoredKeys. path is the dotted location used in problems
+// ("model_list[1].litellm_params", "" for the top level); label names the entry in warnings
+// ("model_list[1] (gpt-5)") and, at the top level, in problems ("the file").
 func (d *Decoder) Map(n *yaml.Node, path, label string, allowed, ignored []string) *Map {
+	m := d.mapping(n, path, label, func(key string) (readable, known bool) {
+		switch {
+		case slices.Contains(allowed, key):
+			return true, true
+		case slices.Contains(ignored, key):
+			return false, true
+		}
+		return false, false
+	}, func(key string) string { return closest(key, allowed, ignored) })
+	return m
+}
+
+// closest returns the key of lists nearest to key when it is near enough to be a typo of it (at
+// most two edits, and fewer than half the key), or "".
+func closest(key string, lists ...[]string) string {
+	best, bestDist := "", 3
+	for _, list := range lists {
+		for _, k := range list {
+			if d := editDistance(key, k); d < bestDist && d*2 < len(k) {
+				best, bestDist = k, d
+			}
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// OpenMap is Map for a mapping whose keys are free (LiteLLM's model_info, environment_variables,
+// extra_headers): every key may be read, only duplicates are problems.
+func (d *Decoder) OpenMap(n *yaml.Node, path, label string) *Map {
+	return d.mapping(n, path, label, func(string) (bool, bool) { return true, true }, nil)
+}
+
+// mapping builds a Map; classify reports whether a key may be read and whether it is known at all.
+// suggest, when not nil, names a known key an unknown one may be a typo of.
+func (d *Decoder) mapping(n *yaml.Node, path, label string, classify func(key string) (readable, known bool), suggest func(key string) string) *Map {
 	m := &Map{d: d, path: path, label: label, fields: map[string]field{}, values: map[string]Value{}}
 	n = Deref(n)
 	if IsNull(n) {
@@ -107,16 +184,35 @@ func (d *Decoder) Map(n *yaml.Node, path, label string, allowed, ignored []strin
 			continue
 		}
 		seen[key] = true
-		switch {
-		case slices.Contains(allowed, key):
+		switch readable, known := classify(key); {
+		case readable:
 			m.fields[key] = field{node: Deref(v), keyLine: k.Line}
-		case slices.Contains(ignored, key):
+			m.order = append(m.order, key)
+		case known:
+			m.ignored = append(m.ignored, KeyAt{Key: key, Line: k.Line})
 		default:
-			d.Errorf(k.Line, "%s: unknown key %q", where, key)
+			if near := suggestion(suggest, key); near != "" {
+				d.Errorf(k.Line, "%s: unknown key %q (did you mean %q?)", where, key, near)
+			} else {
+				d.Errorf(k.Line, "%s: unknown key %q", where, key)
+			}
 		}
 	}
 	return m
 }
+
+func suggestion(suggest func(string) string, key string) string {
+	if suggest == nil {
+		return ""
+	}
+	return suggest(key)
+}
+
+// Keys returns the readable keys present, in file order.
+func (m *Map) Keys() []string { return slices.Clone(m.order) }
+
+// IgnoredKeys returns the ignored keys present (see Map), in file order.
+func (m *Map) IgnoredKeys() []KeyAt { return slices.Clone(m.ignored) }
 
 // Decoder returns the Decoder the Map records its problems in.
 func (m *Map) Decoder() *Decoder { return m.d }
@@ -165,7 +261,7 @@ func (m *Map) Errorf(line int, format string, args ...any) { m.d.Errorf(line, fo
 func (m *Map) Warnf(format string, args ...any) { m.d.Warnf(format, args...) }
 
 // LookupEnv reads an environment variable as os.environ/NAME references do.
-func (m *Map) LookupEnv(name string) (string, bool) { return m.d.lookup(name) }
+func (m *Map) LookupEnv(name string) (string, bool) { return m.d.LookupEnv(name) }
 
 // Value is a scalar with any os.environ/NAME reference resolved.
 type Value struct {
@@ -223,7 +319,7 @@ func (m *Map) scalar(n *yaml.Node, present bool, key string) Value {
 		m.d.Errorf(n.Line, "%s: %q names no variable", m.Key(key), EnvPrefix)
 		return Value{}
 	}
-	v, set := m.d.lookup(name)
+	v, set := m.d.LookupEnv(name)
 	if !set {
 		m.d.Warnf("%s: %s refers to %s, which is not set", m.label, key, name)
 		return Value{Env: name}

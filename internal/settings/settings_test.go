@@ -97,3 +97,49 @@ func TestBaseURLRedactsCredentials(t *testing.T) {
 		t.Errorf("Err() = %v; want %q", err, want)
 	}
 }
+
+func TestMapListsIgnoredKeysAndSuggests(t *testing.T) {
+	d := NewDecoder(func(string) (string, bool) { return "", false })
+	m := d.Map(node(t, "api_base: x\nrpm: 5\napi_bsae: y\ntpm: 1\n"), "p", "p", []string{"api_base"}, []string{"rpm", "tpm"})
+	if got, want := fmt.Sprint(m.IgnoredKeys()), "[{rpm 2} {tpm 4}]"; got != want {
+		t.Errorf("IgnoredKeys() = %s; want %s", got, want)
+	}
+	if got := m.Keys(); fmt.Sprint(got) != "[api_base]" {
+		t.Errorf("Keys() = %q; want only the readable key", got)
+	}
+	want := `c.yaml:3: p: unknown key "api_bsae" (did you mean "api_base"?)`
+	if err := d.Err("c.yaml"); err == nil || err.Error() != want {
+		t.Errorf("Err() = %v; want %s", err, want)
+	}
+}
+
+func TestOpenMapTakesAnyKeyButDuplicates(t *testing.T) {
+	d := NewDecoder(func(string) (string, bool) { return "", false })
+	m := d.OpenMap(node(t, "b: 1\na: 2\nb: 3\n"), "p", "p")
+	if got := m.Keys(); fmt.Sprint(got) != "[b a]" {
+		t.Errorf("Keys() = %q; want [b a] in file order", got)
+	}
+	if err := d.Err("c.yaml"); err == nil || err.Error() != `c.yaml:3: p: duplicate key "b"` {
+		t.Errorf("Err() = %v; want the duplicate only", err)
+	}
+}
+
+func TestOverlayComesBeforeTheEnvironment(t *testing.T) {
+	d := NewDecoder(func(n string) (string, bool) { return "env-" + n, true })
+	d.Overlay(map[string]string{"A": "overlay"})
+	m := d.Map(node(t, "x: os.environ/A\ny: os.environ/B\n"), "p", "p", []string{"x", "y"}, nil)
+	if x, y := m.String("x"), m.String("y"); x.S != "overlay" || y.S != "env-B" {
+		t.Errorf("x = %+v, y = %+v; want the overlay for A and the environment for B", x, y)
+	}
+}
+
+func TestEditDistance(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		want int
+	}{{"", "", 0}, {"api_bse", "api_base", 1}, {"temprature", "temperature", 1}, {"rmp", "rpm", 2}, {"abc", "", 3}} {
+		if got := editDistance(tc.a, tc.b); got != tc.want {
+			t.Errorf("editDistance(%q, %q) = %d; want %d", tc.a, tc.b, got, tc.want)
+		}
+	}
+}

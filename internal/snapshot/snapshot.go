@@ -262,7 +262,7 @@ func (s *Store) Close(ctx context.Context) error {
 }
 
 func (s *Store) logWarnings(cfg *config.Config) {
-	for _, w := range cfg.Warnings {
+	for _, w := range cfg.AllWarnings() {
 		s.log.Warn("config warning", zap.String("path", cfg.Path), zap.String("warning", w))
 	}
 }

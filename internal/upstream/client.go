@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -110,22 +111,29 @@ func (t *Target) Deployments() []config.Deployment { return t.deps }
 // maxBufferedErrorBody bounds how much of a 5xx body is kept while the next deployment is tried.
 const maxBufferedErrorBody = 1 << 20
 
-// Post sends body to path (e.g. "/responses", joined to each deployment's api_base) and returns the
-// first response that is not a failure, with the deployment that answered.
+// Post sends body to path (e.g. "/responses", joined to each deployment's api_base, or mapped onto
+// Azure's paths) and returns the first response that is not a failure, with the deployment that
+// answered.
 //
-// For each deployment, the top-level "model" of a JSON-object body is replaced by the deployment's
-// UpstreamModel and every other byte is kept; body itself is never modified. h is not modified
-// either: the request carries a copy without hop-by-hop headers, without any client credential
-// (Authorization, Api-Key, X-Api-Key, OpenAI-Organization, OpenAI-Project, Cookie) and without
-// Accept-Encoding, so the transport negotiates and undoes compression itself and the caller always
-// reads plain bytes. Authorization is set to "Bearer <key>" when the deployment has a key.
+// For each deployment the body is DeploymentBody's: the top-level "model" of a JSON-object body
+// replaced by the deployment's UpstreamModel and its default request params added where the client
+// set none, every other byte kept; body itself is never modified. h is not modified either: the
+// request carries a copy without hop-by-hop headers, without any client credential (Authorization,
+// Api-Key, X-Api-Key, OpenAI-Organization, OpenAI-Project, Cookie) and without Accept-Encoding, so
+// the transport negotiates and undoes compression itself and the caller always reads plain bytes.
+// The deployment's extra headers are added where h has none of the name, and its key is sent as
+// "Authorization: Bearer <key>" (Azure keys: "api-key: <key>").
 //
-// A connection error or a 5xx status moves on to the next deployment. When all fail, the last 5xx
-// response is returned as is; when none could be reached, the error is a 502 *apierror.Error.
-// Deployments whose key refers to an unset environment variable are skipped; if no other deployment
-// exists, the error is a 502 *apierror.Error naming the variable. Any other status (4xx included) is
-// returned to the caller as a normal response, which must then close its body. When ctx ends, the
-// error wraps ctx.Err() and nothing else is tried.
+// A connection error, a 5xx status, or no response headers within the deployment's timeout moves
+// on to the next deployment; a deployment with Attempts set makes that many attempts in all, going
+// round the deployments again. When all fail, the last 5xx response is returned as is; when none
+// could be reached, the error is a 502 *apierror.Error (504 when the last attempt timed out).
+// Deployments whose key refers to an unset environment variable, and those the proxy cannot call
+// (Deployment.Unusable), are skipped; if no other deployment exists, the error is a 502
+// *apierror.Error naming the variable, or a 501 naming the deployment and why (with
+// "x-should-retry: false": retrying cannot help). Any other status (4xx included) is returned to the
+// caller as a normal response, which must then close its body. When ctx ends, the error wraps
+// ctx.Err() and nothing else is tried.
 func (t *Target) Post(ctx context.Context, path string, body []byte, h http.Header) (*http.Response, config.Deployment, error) {
 	hdr := cleanHeader(h)
 	// The caller reads the body, so it must be plain; TE is hop-by-hop in any case.
@@ -137,66 +145,81 @@ func (t *Target) Post(ctx context.Context, path string, body []byte, h http.Head
 	return t.send(ctx, http.MethodPost, path, "", hdr, body)
 }
 
+// errHeaderTimeout is the cause of an attempt that got no response headers within its timeout.
+var errHeaderTimeout = errors.New("no response headers within the deployment's timeout")
+
 // send tries the deployments in order; see Post for the rules. hdr must already be clean and is
 // not modified.
 func (t *Target) send(ctx context.Context, method, urlPath, rawQuery string, hdr http.Header, body []byte) (*http.Response, config.Deployment, error) {
+	var usable []int // indexes of the deployments that can be called
+	var skipped *config.Deployment
+	for i, d := range t.deps {
+		if d.MissingEnv != "" || d.Unusable != "" {
+			if skipped == nil {
+				skipped = &t.deps[i]
+			}
+			// Config loading already warned; this is per request, so debug only.
+			t.c.log.Debug("skipping deployment that cannot be called",
+				zap.String("model", d.ModelName), zap.String("provider", d.Provider),
+				zap.String("env", d.MissingEnv), zap.String("unusable", d.Unusable))
+			continue
+		}
+		usable = append(usable, i)
+	}
+	if len(usable) == 0 {
+		return nil, config.Deployment{}, notCallable(skipped)
+	}
+	attempts := len(usable)
+	if a := t.deps[usable[0]].Attempts; a > 0 {
+		attempts = a
+	}
+	stream := gjson.GetBytes(body, "stream").Bool()
+
 	var (
-		last     *http.Response    // a buffered 5xx from a deployment that was not the last
+		last     *http.Response    // a buffered 5xx from an attempt that was not the last
 		lastDep  config.Deployment // the deployment last tried
 		lastErr  config.Deployment // the deployment that answered last with a 5xx
 		connErrs []error
-		missing  *config.Deployment
-		prevFail bool
+		timedOut bool // the last failed attempt got no headers in time
 
-		sent      []byte // body as last rewritten, reused while the upstream model stays the same
-		sentModel string
-		rewritten bool
+		sent    []byte // body as prepared for sentFor, reused while the deployment stays the same
+		sentFor = -1
 	)
-	for i := range t.deps {
+	for n := range attempts {
+		i := usable[n%len(usable)]
 		d := t.deps[i]
-		if d.MissingEnv != "" {
-			if missing == nil {
-				missing = &t.deps[i]
-			}
-			// Config loading already warned about the variable; this is per request, so debug only.
-			t.c.log.Debug("skipping deployment with unset environment variable",
-				zap.String("model", d.ModelName), zap.String("provider", d.Provider), zap.String("env", d.MissingEnv))
-			continue
-		}
-		if prevFail {
+		if n > 0 {
 			t.c.metrics.failover(d.Provider)
 		}
 		lastDep = d
-		if !rewritten || sentModel != d.UpstreamModel {
-			sent, sentModel, rewritten = rewriteModel(body, d.UpstreamModel), d.UpstreamModel, true
+		if sentFor != i {
+			sent, sentFor = DeploymentBody(d, urlPath, body), i
 		}
-		req, err := newRequest(ctx, method, d, urlPath, rawQuery, hdr, sent)
-		if err != nil {
-			// Config validation checks api_base, so this is a bug rather than an outage; still, the
-			// next deployment may work.
-			connErrs = append(connErrs, err)
-			prevFail = true
-			t.c.log.Error("cannot build upstream request", zap.String("model", d.ModelName), zap.Error(err))
-			continue
+		timeout := d.Timeout
+		if stream {
+			timeout = d.StreamTimeout
 		}
-		start := time.Now()
-		resp, err := t.c.transport.RoundTrip(req)
+		resp, err := t.attempt(ctx, method, d, urlPath, rawQuery, hdr, sent, timeout)
 		if err != nil {
 			if ctx.Err() != nil {
 				t.c.metrics.errored(d.Provider, "canceled")
 				closeBody(last)
 				return nil, d, fmt.Errorf("calling upstream for model %q: %w", d.ModelName, ctx.Err())
 			}
-			t.c.metrics.errored(d.Provider, "connect")
+			kind := "connect"
+			timedOut = errors.Is(err, errHeaderTimeout)
+			if timedOut {
+				kind = "timeout"
+			}
+			t.c.metrics.errored(d.Provider, kind)
 			t.c.log.Warn("upstream unreachable",
 				zap.String("model", d.ModelName), zap.String("provider", d.Provider),
-				zap.String("api_base", safeBase(d.APIBase)), zap.Int("attempt", i+1), zap.Error(err))
+				zap.String("api_base", safeBase(d.APIBase)), zap.Int("attempt", n+1), zap.Error(err))
 			connErrs = append(connErrs, err)
-			prevFail = true
 			continue
 		}
-		t.c.metrics.answered(d.Provider, resp.StatusCode, time.Since(start))
-		if resp.StatusCode < 500 || i == len(t.deps)-1 {
+		timedOut = false
+		if resp.StatusCode < 500 || n == attempts-1 {
 			if resp.StatusCode >= 500 {
 				t.c.metrics.errored(d.Provider, "5xx")
 			}
@@ -206,42 +229,114 @@ func (t *Target) send(ctx context.Context, method, urlPath, rawQuery string, hdr
 		t.c.metrics.errored(d.Provider, "5xx")
 		t.c.log.Warn("upstream failed, trying the next deployment",
 			zap.String("model", d.ModelName), zap.String("provider", d.Provider),
-			zap.String("api_base", safeBase(d.APIBase)), zap.Int("attempt", i+1), zap.Int("status", resp.StatusCode))
+			zap.String("api_base", safeBase(d.APIBase)), zap.Int("attempt", n+1), zap.Int("status", resp.StatusCode))
 		buffered, err := bufferBody(resp)
 		if err != nil && ctx.Err() != nil {
 			closeBody(last)
 			return nil, d, fmt.Errorf("calling upstream for model %q: %w", d.ModelName, ctx.Err())
 		}
 		closeBody(last)
-		last, lastErr, prevFail = buffered, d, true
+		last, lastErr = buffered, d
 	}
 	if last != nil {
 		return last, lastErr, nil
 	}
-	if len(connErrs) > 0 {
-		model := t.deps[0].ModelName
-		return nil, lastDep, apierror.BadGateway(
-			fmt.Sprintf("The upstream for model %q could not be reached.", model),
-			"upstream_unreachable", fmt.Errorf("model %q: %w", model, errors.Join(connErrs...)))
+	model := lastDep.ModelName
+	cause := fmt.Errorf("model %q: %w", model, errors.Join(connErrs...))
+	if timedOut {
+		return nil, lastDep, &apierror.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+			Message: fmt.Sprintf("The upstream for model %q did not answer in time.", model), Err: cause}
 	}
-	if missing != nil {
-		return nil, *missing, &apierror.Error{
-			Status: http.StatusBadGateway,
-			Type:   "server_error",
-			Code:   "upstream_not_configured",
-			Message: fmt.Sprintf("Model %q is not configured: the environment variable %s is not set. Set it and restart the proxy.",
-				missing.ModelName, missing.MissingEnv),
+	return nil, lastDep, apierror.BadGateway(
+		fmt.Sprintf("The upstream for model %q could not be reached.", model), "upstream_unreachable", cause)
+}
+
+// attempt makes one upstream call. With a timeout, the call fails with errHeaderTimeout when no
+// response headers arrived in time; once they have, the body may take as long as it takes (a
+// stream, a slow model), until ctx ends.
+func (t *Target) attempt(ctx context.Context, method string, d config.Deployment, urlPath, rawQuery string, hdr http.Header, body []byte, timeout time.Duration) (*http.Response, error) {
+	actx, cancel := context.WithCancelCause(ctx)
+	req, err := newRequest(actx, method, d, urlPath, rawQuery, hdr, body)
+	if err != nil {
+		cancel(nil)
+		// Config validation checks api_base, so this is a bug rather than an outage; still, the
+		// next deployment may work.
+		t.c.log.Error("cannot build upstream request", zap.String("model", d.ModelName), zap.Error(err))
+		return nil, err
+	}
+	var timer *time.Timer
+	if timeout > 0 {
+		timer = time.AfterFunc(timeout, func() { cancel(errHeaderTimeout) })
+	}
+	start := time.Now()
+	resp, err := t.c.transport.RoundTrip(req)
+	if timer != nil && !timer.Stop() {
+		// The timer fired: whatever came back came too late.
+		closeBody(resp)
+		cancel(nil)
+		return nil, fmt.Errorf("after %v: %w", timeout, errHeaderTimeout)
+	}
+	if err != nil {
+		cancel(nil)
+		return nil, err
+	}
+	t.c.metrics.answered(d.Provider, resp.StatusCode, time.Since(start))
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: func() { cancel(nil) }}
+	return resp, nil
+}
+
+// cancelOnClose releases an attempt's context when its body is closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel func()
+}
+
+func (c *cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
+}
+
+// notCallable is the error for a model none of whose deployments can be called; d is the first of
+// them (nil when the target has none).
+func notCallable(d *config.Deployment) error {
+	switch {
+	case d == nil:
+		return &apierror.Error{
+			Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_not_configured",
+			Message: "No upstream is configured for this model.",
+		}
+	case d.Unusable != "":
+		// The operator's configuration, not the request, is at fault, and retrying cannot help.
+		return &apierror.Error{
+			Status: http.StatusNotImplemented, Type: "server_error", Code: "deployment_not_supported",
+			Message: fmt.Sprintf("Model %q cannot be served by this proxy: its deployment %s (line %d of the configuration) %s.",
+				d.ModelName, d.Name(), d.Line, strings.TrimSuffix(unusableReason(d.Unusable), ".")),
+			Header: http.Header{"X-Should-Retry": {"false"}},
 		}
 	}
-	return nil, config.Deployment{}, &apierror.Error{
-		Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_not_configured",
-		Message: "No upstream is configured for this model.",
+	return &apierror.Error{
+		Status: http.StatusBadGateway,
+		Type:   "server_error",
+		Code:   "upstream_not_configured",
+		Message: fmt.Sprintf("Model %q is not configured: the environment variable %s is not set. Set it and restart the proxy.",
+			d.ModelName, d.MissingEnv),
 	}
+}
+
+// unusableReason phrases config's reason after "its deployment X (line N)": "cannot be called: ...".
+func unusableReason(reason string) string {
+	if rest, ok := strings.CutPrefix(reason, "provider "); ok {
+		if _, tail, found := strings.Cut(rest, " "); found {
+			return "uses a provider that " + tail
+		}
+	}
+	return "cannot be called: " + reason
 }
 
 // newRequest builds the request for one deployment. hdr is copied, never modified.
 func newRequest(ctx context.Context, method string, d config.Deployment, urlPath, rawQuery string, hdr http.Header, body []byte) (*http.Request, error) {
-	u, err := joinURL(d.APIBase, urlPath, rawQuery)
+	u, err := endpointURL(d, urlPath, rawQuery)
 	if err != nil {
 		return nil, err
 	}
@@ -257,9 +352,7 @@ func newRequest(ctx context.Context, method string, d config.Deployment, urlPath
 	if req.Header == nil {
 		req.Header = make(http.Header)
 	}
-	if d.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+d.APIKey)
-	}
+	setDeploymentHeaders(req.Header, d)
 	return req, nil
 }
 

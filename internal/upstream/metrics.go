@@ -29,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"provider", "class"})),
 		errors: promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ciproxy_upstream_errors_total",
-			Help: "Failed upstream attempts by provider and kind: connect, 5xx, canceled (the caller went away).",
+			Help: "Failed upstream attempts by provider and kind: connect, timeout (no response headers within the deployment's timeout), 5xx, canceled (the caller went away).",
 		}, []string{"provider", "kind"})),
 		failovers: promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ciproxy_upstream_failovers_total",

@@ -20,18 +20,22 @@ const StatusClientClosedRequest = 499
 // and body bytes as the upstream sent them, server-sent events flushed one by one.
 //
 // body is what the client sent (r.Body, already read by the caller, is not used). For each attempt
-// the top-level "model" of a JSON-object body becomes the deployment's UpstreamModel, every other
-// byte kept; any other body is sent as it is. The URL is the deployment's api_base joined with
-// r.URL.Path minus a leading "/v1" (api_base already names the version), plus r's query.
+// the body is DeploymentBody's: the top-level "model" of a JSON-object body becomes the
+// deployment's UpstreamModel and its default request params fill what the client did not set,
+// every other byte kept; any other body is sent as it is. The URL is the deployment's api_base
+// joined with r.URL.Path minus a leading "/v1" (api_base already names the version), plus r's
+// query; for Azure, the path and api-version Azure expects (endpointURL).
 //
 // Request headers lose what httputil.ReverseProxy removes (hop-by-hop, X-Forwarded-*, Forwarded)
-// and every client credential (see Post); Authorization carries the deployment's key. The client's
+// and every client credential (see Post); the deployment's extra headers are added and its key
+// carried as Post carries it. The client's
 // Accept-Encoding is kept, so a compressed upstream body passes through byte-identical. Response
 // headers lose hop-by-hop headers and those that would bind the proxy's own origin to the upstream's
 // choices (Set-Cookie, Alt-Svc, Strict-Transport-Security).
 //
-// Failover follows Post's rules; nothing reaches the client before a deployment has answered.
-// Errors before the answer are written as OpenAI-shaped errors (502, or 504 when a deadline passed).
+// Failover, retries and timeouts follow Post's rules; nothing reaches the client before a
+// deployment has answered. Errors before the answer are written as OpenAI-shaped errors (502; 504
+// when a deadline passed; 501 when no deployment of the model can be called).
 // When the client disconnects, the upstream request is canceled and nothing is logged as a failure;
 // after the headers are sent, a broken stream aborts the handler with http.ErrAbortHandler, which
 // net/http (and the router's recoverer) treat as a silent abort.
