@@ -25,8 +25,8 @@ type containers interface {
 	// files already there, records them as container files (source "user") and returns the
 	// records in the order of files. A file placed in c before from the same Files API id, or
 	// the same inline bytes and name, is not placed again: its record is returned. Nothing is
-	// recorded for a file that could not be placed; a file too large for the container wraps
-	// sandbox.ErrFileTooLarge.
+	// recorded for a file that could not be placed; an error about one of the files is a
+	// *placeError naming it (a file too large for the container wraps sandbox.ErrFileTooLarge).
 	PlaceFiles(ctx context.Context, c runner, files []placement) ([]store.ContainerFile, error)
 	// CollectFiles records the regular files created or changed under c's /mnt/data since the
 	// last collection or placement as container files (source "assistant") and returns them.
@@ -34,6 +34,15 @@ type containers interface {
 	// ContainerFiles returns the files recorded for c.
 	ContainerFiles(ctx context.Context, c runner) ([]store.ContainerFile, error)
 }
+
+// placeError is PlaceFiles' error about one of its files: files[Index].
+type placeError struct {
+	Index int
+	Err   error
+}
+
+func (e *placeError) Error() string { return fmt.Sprintf("file %d: %v", e.Index, e.Err) }
+func (e *placeError) Unwrap() error { return e.Err }
 
 // placement is one file a request puts into its container before code runs: a Files API file
 // of the caller, or bytes the input carried inline.

@@ -231,7 +231,7 @@ func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, files []placeme
 			origin = "data:" + hex.EncodeToString(sum[:])
 		}
 		if int64(len(data)) > f.maxFile && f.maxFile > 0 {
-			return nil, fmt.Errorf("%w: %s", sandbox.ErrFileTooLarge, p.Name)
+			return nil, &placeError{Index: len(out), Err: fmt.Errorf("%w: %s", sandbox.ErrFileTooLarge, p.Name)}
 		}
 		if rel, ok := b.origins[origin]; ok {
 			out = append(out, b.fs[rel].rec)

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -253,11 +254,22 @@ func (r *run) placeFiles(ctx context.Context) error {
 	}
 	todo, at := r.req.uniquePlacements()
 	recs, err := r.e.sessions.PlaceFiles(ctx, box, todo)
+	param := r.req.files[0].param
+	var pe *placeError
+	if errors.As(err, &pe) {
+		if i := slices.Index(at, pe.Index); i >= 0 {
+			param = r.req.files[i].param
+		}
+		err = pe.Err
+	}
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case errors.Is(err, sandbox.ErrFileTooLarge):
-		return apierror.BadRequest("The files do not fit in the container: "+err.Error()+".", r.req.files[0].param, "file_too_large")
+		return apierror.BadRequest("A file does not fit in the container: "+err.Error()+".", param, "file_too_large")
+	case pe != nil && pe.Index >= 0 && pe.Index < len(todo) && todo[pe.Index].FileID != "" && errors.Is(err, sandbox.ErrNotFound):
+		// Deleted since the request was checked.
+		return apierror.NotFound("No such File object: "+todo[pe.Index].FileID, param)
 	case err != nil:
 		r.e.m.sandboxErr.WithLabelValues("files").Inc()
 		return sandboxUnavailable(err)

@@ -228,6 +228,16 @@ func TestPlacementErrors(t *testing.T) {
 			t.Error("the request went on")
 		}
 	})
+	t.Run("too large, named by its parameter", func(t *testing.T) {
+		h := filesHarness(t)
+		h.fake.maxFile = 10
+		b := `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto","file_ids":["file-notes"]}}],` +
+			`"input":[{"role":"user","content":[{"type":"input_file","file_id":"file-sales"}]}]}`
+		status, resp := h.post(b, "k")
+		if status != 400 || gjson.GetBytes(resp, "error.param").String() != "input[0].content[0].file_id" {
+			t.Fatalf("status %d: %s", status, resp)
+		}
+	})
 	t.Run("no sandbox", func(t *testing.T) {
 		h := newHarness(t, noSandbox())
 		h.setFiles(map[string]map[string][2]string{"k": {"file-sales": {"sales.csv", "x"}}})
