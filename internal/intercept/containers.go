@@ -28,12 +28,17 @@ type containers interface {
 	// recorded for a file that could not be placed; an error about one of the files is a
 	// *placeError naming it (a file too large for the container wraps sandbox.ErrFileTooLarge).
 	PlaceFiles(ctx context.Context, c runner, files []placement) ([]store.ContainerFile, error)
-	// CollectFiles records the regular files created or changed under c's /mnt/data since the
-	// last collection or placement as container files (source "assistant") and returns them.
-	CollectFiles(ctx context.Context, c runner) ([]store.ContainerFile, error)
+	// Execute runs code in c, then records the regular files the execution created or changed
+	// under /mnt/data as container files (source "assistant") and returns them. res and err are
+	// the run's, except that an execution whose files alone could not be collected returns its
+	// result and an error wrapping errCollect.
+	Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions) (res sandbox.Result, written []store.ContainerFile, err error)
 	// ContainerFiles returns the files recorded for c.
 	ContainerFiles(ctx context.Context, c runner) ([]store.ContainerFile, error)
 }
+
+// errCollect: an execution ran, but the files it wrote could not be collected.
+var errCollect = errors.New("collecting the files an execution wrote")
 
 // placeError is PlaceFiles' error about one of its files: files[Index].
 type placeError struct {
@@ -91,8 +96,9 @@ func (sessions) PlaceFiles(context.Context, runner, []placement) ([]store.Contai
 	return nil, errNoContainerFiles
 }
 
-func (sessions) CollectFiles(context.Context, runner) ([]store.ContainerFile, error) {
-	return nil, nil
+func (sessions) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions) (sandbox.Result, []store.ContainerFile, error) {
+	res, err := c.Run(ctx, code, opts)
+	return res, nil, err
 }
 
 func (sessions) ContainerFiles(context.Context, runner) ([]store.ContainerFile, error) {
@@ -116,8 +122,8 @@ func (noSessions) PlaceFiles(context.Context, runner, []placement) ([]store.Cont
 	return nil, sandbox.ErrNotFound
 }
 
-func (noSessions) CollectFiles(context.Context, runner) ([]store.ContainerFile, error) {
-	return nil, nil
+func (noSessions) Execute(context.Context, runner, string, sandbox.RunOptions) (sandbox.Result, []store.ContainerFile, error) {
+	return sandbox.Result{}, nil, sandbox.ErrNotFound
 }
 
 func (noSessions) ContainerFiles(context.Context, runner) ([]store.ContainerFile, error) {

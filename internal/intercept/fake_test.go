@@ -252,7 +252,20 @@ func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, files []placeme
 	return out, nil
 }
 
-func (f *fakeContainers) CollectFiles(_ context.Context, c runner) ([]store.ContainerFile, error) {
+func (f *fakeContainers) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions) (sandbox.Result, []store.ContainerFile, error) {
+	res, err := c.Run(ctx, code, opts)
+	if err != nil {
+		return res, nil, err
+	}
+	written, err := f.collect(c)
+	if err != nil {
+		return res, nil, fmt.Errorf("%w: %w", errCollect, err)
+	}
+	return res, written, nil
+}
+
+// collect finds what changed in c's /mnt/data since the last collection or placement.
+func (f *fakeContainers) collect(c runner) ([]store.ContainerFile, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, err := f.box(c)

@@ -157,21 +157,18 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 	}
 	r.executions++
 	start := r.e.now()
-	res, runErr := box.Run(ctx, c.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout})
+	// What the code writes in /mnt/data becomes container files, which the model is told of so
+	// it can link them, and the citations know.
+	res, written, runErr := r.e.sessions.Execute(ctx, box, c.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout})
 	if ctx.Err() != nil {
 		return execution{}, ctx.Err()
+	}
+	if errors.Is(runErr, errCollect) {
+		r.e.m.sandboxErr.WithLabelValues("files").Inc()
+		r.e.log.Warn("finding the files an execution wrote failed", zap.Error(runErr))
+		runErr = nil
 	}
 	ex := describe(res, runErr, r.ic.ExecutionTimeout, r.ic.ModelOutputLimit)
-	// What the code wrote in /mnt data becomes container files, which the model is told of so it
-	// can link them, and the citations know.
-	written, err := r.e.sessions.CollectFiles(ctx, box)
-	if ctx.Err() != nil {
-		return execution{}, ctx.Err()
-	}
-	if err != nil {
-		r.e.m.sandboxErr.WithLabelValues("files").Inc()
-		r.e.log.Warn("finding the files an execution wrote failed", zap.Error(err))
-	}
 	ex.model = withWrittenFiles(ex.model, written)
 	r.tr.addFiles(written, true)
 	r.e.m.executions.WithLabelValues(ex.status).Inc()
