@@ -218,17 +218,17 @@ func (t *translator) cite(text string) []citation {
 	return out
 }
 
-// textPart is what the translator knows of one output_text part of a passed message.
-type textPart struct {
+// citedPart is what the translator knows of one output_text part of a passed message.
+type citedPart struct {
 	cited    bool
 	cites    []citation
 	upstream int // annotations the upstream announced for the part (annotation.added passed)
 }
 
 // part returns the state of content part ci of message slot s.
-func (s *slot) part(ci int) *textPart {
+func (s *slot) part(ci int) *citedPart {
 	for len(s.parts) <= ci {
-		s.parts = append(s.parts, &textPart{})
+		s.parts = append(s.parts, &citedPart{})
 	}
 	return s.parts[ci]
 }
@@ -257,7 +257,7 @@ func (t *translator) citePart(s *slot, ci int, text string) []Event {
 
 // withCitations returns an output_text part with the part's citations appended to its
 // annotations.
-func withCitations(part []byte, p *textPart) []byte {
+func withCitations(part []byte, p *citedPart) []byte {
 	if p == nil || len(p.cites) == 0 {
 		return part
 	}

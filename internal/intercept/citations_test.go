@@ -58,11 +58,13 @@ func citationsOf(resp []byte) []gjson.Result {
 	return out
 }
 
-func TestWrittenFilesAreCited(t *testing.T) {
+func TestWrittenFilesAreCited(t *testing.T) { forEachAPI(t, testWrittenFilesAreCited) }
+
+func testWrittenFilesAreCited(t *testing.T, api upstreamAPI) {
 	answer := "Voilà 📊: the table is [out.csv](sandbox:/mnt/data/out.csv)."
 	var got [2][]byte
 	for i, stream := range []bool{false, true} {
-		h := newHarness(t)
+		h := newHarness(t, onAPI(api))
 		h.fake.setWrites(writesOutAndChart)
 		u := &upstreamtest.Usage{InputTokens: 10, OutputTokens: 5}
 		h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{call("save()")}, Usage: u},
@@ -96,10 +98,10 @@ func TestWrittenFilesAreCited(t *testing.T) {
 		got[i] = resp
 
 		// The model was told the paths to link.
-		outs := fcOutputs(h.up.Requests()[1])
-		if len(outs) != 1 || !strings.Contains(outs[0], "[file written: /mnt/data/out.csv (8 bytes); link it as sandbox:/mnt/data/out.csv]") ||
-			!strings.Contains(outs[0], "/mnt/data/chart.png") {
-			t.Errorf("the model saw %q", outs)
+		out := lastFunctionOutput(h.up.Requests()[1])
+		if !strings.Contains(out, "[file written: /mnt/data/out.csv (8 bytes); link it as sandbox:/mnt/data/out.csv]") ||
+			!strings.Contains(out, "/mnt/data/chart.png") {
+			t.Errorf("the model saw %q", out)
 		}
 
 		cites := citationsOf(resp)
@@ -165,8 +167,10 @@ func TestImageCitedByTheNextMessageOnly(t *testing.T) {
 	}
 }
 
-func TestLinkToAFileOfAnEarlierTurn(t *testing.T) {
-	h := newHarness(t)
+func TestLinkToAFileOfAnEarlierTurn(t *testing.T) { forEachAPI(t, testLinkToAFileOfAnEarlierTurn) }
+
+func testLinkToAFileOfAnEarlierTurn(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api))
 	h.fake.setWrites(func(code string) map[string]string {
 		if code == "save()" {
 			return map[string]string{"report.csv": "r\n"}

@@ -12,8 +12,10 @@ import (
 
 const weatherTool = `{"type":"function","name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}`
 
-func TestClientFunctionBesideOurs(t *testing.T) {
-	h := newHarness(t, withLocal(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
+func TestClientFunctionBesideOurs(t *testing.T) { forEachAPI(t, testClientFunctionBesideOurs) }
+
+func testClientFunctionBesideOurs(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api), withLocal(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
 	h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{
 		call("t = 21"),
 		{Type: "function_call", Name: "get_weather", Arguments: `{"city":"Paris"}`, CallID: "call_weather"},
@@ -42,7 +44,13 @@ func TestClientFunctionBesideOurs(t *testing.T) {
 		t.Fatalf("second turn: %d %s", status, resp)
 	}
 	reqs := h.up.Requests()
-	if reqs[1].PreviousResponseID == id || reqs[1].PreviousResponseID == "" {
+	switch {
+	case api.chat:
+		// The upstream keeps nothing: the proxy resends the conversation, both calls answered.
+		if outs := fcOutputs(reqs[1]); len(outs) != 2 || outs[1] != "sunny" {
+			t.Errorf("outputs sent upstream = %q; want ours then the client's", outs)
+		}
+	case reqs[1].PreviousResponseID == id || reqs[1].PreviousResponseID == "":
 		t.Errorf("previous_response_id sent upstream = %q; want the upstream's id", reqs[1].PreviousResponseID)
 	}
 	if gjson.GetBytes(resp, "previous_response_id").String() != id {
@@ -54,8 +62,10 @@ func TestClientFunctionBesideOurs(t *testing.T) {
 	}
 }
 
-func TestStatelessReplay(t *testing.T) {
-	h := newHarness(t, withLocal())
+func TestStatelessReplay(t *testing.T) { forEachAPI(t, testStatelessReplay) }
+
+func testStatelessReplay(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api), withLocal())
 	h.up.Enqueue(calls("print('first')"), text("Printed."))
 	status, resp := h.post(body(`"store":false,"include":["code_interpreter_call.outputs"]`), "k")
 	if status != 200 {
@@ -82,10 +92,10 @@ func TestStatelessReplay(t *testing.T) {
 			}
 			reqs := h.up.Requests()
 			last := reqs[len(reqs)-1]
-			if n := len(last.InputItems("code_interpreter_call")); n != 0 {
+			if n := len(inputItems(last, "code_interpreter_call")); n != 0 {
 				t.Errorf("code_interpreter_call items sent upstream: %d", n)
 			}
-			fc := last.InputItems("function_call")
+			fc := inputItems(last, "function_call")
 			outs := fcOutputs(last)
 			if len(fc) != 1 || len(outs) != 1 || gjson.GetBytes(fc[0], "name").String() != "python" {
 				t.Fatalf("upstream input = %s", last.Body)
@@ -97,8 +107,10 @@ func TestStatelessReplay(t *testing.T) {
 	}
 }
 
-func TestPreviousResponseChain(t *testing.T) {
-	h := newHarness(t, withLocal(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
+func TestPreviousResponseChain(t *testing.T) { forEachAPI(t, testPreviousResponseChain) }
+
+func testPreviousResponseChain(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api), withLocal(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
 	h.up.Enqueue(calls("n = 1"), text("Set."))
 	_, resp := h.post(body(""), "alice")
 	id := gjson.GetBytes(resp, "id").String()
@@ -117,15 +129,24 @@ func TestPreviousResponseChain(t *testing.T) {
 		t.Errorf("model saw %q; want 2", out)
 	}
 
-	// Another caller cannot continue alice's chain: the id is passed through unknown.
-	h.up.Enqueue(upstreamtest.Turn{Error: upstreamtest.APIError(400, "previous_response_not_found", "Previous response with id '"+id+"' not found.", "previous_response_id")})
-	status, _ = h.post(body(`"previous_response_id":"`+id+`"`), "mallory")
-	if status != 400 {
-		t.Errorf("mallory's status = %d; want 400", status)
+	// Another caller cannot continue alice's chain: the id is passed through unknown, or, for an
+	// upstream that keeps nothing, is not found by the proxy.
+	before := len(h.up.Requests())
+	if !api.chat {
+		h.up.Enqueue(upstreamtest.Turn{Error: upstreamtest.APIError(400, "previous_response_not_found", "Previous response with id '"+id+"' not found.", "previous_response_id")})
+	}
+	status, raw := h.post(body(`"previous_response_id":"`+id+`"`), "mallory")
+	if status != 400 || gjson.GetBytes(raw, "error.code").String() != "previous_response_not_found" {
+		t.Errorf("mallory's answer = %d %s; want 400 previous_response_not_found", status, raw)
+	}
+	if api.chat && len(h.up.Requests()) != before {
+		t.Error("mallory's request went upstream")
 	}
 }
 
-func TestUpstreamErrors(t *testing.T) {
+func TestUpstreamErrors(t *testing.T) { forEachAPI(t, testUpstreamErrors) }
+
+func testUpstreamErrors(t *testing.T, api upstreamAPI) {
 	rate := upstreamtest.APIError(429, "rate_limit_exceeded", "Slow down.", "")
 	tests := []struct {
 		name   string
@@ -146,8 +167,12 @@ func TestUpstreamErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t)
+			h := newHarness(t, onAPI(api))
 			h.up.Enqueue(tt.turns...)
+			if api.name == llamaCppAPI.name && tt.eventCode == "server_error" {
+				// llama.cpp reports the failure on an "error:" line SSE readers skip: a cut stream.
+				tt.eventCode = "upstream_error"
+			}
 			extra := ""
 			if tt.stream {
 				extra = `"stream":true`
@@ -217,6 +242,98 @@ func TestUnstoredReasoningIsCarriedEncrypted(t *testing.T) {
 			}
 			if strings.Contains(string(resp), "encrypted_content") {
 				t.Errorf("the client got encrypted_content it did not ask for")
+			}
+		})
+	}
+}
+
+// TestUnstoredReasoningIsCarriedAsText: a Chat Completions upstream's reasoning has no encrypted
+// form; its items carry the text, which goes back to the model with each turn (as
+// reasoning_content), stored or not.
+func TestUnstoredReasoningIsCarriedAsText(t *testing.T) {
+	for _, api := range []upstreamAPI{vllmAPI, llamaCppAPI} {
+		for _, store := range []string{"true", "false"} {
+			t.Run(api.name+" store "+store, func(t *testing.T) {
+				h := newHarness(t, onAPI(api))
+				h.up.Enqueue(
+					upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Reasoning("plan"), call("1")}},
+					upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Reasoning("check"), call("2")}},
+					upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("done")}},
+				)
+				status, resp := h.post(body(`"store":`+store+`,"reasoning":{"effort":"low"}`), "k")
+				if status != 200 {
+					t.Fatalf("status %d: %s", status, resp)
+				}
+				var carried []string
+				for _, it := range inputItems(h.up.Requests()[2], "reasoning") {
+					carried = append(carried, gjson.GetBytes(it, "content.0.text").String())
+				}
+				if strings.Join(carried, ",") != "plan,check" {
+					t.Errorf("reasoning carried into the third call = %q; want plan, check", carried)
+				}
+				if got := strings.Join(types(resp), ","); got != "reasoning,code_interpreter_call,reasoning,code_interpreter_call,message" {
+					t.Errorf("output = %s", got)
+				}
+				if rs := gjson.GetBytes(resp, "output.0.content.0.text").String(); rs != "plan" {
+					t.Errorf("the client's reasoning item = %s", gjson.GetBytes(resp, "output.0").Raw)
+				}
+			})
+		}
+	}
+}
+
+// TestKeptConversation: for an upstream that keeps nothing, the proxy keeps each stored
+// response's conversation: a chain resends it all, references to its items resolve, and what was
+// not kept (store false) cannot be continued.
+func TestKeptConversation(t *testing.T) {
+	for _, api := range []upstreamAPI{vllmAPI, llamaCppAPI} {
+		t.Run(api.name, func(t *testing.T) {
+			h := newHarness(t, onAPI(api))
+			h.up.Enqueue(calls("n = 1"), text("Set."))
+			_, resp := h.post(body(""), "alice")
+			first := gjson.GetBytes(resp, "id").String()
+			msg := gjson.GetBytes(resp, `output.#(type=="message").id`).String()
+
+			h.up.Enqueue(text("Two."))
+			status, resp := h.post(body(`"previous_response_id":"`+first+`"`), "alice")
+			if status != 200 {
+				t.Fatalf("second: %d %s", status, resp)
+			}
+			second := gjson.GetBytes(resp, "id").String()
+			h.up.Enqueue(text("Three."))
+			in := `[{"type":"item_reference","id":"` + msg + `"},{"role":"user","content":"and?"}]`
+			status, resp = h.post(`{"model":"gpt-test","previous_response_id":"`+second+`","input":`+in+`,"tools":[{"type":"code_interpreter","container":{"type":"auto"}}]}`, "alice")
+			if status != 200 {
+				t.Fatalf("third: %d %s", status, resp)
+			}
+			reqs := h.up.Requests()
+			last := reqs[len(reqs)-1]
+			var seen []string
+			for _, it := range last.History {
+				s := gjson.GetBytes(it, "type").String()
+				if s == "message" {
+					c := gjson.GetBytes(it, "content")
+					if c.IsArray() {
+						c = c.Get("0.text")
+					}
+					s = gjson.GetBytes(it, "role").String() + ":" + c.String()
+				}
+				seen = append(seen, s)
+			}
+			want := "user:compute,function_call,function_call_output,assistant:Set.,user:compute,assistant:Two.,assistant:Set.,user:and?"
+			if got := strings.Join(seen, ","); got != want {
+				t.Errorf("the third call saw\n%s\nwant\n%s", got, want)
+			}
+			if _, ok := last.Fields["previous_response_id"]; ok {
+				t.Error("previous_response_id went upstream")
+			}
+
+			h.up.Enqueue(text("Unstored."))
+			_, resp = h.post(body(`"store":false`), "alice")
+			before := len(h.up.Requests())
+			status, raw := h.post(body(`"previous_response_id":"`+gjson.GetBytes(resp, "id").String()+`"`), "alice")
+			if status != 400 || gjson.GetBytes(raw, "error.code").String() != "previous_response_not_found" || len(h.up.Requests()) != before {
+				t.Errorf("continuing a store:false response = %d %s; want 400 previous_response_not_found, nothing sent", status, raw)
 			}
 		})
 	}

@@ -11,8 +11,10 @@ import (
 	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
-func TestE2BBackend(t *testing.T) {
-	h := newHarness(t, withE2B(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 0 }))
+func TestE2BBackend(t *testing.T) { forEachAPI(t, testE2BBackend) }
+
+func testE2BBackend(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api), withE2B(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 0 }))
 	h.up.Enqueue(calls("v = 20", "v + 22"), text("42"))
 	status, raw := h.post(body(`"stream":true,"include":["code_interpreter_call.outputs"]`), "k")
 	if status != 200 {

@@ -38,6 +38,11 @@
 //     (non-reasoning models reject the include, so it is never added blindly). Encrypted content
 //     the client did not ask for is stripped from what it sees; reasoning items that carry none
 //     cannot be resent without storage and are dropped from the carried turn.
+//   - An upstream that keeps nothing (Request.Stateless: Chat Completions behind upstream.ChatAPI)
+//     has no /v1/responses of its own, so the engine serves all its requests, code_interpreter or
+//     not. A stored response then keeps the whole conversation instead of an upstream id, and
+//     previous_response_id is resolved into input items before the loop; without storage,
+//     reasoning items are carried by their text, which such upstreams return.
 //   - A call's status is failed when the code raised or its arguments could not be read,
 //     incomplete when it timed out or was not run (a limit), completed otherwise. The model is
 //     always told what happened and always continues.
@@ -123,12 +128,20 @@ type Request struct {
 	// Caller is the hash of the client's key ("" without one). It owns the containers and the
 	// responses the request creates.
 	Caller string
+	// Stateless says that Upstream keeps no responses and has no /v1/responses to pass through
+	// to: it translates for an upstream that speaks only Chat Completions (upstream.ChatAPI). The
+	// engine then serves every request for it, with or without code_interpreter, and keeps each
+	// response's conversation itself, so previous_response_id, GET, DELETE and input_items work.
+	Stateless bool
 }
 
-// Handles reports whether the engine serves req: interception is active in its config, its
-// provider is enabled, and the body's tools hold a code_interpreter tool. When it does not, the
-// router passes the request through.
+// Handles reports whether the engine serves req: every request for a stateless upstream, and for
+// any other one a request whose config has interception active for its provider and whose tools
+// hold a code_interpreter tool. When it does not, the router passes the request through.
 func (e *Engine) Handles(req *Request) bool {
+	if req.Stateless {
+		return req.Config != nil
+	}
 	return applies(req.Config, req.Provider, req.Body)
 }
 
@@ -144,12 +157,16 @@ func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Req
 	ctx := hr.Context()
 	caller := in.Caller
 	ic := in.Config.Interception
-	req, aerr := parseRequest(in.Body, ic)
+	// Code runs only where interception applies; a stateless upstream's other requests keep
+	// their tools as sent (its translation refuses a code_interpreter tool left in).
+	req, aerr := parseRequest(in.Body, ic, applies(in.Config, in.Provider, in.Body))
+	if aerr == nil {
+		aerr = req.resolve(lookup{ctx: ctx, store: e.store, caller: caller, stateless: in.Stateless})
+	}
 	if aerr != nil {
 		e.m.requests.WithLabelValues("client_error").Inc()
 		return aerr
 	}
-	req.resolve(lookup{ctx: ctx, store: e.store, caller: caller})
 	if err := req.findFiles(ctx, e.files, caller); err != nil {
 		e.m.requests.WithLabelValues("client_error").Inc()
 		return err
@@ -161,6 +178,7 @@ func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Req
 		rend = &jsonRenderer{w: w}
 	}
 	r := e.newRun(ic, ic.SandboxToolName, in.Upstream, caller, upstreamHeader(hr.Header, req.stream), req, rend.emit, nil)
+	r.stateless = in.Stateless
 
 	result := "completed"
 	defer func() {

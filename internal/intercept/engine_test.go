@@ -59,8 +59,10 @@ func TestHandlesLeavesOthersToPassThrough(t *testing.T) {
 	}
 }
 
-func TestClientErrors(t *testing.T) {
-	h := newHarness(t)
+func TestClientErrors(t *testing.T) { forEachAPI(t, testClientErrors) }
+
+func testClientErrors(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api))
 	tests := []struct {
 		name, body, param string
 		status            int
@@ -82,8 +84,10 @@ func TestClientErrors(t *testing.T) {
 	}
 }
 
-func TestContainerReuseAndOwner(t *testing.T) {
-	h := newHarness(t, withLocal(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
+func TestContainerReuseAndOwner(t *testing.T) { forEachAPI(t, testContainerReuseAndOwner) }
+
+func testContainerReuseAndOwner(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api), withLocal(), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
 	h.up.Enqueue(
 		upstreamtest.Turn{Items: []upstreamtest.Item{call("secret = 41")}},
 		upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("Stored.")}},
@@ -117,10 +121,12 @@ func TestContainerReuseAndOwner(t *testing.T) {
 	})
 }
 
-func TestSandboxUnavailable(t *testing.T) {
+func TestSandboxUnavailable(t *testing.T) { forEachAPI(t, testSandboxUnavailable) }
+
+func testSandboxUnavailable(t *testing.T, api upstreamAPI) {
 	for _, stream := range []bool{false, true} {
 		t.Run(map[bool]string{false: "json", true: "stream"}[stream], func(t *testing.T) {
-			h := newHarness(t, noSandbox())
+			h := newHarness(t, onAPI(api), noSandbox())
 			h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{call("1")}})
 			extra := ""
 			if stream {
@@ -149,8 +155,10 @@ func TestSandboxUnavailable(t *testing.T) {
 	}
 }
 
-func TestMetrics(t *testing.T) {
-	h := newHarness(t)
+func TestMetrics(t *testing.T) { forEachAPI(t, testMetrics) }
+
+func testMetrics(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api))
 	h.fake.setRun(func(context.Context, string) (sandbox.Result, error) {
 		return sandbox.Result{Error: &sandbox.ExecError{Name: "ZeroDivisionError", Value: "division by zero"}}, nil
 	})
@@ -230,18 +238,17 @@ func TestPanicReleasesTheSandbox(t *testing.T) {
 // TestWithoutCodeInterpreter: a request without a code_interpreter tool, when a caller routes it
 // to the engine, is one upstream call passed on under a minted, stored id; no container is made,
 // and a client function named like the stand-in is the client's.
-func TestWithoutCodeInterpreter(t *testing.T) {
+func TestWithoutCodeInterpreter(t *testing.T) { forEachAPI(t, testWithoutCodeInterpreter) }
+
+func testWithoutCodeInterpreter(t *testing.T, api upstreamAPI) {
 	for _, stream := range []bool{false, true} {
 		t.Run(map[bool]string{false: "json", true: "stream"}[stream], func(t *testing.T) {
-			h := newHarness(t)
+			h := newHarness(t, onAPI(api))
 			h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", `{"code":"1"}`)}})
 			b := `{"model":"gpt-test","input":"x","tools":[{"type":"function","name":"python","parameters":{}}],"stream":` + map[bool]string{false: "false", true: "true"}[stream] + `}`
 			w := httptest.NewRecorder()
 			r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-			client := upstream.NewClient(upstream.ClientOptions{})
-			defer client.CloseIdleConnections()
-			api := client.Target(h.cfg.Deployments("gpt-test"))
-			if err := h.eng.ServeResponses(w, r, &Request{Config: h.cfg, Upstream: api, Body: []byte(b), Caller: "k"}); err != nil {
+			if err := h.eng.ServeResponses(w, r, h.request([]byte(b), "k")); err != nil {
 				t.Fatalf("serve = %v", err)
 			}
 			resp := w.Body.Bytes()
@@ -292,5 +299,16 @@ func TestMetricsOnASharedRegistry(t *testing.T) {
 	}
 	if first.m.requests != second.m.requests {
 		t.Error("the engines count on different collectors")
+	}
+}
+
+func TestHandlesEveryRequestForAStatelessUpstream(t *testing.T) {
+	e := New(Options{})
+	cfg := config.Defaults() // interception not even active
+	if !e.Handles(&Request{Config: cfg, Provider: "deepseek", Body: []byte(`{"model":"m","input":"hi"}`), Stateless: true}) {
+		t.Fatal("Handles = false for a stateless upstream")
+	}
+	if e.Handles(&Request{Provider: "deepseek", Body: []byte(`{"model":"m","input":"hi"}`), Stateless: true}) {
+		t.Fatal("Handles = true without a config")
 	}
 }

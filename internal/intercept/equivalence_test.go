@@ -47,6 +47,10 @@ func normalized(t *testing.T, resp []byte) any {
 }
 
 func TestStreamAndJSONGiveTheSameResponse(t *testing.T) {
+	forEachAPI(t, testStreamAndJSONGiveTheSameResponse)
+}
+
+func testStreamAndJSONGiveTheSameResponse(t *testing.T, api upstreamAPI) {
 	u := &upstreamtest.Usage{InputTokens: 10, OutputTokens: 5}
 	tests := []struct {
 		name  string
@@ -66,7 +70,7 @@ func TestStreamAndJSONGiveTheSameResponse(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var got [2]any
 			for i, stream := range []bool{false, true} {
-				h := newHarness(t)
+				h := newHarness(t, onAPI(api))
 				h.up.Enqueue(tt.turns...)
 				extra := tt.extra
 				if stream {
@@ -100,14 +104,16 @@ func TestStreamAndJSONGiveTheSameResponse(t *testing.T) {
 
 // TestClientDisconnect runs with fake containers and, where it can, with the local sandbox, so
 // the real deletion is checked too.
-func TestClientDisconnect(t *testing.T) {
+func TestClientDisconnect(t *testing.T) { forEachAPI(t, testClientDisconnect) }
+
+func testClientDisconnect(t *testing.T, api upstreamAPI) {
 	idle0 := withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 0 })
 	for _, sb := range []struct {
 		name string
 		opts []harnessOpt
 	}{{"fake", nil}, {"local", []harnessOpt{withLocal()}}} {
 		t.Run(sb.name+": during an execution the sandbox is released", func(t *testing.T) {
-			h := newHarness(t, append(sb.opts, idle0)...)
+			h := newHarness(t, append(sb.opts, idle0, onAPI(api))...)
 			if h.fake != nil {
 				h.fake.setRun(func(ctx context.Context, _ string) (sandbox.Result, error) {
 					<-ctx.Done() // the sleep below, cut short by the client leaving
@@ -131,7 +137,7 @@ func TestClientDisconnect(t *testing.T) {
 		})
 
 		t.Run(sb.name+": during an upstream call the upstream is cancelled", func(t *testing.T) {
-			h := newHarness(t, append(sb.opts, idle0)...)
+			h := newHarness(t, append(sb.opts, idle0, onAPI(api))...)
 			upstreamGone := make(chan struct{})
 			h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("hello world")}, BeforeEvent: func(ctx context.Context, seq int, typ string) error {
 				if seq == 4 {

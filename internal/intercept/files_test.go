@@ -28,8 +28,8 @@ func (h *harness) setFiles(files map[string]map[string][2]string) {
 	h.eng.files = ff
 }
 
-func filesHarness(t *testing.T) *harness {
-	h := newHarness(t)
+func filesHarness(t *testing.T, opts ...harnessOpt) *harness {
+	h := newHarness(t, opts...)
 	h.setFiles(map[string]map[string][2]string{
 		"k":     {"file-sales": {"sales.csv", "region,amount\nnorth,3\n"}, "file-other": {"sales.csv", "x\n"}, "file-notes": {"notes.txt", "hello"}},
 		"other": {"file-theirs": {"secret.csv", "no"}},
@@ -45,12 +45,53 @@ func toolWithFiles(ids string) string {
 // reached it.
 func upstreamText(r upstreamtest.Request) string { return string(r.Body) }
 
+// standInDescription returns the stand-in function's description, as a Responses or a Chat
+// Completions request carries it.
 func standInDescription(r upstreamtest.Request) string {
-	return gjson.GetBytes(r.Tool("python"), "description").String()
+	t := gjson.ParseBytes(r.Tool("python"))
+	if d := t.Get("description"); d.Exists() {
+		return d.String()
+	}
+	return t.Get("function.description").String()
+}
+
+// userText returns the text of the user messages the model saw, joined.
+func userText(r upstreamtest.Request) string {
+	var b strings.Builder
+	for _, it := range r.History {
+		m := gjson.ParseBytes(it)
+		if m.Get("role").String() != "user" {
+			continue
+		}
+		if c := m.Get("content"); c.Type == gjson.String {
+			b.WriteString(c.String())
+		} else {
+			c.ForEach(func(_, p gjson.Result) bool {
+				b.WriteString(p.Get("text").String())
+				return true
+			})
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// lastFunctionOutput returns the last function_call_output the model saw.
+func lastFunctionOutput(r upstreamtest.Request) string {
+	for i := len(r.History) - 1; i >= 0; i-- {
+		if it := gjson.ParseBytes(r.History[i]); it.Get("type").String() == "function_call_output" {
+			return it.Get("output").String()
+		}
+	}
+	return ""
 }
 
 func TestFileIDsArePlacedBeforeTheFirstCode(t *testing.T) {
-	h := filesHarness(t)
+	forEachAPI(t, testFileIDsArePlacedBeforeTheFirstCode)
+}
+
+func testFileIDsArePlacedBeforeTheFirstCode(t *testing.T, api upstreamAPI) {
+	h := filesHarness(t, onAPI(api))
 	var sawAtRun string
 	h.fake.setRun(func(_ context.Context, code string) (sandbox.Result, error) {
 		// The file is in /mnt/data when the first code runs.
@@ -147,13 +188,20 @@ func TestBadFileIDs(t *testing.T) {
 }
 
 func TestInputFilesArePlacedAndNamedUpstream(t *testing.T) {
-	h := filesHarness(t)
+	forEachAPI(t, testInputFilesArePlacedAndNamedUpstream)
+}
+
+func testInputFilesArePlacedAndNamedUpstream(t *testing.T, api upstreamAPI) {
+	h := filesHarness(t, onAPI(api))
 	h.up.Enqueue(calls("1"), text("ok"))
 	inline := base64.StdEncoding.EncodeToString([]byte("a,b\n1,2\n"))
+	byURL := `,{"type":"input_file","file_url":"https://example.com/a.pdf"}`
+	if api.chat {
+		byURL = "" // Chat Completions has no files by URL (a 400)
+	}
 	b := `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"input":[
 		{"role":"user","content":[{"type":"input_text","text":"compare"},{"type":"input_file","file_id":"file-notes"},
-		 {"type":"input_file","filename":"dir/inline.csv","file_data":"data:text/csv;base64,` + inline + `"},
-		 {"type":"input_file","file_url":"https://example.com/a.pdf"}]}]}`
+		 {"type":"input_file","filename":"dir/inline.csv","file_data":"data:text/csv;base64,` + inline + `"}` + byURL + `]}]}`
 	status, resp := h.post(b, "k")
 	if status != 200 {
 		t.Fatalf("status %d: %s", status, resp)
@@ -166,15 +214,14 @@ func TestInputFilesArePlacedAndNamedUpstream(t *testing.T) {
 		t.Errorf("inline.csv in the container = %q", got)
 	}
 	for i, r := range h.up.Requests() {
-		content := gjson.GetBytes(r.Input[0], "content")
-		if got := content.Get("1.type").String() + " " + content.Get("1.text").String(); !strings.Contains(got, "input_text") || !strings.Contains(got, "/mnt/data/notes.txt") {
-			t.Errorf("request %d: part 1 upstream = %s", i, content.Get("1").Raw)
+		text := userText(r)
+		if !strings.Contains(text, "compare") || !strings.Contains(text, "at /mnt/data/notes.txt (5 bytes)") || !strings.Contains(text, "at /mnt/data/inline.csv (8 bytes)") {
+			t.Errorf("request %d: the model read %q", i, text)
 		}
-		if got := content.Get("2.text").String(); !strings.Contains(got, "/mnt/data/inline.csv (8 bytes)") {
-			t.Errorf("request %d: part 2 upstream = %s", i, content.Get("2").Raw)
-		}
-		if content.Get("3.file_url").String() != "https://example.com/a.pdf" {
-			t.Errorf("request %d: a file_url part is left as sent; got %s", i, content.Get("3").Raw)
+		if !api.chat {
+			if content := gjson.GetBytes(r.Input[0], "content"); content.Get("1.type").String() != "input_text" || content.Get("3.file_url").String() != "https://example.com/a.pdf" {
+				t.Errorf("request %d: parts upstream %s; want text parts for the files, a file_url part as sent", i, content.Raw)
+			}
 		}
 		if s := upstreamText(r); strings.Contains(s, "file-notes") || strings.Contains(s, inline) {
 			t.Errorf("request %d: a file id or the inline data reached the upstream", i)

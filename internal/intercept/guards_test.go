@@ -17,8 +17,10 @@ import (
 
 // TestUnseenContainerIsDeleted: a request that fails before any code ran leaves no sandbox behind,
 // even with an idle timeout: its id never reached anyone, so nobody could reuse it.
-func TestUnseenContainerIsDeleted(t *testing.T) {
-	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 20 * time.Minute }))
+func TestUnseenContainerIsDeleted(t *testing.T) { forEachAPI(t, testUnseenContainerIsDeleted) }
+
+func testUnseenContainerIsDeleted(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 20 * time.Minute }))
 	ready := make(chan struct{})
 	// The upstream answers only once the early sandbox exists, so that the release has one.
 	h.up.Enqueue(upstreamtest.Turn{Error: upstreamtest.APIError(400, "invalid_value", "Bad input.", "input"), Hold: ready})
@@ -43,13 +45,19 @@ func TestUnseenContainerIsDeleted(t *testing.T) {
 
 // TestToolChoiceNoneRunsNoCode: with tool_choice "none" (or allowed_tools without
 // code_interpreter) a model that calls the stand-in anyway gets its call shown, not run.
-func TestToolChoiceNoneRunsNoCode(t *testing.T) {
-	h := newHarness(t)
+func TestToolChoiceNoneRunsNoCode(t *testing.T) { forEachAPI(t, testToolChoiceNoneRunsNoCode) }
+
+func testToolChoiceNoneRunsNoCode(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api))
 	for _, choice := range []string{`"none"`, `{"type":"allowed_tools","mode":"auto","tools":[{"type":"function","name":"f"}]}`} {
 		t.Run(choice, func(t *testing.T) {
 			before := len(h.up.Requests())
 			h.up.Enqueue(calls("open('/mnt/data/ran', 'w').write('x'); print('RAN')"))
-			status, resp := h.post(body(`"tool_choice":`+choice+`,"include":["code_interpreter_call.outputs"]`), "alice")
+			// f is among the tools: a choice naming a tool that is not there is a 400 (OpenAI's and
+			// the chat translation's).
+			b := `{"model":"gpt-test","input":"compute","tools":[{"type":"code_interpreter","container":{"type":"auto"}},{"type":"function","name":"f","parameters":{}}],` +
+				`"tool_choice":` + choice + `,"include":["code_interpreter_call.outputs"]}`
+			status, resp := h.post(b, "alice")
 			if status != http.StatusOK {
 				t.Fatalf("status %d: %s", status, resp)
 			}
@@ -86,8 +94,10 @@ func TestClientOnlyCallsEndTheLoop(t *testing.T) {
 }
 
 // TestConversationRefused: the loop cannot run inside a server-side conversation.
-func TestConversationRefused(t *testing.T) {
-	h := newHarness(t)
+func TestConversationRefused(t *testing.T) { forEachAPI(t, testConversationRefused) }
+
+func testConversationRefused(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api))
 	status, resp := h.post(body(`"conversation":"conv_1"`), "alice")
 	if status != http.StatusBadRequest || gjson.GetBytes(resp, "error.param").String() != "conversation" {
 		t.Errorf("status %d %s; want 400 naming conversation", status, resp)

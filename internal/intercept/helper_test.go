@@ -48,9 +48,41 @@ type harness struct {
 	reg   *prometheus.Registry
 	local bool            // withLocal: code runs in the local sandbox
 	e2b   *e2btest.Server // set by withE2B: the sandbox tool is e2b, emulated
+	api   upstreamAPI     // what the upstream speaks (onAPI; the Responses API by default)
+
+	client *upstream.Client
 }
 
 type harnessOpt func(*harness)
+
+// upstreamAPI is the API the scripted upstream speaks to the engine: the Responses API (the seam
+// is the target itself), or Chat Completions as a server flavour serves it (the seam is
+// upstream.ChatAPI, and the upstream keeps nothing).
+type upstreamAPI struct {
+	name   string
+	chat   bool
+	server []upstreamtest.Option
+}
+
+var (
+	responsesAPI = upstreamAPI{name: "responses"}
+	vllmAPI      = upstreamAPI{name: "vllm", chat: true, server: []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM)}}
+	llamaCppAPI  = upstreamAPI{name: "llamacpp", chat: true, server: []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatLlamaCpp)}}
+)
+
+// upstreamAPIs are the APIs the interception tests run against, once each.
+var upstreamAPIs = []upstreamAPI{responsesAPI, vllmAPI, llamaCppAPI}
+
+// onAPI makes the harness's upstream speak api.
+func onAPI(api upstreamAPI) harnessOpt { return func(h *harness) { h.api = api } }
+
+// forEachAPI runs f as one subtest per upstream API.
+func forEachAPI(t *testing.T, f func(t *testing.T, api upstreamAPI)) {
+	t.Helper()
+	for _, api := range upstreamAPIs {
+		t.Run(api.name, func(t *testing.T) { f(t, api) })
+	}
+}
 
 // withLocal runs code in the local sandbox (the test skips where it cannot run).
 func withLocal() harnessOpt { return func(h *harness) { h.local = true } }
@@ -86,10 +118,15 @@ func testConfig(base string) *config.Config {
 
 func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	t.Helper()
-	h := &harness{t: t, up: upstreamtest.New(t), reg: prometheus.NewRegistry()}
-	h.cfg = testConfig(h.up.URL())
+	h := &harness{t: t, reg: prometheus.NewRegistry(), api: responsesAPI}
+	h.cfg = testConfig("")
 	for _, o := range opts {
 		o(h)
+	}
+	h.up = upstreamtest.New(t, h.api.server...)
+	h.cfg.Models[0].APIBase = h.up.URL()
+	if h.api.chat {
+		h.cfg.Models[0].API = config.APIChatCompletions
 	}
 	h.store = NewMemoryStore(time.Hour, nil)
 	switch {
@@ -114,15 +151,10 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 		h.eng.sessions = h.fake
 	}
 	client := upstream.NewClient(upstream.ClientOptions{})
+	h.client = client
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		req := &Request{
-			Config:   h.cfg,
-			Body:     body,
-			Upstream: client.Target(h.cfg.Deployments(gjson.GetBytes(body, "model").String())),
-			Provider: "openai",
-			Caller:   strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "),
-		}
+		req := h.request(body, strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
 		if !h.eng.Handles(req) {
 			w.WriteHeader(299) // pass-through would follow
 			return
@@ -143,6 +175,18 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 		client.CloseIdleConnections()
 	})
 	return h
+}
+
+// request is the engine's Request for body from caller, as the router builds it for the
+// harness's upstream API.
+func (h *harness) request(body []byte, caller string) *Request {
+	deps := h.cfg.Deployments(gjson.GetBytes(body, "model").String())
+	target := h.client.Target(deps)
+	req := &Request{Config: h.cfg, Body: body, Upstream: target, Provider: "openai", Caller: caller}
+	if h.api.chat {
+		req.Upstream, req.Stateless = upstream.NewChatAPI(target, upstream.ChatOptionsFor(deps[0])), true
+	}
+	return req
 }
 
 // serveLikeRouter answers as router.handle and its recoverer do around an intercept call:
@@ -236,11 +280,27 @@ func finalResponse(t *testing.T, evs []sseEvent) []byte {
 	return []byte(gjson.GetBytes(last.Data, "response").Raw)
 }
 
-// fcOutputs returns the function_call_output texts in an upstream request's input.
+// fcOutputs returns the function_call_output texts in an upstream request's input (for a chat
+// request, its tool messages).
 func fcOutputs(r upstreamtest.Request) []string {
 	var out []string
-	for _, it := range r.InputItems("function_call_output") {
+	for _, it := range inputItems(r, "function_call_output") {
 		out = append(out, gjson.GetBytes(it, "output").String())
+	}
+	return out
+}
+
+// inputItems returns the input items of type typ of an upstream request: a Responses request's
+// input, or a chat request's messages read as items (upstreamtest's History).
+func inputItems(r upstreamtest.Request, typ string) []json.RawMessage {
+	if r.Path != "/v1/chat/completions" {
+		return r.InputItems(typ)
+	}
+	var out []json.RawMessage
+	for _, it := range r.History {
+		if gjson.GetBytes(it, "type").String() == typ {
+			out = append(out, it)
+		}
 	}
 	return out
 }

@@ -33,6 +33,7 @@ type run struct {
 
 	cont       *containerFuture
 	encrypted  bool // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
+	stateless  bool // the upstream keeps nothing: the stored response keeps the conversation
 	executions int
 	iterations int
 	stored     map[string]StoredCall
@@ -76,7 +77,7 @@ func (r *run) loop(ctx context.Context) error {
 		}
 		calls := r.tr.calls()
 		if len(calls) == 0 {
-			return r.complete(ctx, nil)
+			return r.complete(ctx, turns, nil)
 		}
 		// An incomplete response (max_output_tokens, content filter) or a call made with tools
 		// off ends the loop: its calls are shown, not run.
@@ -105,7 +106,7 @@ func (r *run) loop(ctx context.Context) error {
 		if stop || r.tr.clientCalls() {
 			// The client's own function is the client's to run: return with its call; ours are
 			// answered when the conversation continues.
-			return r.complete(ctx, outputs)
+			return r.complete(ctx, turns, outputs)
 		}
 		if r.req.includeEncrypted != nil && !r.encrypted && r.tr.reasoned() {
 			// An unstored reasoning model: from now on ask for its reasoning encrypted, so the
@@ -127,8 +128,10 @@ func (r *run) maxIterations() int {
 	return config.DefaultMaxIterations
 }
 
-// complete emits the final Response and remembers it for previous_response_id.
-func (r *run) complete(ctx context.Context, pending [][]byte) error {
+// complete emits the final Response and remembers it for previous_response_id. turns are the
+// items of the iterations before the last; pending the outputs of our calls in the last one that
+// the upstream has not seen yet.
+func (r *run) complete(ctx context.Context, turns, pending [][]byte) error {
 	ev := r.tr.completed()
 	sr := StoredResponse{Owner: r.caller, UpstreamID: r.tr.upstreamID(), Pending: pending}
 	if c, ok := r.cont.ready(); ok {
@@ -137,6 +140,15 @@ func (r *run) complete(ctx context.Context, pending [][]byte) error {
 	}
 	if r.req.store {
 		sr.Body = r.tr.storedResponse(ev.Response)
+		sr.Input = inputList(r.req.raw, r.tr.mint)
+	}
+	if r.stateless {
+		// The upstream keeps nothing: previous_response_id continues from the whole conversation,
+		// kept only when the client asked for storage, as OpenAI keeps it.
+		sr.UpstreamID, sr.Pending = "", nil
+		if r.req.store {
+			sr.Pending = r.req.conversation(turns, r.tr.turn(), pending)
+		}
 	}
 	r.e.store.Put(ctx, r.id, sr, r.stored)
 	return r.emit(ev)

@@ -12,8 +12,10 @@ import (
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
-func TestSingleCallJSON(t *testing.T) {
-	h := newHarness(t, withLocal())
+func TestSingleCallJSON(t *testing.T) { forEachAPI(t, testSingleCallJSON) }
+
+func testSingleCallJSON(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api), withLocal())
 	h.up.Enqueue(
 		upstreamtest.Turn{Items: []upstreamtest.Item{call("x = 6 * 7\nprint('hi')\nx")}},
 		upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("The answer is 42.")}},
@@ -59,8 +61,10 @@ func calls(codes ...string) upstreamtest.Turn {
 	return upstreamtest.Turn{Items: items}
 }
 
-func TestLoopTellsTheModel(t *testing.T) {
-	h := newHarness(t, withLocal(), withConfig(func(c *config.Config) { c.Interception.ExecutionTimeout = 1e9; c.Interception.ModelOutputLimit = 64 }))
+func TestLoopTellsTheModel(t *testing.T) { forEachAPI(t, testLoopTellsTheModel) }
+
+func testLoopTellsTheModel(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api), withLocal(), withConfig(func(c *config.Config) { c.Interception.ExecutionTimeout = 1e9; c.Interception.ModelOutputLimit = 64 }))
 	tests := []struct {
 		name       string
 		turn       upstreamtest.Turn
@@ -114,9 +118,11 @@ func TestLoopTellsTheModel(t *testing.T) {
 	}
 }
 
-func TestOutputsOnlyWhenIncluded(t *testing.T) {
+func TestOutputsOnlyWhenIncluded(t *testing.T) { forEachAPI(t, testOutputsOnlyWhenIncluded) }
+
+func testOutputsOnlyWhenIncluded(t *testing.T, api upstreamAPI) {
 	testutil.PythonModules(t, "", "matplotlib")
-	h := newHarness(t, withLocal())
+	h := newHarness(t, onAPI(api), withLocal())
 	plot := "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\nprint('plotted')"
 	h.up.Enqueue(calls(plot), text("A chart."))
 	status, resp := h.post(body(`"include":["code_interpreter_call.outputs"]`), "k")
@@ -143,7 +149,9 @@ func TestOutputsOnlyWhenIncluded(t *testing.T) {
 	}
 }
 
-func TestLimitsEndInText(t *testing.T) {
+func TestLimitsEndInText(t *testing.T) { forEachAPI(t, testLimitsEndInText) }
+
+func testLimitsEndInText(t *testing.T, api upstreamAPI) {
 	tests := []struct {
 		name     string
 		maxIter  int
@@ -158,7 +166,7 @@ func TestLimitsEndInText(t *testing.T) {
 	for _, tt := range tests {
 		for _, stream := range []bool{false, true} {
 			t.Run(tt.name+map[bool]string{false: " json", true: " stream"}[stream], func(t *testing.T) {
-				h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.MaxIterations = tt.maxIter }))
+				h := newHarness(t, onAPI(api), withConfig(func(c *config.Config) { c.Interception.MaxIterations = tt.maxIter }))
 				h.up.Enqueue(tt.first)
 				h.up.Script(func(r upstreamtest.Request) upstreamtest.Turn {
 					if string(r.ToolChoice) == `"none"` {
@@ -214,8 +222,10 @@ func TestLimitsEndInText(t *testing.T) {
 	}
 }
 
-func TestUsageIsSummed(t *testing.T) {
-	h := newHarness(t)
+func TestUsageIsSummed(t *testing.T) { forEachAPI(t, testUsageIsSummed) }
+
+func testUsageIsSummed(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api))
 	u := func(in, cached, out, reasoning int) *upstreamtest.Usage {
 		return &upstreamtest.Usage{InputTokens: in, CachedTokens: cached, OutputTokens: out, ReasoningTokens: reasoning}
 	}
@@ -226,9 +236,75 @@ func TestUsageIsSummed(t *testing.T) {
 	)
 	_, resp := h.post(body(""), "k")
 	us := gjson.GetBytes(resp, "usage")
-	for path, want := range map[string]int64{"input_tokens": 600, "input_tokens_details.cached_tokens": 120, "output_tokens": 90, "output_tokens_details.reasoning_tokens": 12, "total_tokens": 690} {
+	want := map[string]int64{"input_tokens": 600, "input_tokens_details.cached_tokens": 120, "output_tokens": 90, "output_tokens_details.reasoning_tokens": 12, "total_tokens": 690}
+	// What each chat server reports: vLLM no reasoning tokens, llama.cpp no details at all.
+	switch api.name {
+	case vllmAPI.name:
+		want["output_tokens_details.reasoning_tokens"] = 0
+	case llamaCppAPI.name:
+		want["output_tokens_details.reasoning_tokens"], want["input_tokens_details.cached_tokens"] = 0, 0
+	}
+	for path, want := range want {
 		if got := us.Get(path).Int(); got != want {
 			t.Errorf("usage.%s = %d; want %d", path, got, want)
 		}
+	}
+}
+
+// TestForcedToolChoice: a tool_choice that forces code_interpreter (by itself or in
+// allowed_tools, mode required) forces the stand-in function on the first upstream call only.
+func TestForcedToolChoice(t *testing.T) { forEachAPI(t, testForcedToolChoice) }
+
+func testForcedToolChoice(t *testing.T, api upstreamAPI) {
+	for _, choice := range []string{`{"type":"code_interpreter"}`, `{"type":"allowed_tools","mode":"required","tools":[{"type":"code_interpreter"}]}`} {
+		t.Run(choice, func(t *testing.T) {
+			h := newHarness(t, onAPI(api))
+			h.up.Enqueue(calls("1"), text("done"))
+			status, resp := h.post(body(`"tool_choice":`+choice), "k")
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, resp)
+			}
+			reqs := h.up.Requests()
+			first := gjson.ParseBytes(reqs[0].ToolChoice)
+			forced := first.Get("name").String() == "python" || first.Get("function.name").String() == "python" || // a named function
+				(first.Get("mode").String() == "required" && first.Get("tools.0.name").String() == "python") || // allowed_tools (Responses)
+				(first.String() == "required" && strings.Join(reqs[0].ToolNames(), ",") == "python") // tools cut down (chat)
+			if !forced {
+				t.Errorf("first tool_choice = %s with tools %v; want the stand-in forced", reqs[0].ToolChoice, reqs[0].ToolNames())
+			}
+			if later := gjson.ParseBytes(reqs[1].ToolChoice); later.String() != "auto" && later.Get("mode").String() != "auto" {
+				t.Errorf("second tool_choice = %s; want auto", reqs[1].ToolChoice)
+			}
+			if tc := gjson.GetBytes(resp, "tool_choice").Raw; tc != choice {
+				t.Errorf("response tool_choice = %s; want the client's", tc)
+			}
+		})
+	}
+}
+
+// TestInterleavedParallelCalls: a chat server that interleaves the deltas of parallel calls
+// still gives two code_interpreter_calls, run in order, streamed as OpenAI's grammar requires.
+func TestInterleavedParallelCalls(t *testing.T) {
+	for _, api := range []upstreamAPI{vllmAPI, llamaCppAPI} {
+		t.Run(api.name, func(t *testing.T) {
+			h := newHarness(t, onAPI(api))
+			turn := calls("a = 'first'", "b = 'second'")
+			turn.ChatInterleave = true
+			h.up.Enqueue(turn, text("both"))
+			status, raw := h.post(body(`"stream":true`), "k")
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, raw)
+			}
+			resp := checkStream(t, raw).Response
+			if got := strings.Join(types(resp), ","); got != "code_interpreter_call,code_interpreter_call,message" {
+				t.Errorf("output = %s", got)
+			}
+			if got := h.fake.Codes(); strings.Join(got, ";") != "a = 'first';b = 'second'" {
+				t.Errorf("ran %q; want both calls in order", got)
+			}
+			if outs := fcOutputs(h.up.Requests()[1]); len(outs) != 2 {
+				t.Errorf("outputs sent back = %q; want one per call", outs)
+			}
+		})
 	}
 }

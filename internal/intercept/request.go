@@ -91,6 +91,12 @@ type lookup struct {
 	ctx    context.Context
 	store  Store
 	caller string
+	// stateless: the upstream keeps no responses (Request.Stateless), so a previous_response_id
+	// must be one whose conversation the proxy kept.
+	stateless bool
+	// items are the items of the conversation previous_response_id stands for when the proxy
+	// kept it, by id, for item_reference items.
+	items map[string][]byte
 }
 
 // wants reports whether a request is one the engine intercepts: the tools list holds a
@@ -111,8 +117,10 @@ func wants(body []byte) bool {
 }
 
 // parseRequest validates the client's body and derives the request, without I/O; resolve then
-// completes it from the store. The error is client-visible.
-func parseRequest(body []byte, ic config.Interception) (*parsedRequest, *apierror.Error) {
+// completes it from the store. code says whether the proxy runs the code_interpreter tool (it is
+// the request's, and interception applies); without it a code_interpreter tool is left in tools
+// as sent. The error is client-visible.
+func parseRequest(body []byte, ic config.Interception, code bool) (*parsedRequest, *apierror.Error) {
 	fn := ic.FunctionName
 	if fn == "" {
 		fn = config.DefaultFunctionName
@@ -124,7 +132,7 @@ func parseRequest(body []byte, ic config.Interception) (*parsedRequest, *apierro
 	r := &parsedRequest{
 		raw:          body,
 		fn:           fn,
-		code:         wants(body),
+		code:         code && wants(body),
 		stream:       root.Get("stream").Bool(),
 		store:        root.Get("store").Type != gjson.False,
 		standInIndex: -1,
@@ -154,7 +162,7 @@ func parseRequest(body []byte, ic config.Interception) (*parsedRequest, *apierro
 	var bad *apierror.Error
 	root.Get("tools").ForEach(func(k, t gjson.Result) bool {
 		switch typ := t.Get("type").String(); {
-		case typ == "code_interpreter":
+		case typ == "code_interpreter" && r.code:
 			if seen {
 				return true
 			}
@@ -263,18 +271,43 @@ func parseRequest(body []byte, ic config.Interception) (*parsedRequest, *apierro
 
 // resolve completes the request with what it refers to in the store, its one I/O step, which the
 // engine takes before the loop starts: a previous_response_id this proxy minted stands for the
-// last upstream response of its loop, its container, and the outputs of stand-in calls the client
-// never saw as function calls; code_interpreter_call items (and references to them) sent back as
-// input become the function_call and function_call_output pairs the upstream saw. Records of
-// another caller are not used. A nil lk.store resolves nothing.
-func (r *parsedRequest) resolve(lk lookup) {
+// last upstream response of its loop (or, for an upstream that keeps nothing, the conversation the
+// proxy kept), its container, and the outputs of stand-in calls the client never saw as function
+// calls; code_interpreter_call items (and references to them) sent back as input become the
+// function_call and function_call_output pairs the upstream saw, and references to items of a
+// kept conversation become those items. Records of another caller are not used. A nil lk.store
+// resolves nothing.
+//
+// For a stateless upstream previous_response_id never goes upstream: one whose conversation the
+// proxy did not keep (unknown, another caller's, store false, or continued upstream) is the 400
+// previous_response_not_found OpenAI answers for an unknown id. For any other upstream an id the
+// proxy did not mint passes through, for the upstream to resolve.
+func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 	var pending [][]byte
-	if prev := gjson.GetBytes(r.raw, "previous_response_id").String(); prev != "" && lk.store != nil {
-		if sr, ok := lk.store.Response(lk.ctx, prev); ok && sr.Owner == lk.caller {
+	prevRaw := gjson.GetBytes(r.raw, "previous_response_id")
+	if prev := prevRaw.String(); prev != "" {
+		var sr StoredResponse
+		known := false
+		if lk.store != nil {
+			sr, known = lk.store.Response(lk.ctx, prev)
+			known = known && sr.Owner == lk.caller
+		}
+		kept := known && sr.UpstreamID == "" && len(sr.Pending) > 0 // the proxy kept the conversation
+		switch {
+		case kept:
+			r.base, _ = sjson.DeleteBytes(r.base, "previous_response_id")
+			lk.items = itemsByID(sr.Pending)
+		case known && sr.UpstreamID != "" && !lk.stateless:
 			r.base, _ = sjson.SetBytes(r.base, "previous_response_id", sr.UpstreamID)
+		case known || lk.stateless:
+			return apierror.BadRequest("Previous response with id '"+prev+"' not found.", "previous_response_id", "previous_response_not_found")
+		}
+		if known {
 			r.useContainer(sr.ContainerID)
 			pending = sr.Pending
 		}
+	} else if lk.stateless && prevRaw.Exists() {
+		r.base, _ = sjson.DeleteBytes(r.base, "previous_response_id") // null or "": not sent
 	}
 	in := gjson.GetBytes(r.raw, "input")
 	switch {
@@ -298,6 +331,18 @@ func (r *parsedRequest) resolve(lk lookup) {
 			return true
 		})
 	}
+	return nil
+}
+
+// itemsByID indexes the items of a kept conversation by id.
+func itemsByID(items [][]byte) map[string][]byte {
+	m := make(map[string][]byte, len(items))
+	for _, it := range items {
+		if id := gjson.GetBytes(it, "id").String(); id != "" {
+			m[id] = it
+		}
+	}
+	return m
 }
 
 // useContainer adds a container the conversation used to the context.
@@ -359,6 +404,9 @@ func translateInputItem(it gjson.Result, fn string, lk lookup) ([][]byte, string
 			if sc, ok := storedCall(lk, id); ok {
 				return callPair(fn, sc.CallID, sc.Code, sc.Output), sc.ContainerID
 			}
+		}
+		if item, ok := lk.items[id]; ok {
+			return [][]byte{item}, ""
 		}
 	}
 	return [][]byte{[]byte(it.Raw)}, ""

@@ -194,6 +194,20 @@ func (r *parsedRequest) body(cs callSpec) ([]byte, error) {
 	return sjson.SetRawBytes(b, "input", in)
 }
 
+// conversation returns every item of a finished loop as the upstream saw them, for an upstream
+// that keeps nothing: the input (the kept conversation it continued included), the items of each
+// iteration, the last turn, and the outputs of its calls not sent yet.
+func (r *parsedRequest) conversation(turns, last, pending [][]byte) [][]byte {
+	out := make([][]byte, 0, len(r.input)+len(turns)+len(last)+len(pending)+1)
+	if r.inputString {
+		out = append(out, userMessageOf(gjson.GetBytes(r.raw, "input")))
+	}
+	out = append(out, r.input...)
+	out = append(out, turns...)
+	out = append(out, last...)
+	return append(out, pending...)
+}
+
 // appendElem appends v to a JSON array being built in dst (which ends with '[' or an element).
 func appendElem(dst, v []byte) []byte {
 	if dst[len(dst)-1] != '[' {

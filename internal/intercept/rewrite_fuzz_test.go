@@ -37,7 +37,7 @@ func FuzzRewrite(f *testing.F) {
 	turn := callPair("python", "call_1", "print(1)", "1\n")
 	f.Fuzz(func(t *testing.T, body []byte) {
 		orig := bytes.Clone(body)
-		req, aerr := parseRequest(body, ic)
+		req, aerr := parseRequest(body, ic, true)
 		if !bytes.Equal(body, orig) {
 			t.Fatal("parseRequest modified its input")
 		}

@@ -31,7 +31,7 @@ func TestRewriteGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			orig := bytes.Clone(raw)
-			req, aerr := parseRequest(raw, config.Defaults().Interception)
+			req, aerr := parseRequest(raw, config.Defaults().Interception, true)
 			if aerr != nil {
 				t.Fatalf("parseRequest: %v", aerr)
 			}
@@ -92,7 +92,7 @@ func TestContainerValidation(t *testing.T) {
 				tool = `{"type":"code_interpreter","container":` + tc.container + `}`
 			}
 			body := []byte(`{"model":"m","input":"x","tools":[` + tool + `]}`)
-			_, aerr := parseRequest(body, config.Defaults().Interception)
+			_, aerr := parseRequest(body, config.Defaults().Interception, true)
 			switch {
 			case tc.param == "" && aerr != nil:
 				t.Errorf("parseRequest(%s) = %v; want accepted", tc.container, aerr)

@@ -17,7 +17,10 @@ type Store interface {
 	Call(ctx context.Context, id string) (StoredCall, bool)
 	// Put stores one finished response and its calls.
 	Put(ctx context.Context, id string, r StoredResponse, calls map[string]StoredCall)
-	// Delete forgets a response (DELETE /v1/responses/{id}); its calls stay for stateless replay.
+	// Delete forgets what a response held (DELETE /v1/responses/{id}): its id stays known, with
+	// its owner only, until it expires, so later requests naming it are answered as for a deleted
+	// response rather than passed to an upstream that never heard of it. Its calls stay for
+	// stateless replay.
 	Delete(ctx context.Context, id string)
 }
 
@@ -29,13 +32,30 @@ type StoredResponse struct {
 	UpstreamID string
 	// ContainerID is the cntr_ id of the container the response used ("" if none).
 	ContainerID string
-	// Pending holds function_call_output items answering stand-in calls in the last upstream
-	// response. They are sent before the client's input when the conversation continues from
-	// UpstreamID (the response ended with a client function call beside ours).
+	// UpstreamID is "" for an upstream that keeps nothing (a Chat Completions upstream): the
+	// proxy keeps the conversation in Pending instead.
+	//
+	// Pending holds the items sent upstream before the client's input when the conversation
+	// continues. With UpstreamID set, the function_call_output items answering stand-in calls in
+	// the last upstream response (it ended with a client function call beside ours). Without it,
+	// the whole conversation as the upstream saw it: every input item, the model's turns and the
+	// outputs of our calls (nil when the request had store false: nothing can continue it).
 	Pending [][]byte
 	// Body is the final Response as the client received it, kept when the request had store
 	// true, for GET /v1/responses/{id}. Nil when it was not kept.
 	Body []byte
+	// Input is the JSON array of the request's input items as the client sent them, each with an
+	// id, for GET /v1/responses/{id}/input_items; nil when not kept (store false).
+	Input []byte
+}
+
+// size is the bytes of r's bodies, counted against a store's budget.
+func (r StoredResponse) size() int {
+	n := len(r.Body) + len(r.Input)
+	for _, it := range r.Pending {
+		n += len(it)
+	}
+	return n
 }
 
 // StoredCall is what the upstream saw of one code execution.
@@ -47,8 +67,9 @@ type StoredCall struct {
 	Output      string // the function_call_output text the model was given
 }
 
-// MemoryStore is the default Store: entries in memory, dropped after a TTL. Response bodies are
-// kept up to a byte budget (MaxBodyBytes); past it, a response is remembered without its body.
+// MemoryStore is the default Store: entries in memory, dropped after a TTL. Response bodies (the
+// Response, its input items and a kept conversation) are kept up to a byte budget
+// (MaxBodyBytes); past it, a response is remembered without them.
 type MemoryStore struct {
 	ttl time.Duration
 	now func() time.Time
@@ -113,14 +134,17 @@ func (s *MemoryStore) Put(_ context.Context, id string, r StoredResponse, calls 
 	defer s.mu.Unlock()
 	now := s.now()
 	exp := now.Add(s.ttl)
-	if s.bodyBytes+len(r.Body) > s.bodyBudget {
+	if s.bodyBytes+r.size() > s.bodyBudget {
 		s.sweepLocked(now)
 	}
-	if s.bodyBytes+len(r.Body) > s.bodyBudget {
-		r.Body = nil
+	if s.bodyBytes+r.size() > s.bodyBudget {
+		r.Body, r.Input = nil, nil
+		if r.UpstreamID == "" {
+			r.Pending = nil
+		}
 	}
 	s.forgetLocked(id)
-	s.bodyBytes += len(r.Body)
+	s.bodyBytes += r.size()
 	s.responses[id] = storedEntry[StoredResponse]{v: r, expires: exp}
 	for k, c := range calls {
 		s.calls[k] = storedEntry[StoredCall]{v: c, expires: exp}
@@ -135,13 +159,18 @@ func (s *MemoryStore) Put(_ context.Context, id string, r StoredResponse, calls 
 func (s *MemoryStore) Delete(_ context.Context, id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	e, ok := s.responses[id]
+	if !ok {
+		return
+	}
 	s.forgetLocked(id)
+	s.responses[id] = storedEntry[StoredResponse]{v: StoredResponse{Owner: e.v.Owner}, expires: e.expires}
 }
 
 // forgetLocked drops a response and gives its body's bytes back to the budget.
 func (s *MemoryStore) forgetLocked(id string) {
 	if e, ok := s.responses[id]; ok {
-		s.bodyBytes -= len(e.v.Body)
+		s.bodyBytes -= e.v.size()
 		delete(s.responses, id)
 	}
 }

@@ -2,8 +2,13 @@ package intercept
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"slices"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 )
@@ -20,8 +25,8 @@ func (e *Engine) Minted(ctx context.Context, id string) bool {
 // OpenAI answers for its stored responses: GET returns the Response the client received (kept
 // when the request had store true), with the calls' outputs when the query includes
 // code_interpreter_call.outputs (include[]= or include=) and null otherwise, whatever the
-// request included; DELETE forgets it. A response minted for another caller, or
-// one not kept, is a 404, as if it did not exist. An error means nothing was written; the caller
+// request included; DELETE forgets it. A response minted for another caller, one not kept, or
+// one deleted, is a 404, as if it did not exist. An error means nothing was written; the caller
 // writes it.
 func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error {
 	notFound := apierror.NotFound("Response with id '"+id+"' not found.", "")
@@ -41,6 +46,9 @@ func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller 
 			writeJSON(w, withoutOutputs(sr.Body))
 		}
 	case http.MethodDelete:
+		if sr.Body == nil {
+			return notFound // not stored, or deleted already
+		}
 		e.store.Delete(r.Context(), id)
 		writeJSON(w, marshal(deletedResponse{ID: id, Object: "response", Deleted: true}))
 	default:
@@ -53,4 +61,190 @@ func writeJSON(w http.ResponseWriter, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
+}
+
+// ServeInputItems answers GET /v1/responses/{id}/input_items for a response this proxy minted,
+// in OpenAI's list shape ({"object":"list","data","first_id","last_id","has_more"}): the input
+// items of the request as the client sent them, each with an id (minted where the client sent
+// none; a string input is one user message of input_text). Query parameters: limit (1 to 100,
+// default 20), order (desc, the default, or asc), after (an item id: the page starts after it),
+// include (include[]= or include=): code_interpreter_call items show their outputs only with
+// code_interpreter_call.outputs, input images their image_url only with
+// message.input_image.image_url. A response another caller minted, or one stored without its
+// input (store false), is a 404. An error means nothing was written; the caller writes it.
+func (e *Engine) ServeInputItems(w http.ResponseWriter, r *http.Request, id, caller string) error {
+	sr, ok := e.store.Response(r.Context(), id)
+	if !ok || sr.Owner != caller || sr.Input == nil {
+		return apierror.NotFound("Response with id '"+id+"' not found.", "")
+	}
+	q := r.URL.Query()
+	limit := 20
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 100 {
+			return apierror.BadRequest("Invalid 'limit': expected an integer between 1 and 100.", "limit", "invalid_value")
+		}
+		limit = n
+	}
+	order := q.Get("order")
+	switch order {
+	case "":
+		order = "desc"
+	case "asc", "desc":
+	default:
+		return apierror.BadRequest("Invalid value for 'order': expected one of 'asc' or 'desc'.", "order", "invalid_value")
+	}
+	include := append(q["include[]"], q["include"]...)
+
+	items := gjson.ParseBytes(sr.Input).Array()
+	if order == "desc" {
+		slices.Reverse(items)
+	}
+	start := 0
+	if after := q.Get("after"); after != "" {
+		start = len(items) // an id that is not in the list: nothing after it
+		for i, it := range items {
+			if it.Get("id").String() == after {
+				start = i + 1
+				break
+			}
+		}
+	}
+	end := min(start+limit, len(items))
+	page := itemList{Object: "list", Data: make([]json.RawMessage, 0, end-start), HasMore: end < len(items)}
+	for _, it := range items[start:end] {
+		page.Data = append(page.Data, listed(it, slices.Contains(include, includeOutputs), slices.Contains(include, includeImageURL)))
+	}
+	if n := len(page.Data); n > 0 {
+		page.FirstID, page.LastID = nullable(items[start].Get("id").String()), nullable(items[end-1].Get("id").String())
+	} else {
+		page.FirstID, page.LastID = nullable(""), nullable("")
+	}
+	writeJSON(w, marshal(page))
+	return nil
+}
+
+// includeImageURL is the include value that shows input images' URLs in input_items.
+const includeImageURL = "message.input_image.image_url"
+
+// itemList is the input_items page.
+type itemList struct {
+	Object  string            `json:"object"`
+	Data    []json.RawMessage `json:"data"`
+	FirstID json.RawMessage   `json:"first_id"`
+	LastID  json.RawMessage   `json:"last_id"`
+	HasMore bool              `json:"has_more"`
+}
+
+// listed returns a stored input item as input_items shows it, given what include asks for.
+func listed(it gjson.Result, outputs, imageURLs bool) json.RawMessage {
+	out := []byte(it.Raw)
+	switch it.Get("type").String() {
+	case "code_interpreter_call":
+		if !outputs {
+			out, _ = sjson.SetRawBytes(out, "outputs", []byte("null"))
+		}
+	case "message":
+		if imageURLs {
+			break
+		}
+		it.Get("content").ForEach(func(k, p gjson.Result) bool {
+			if p.Get("type").String() == "input_image" && p.Get("image_url").Exists() {
+				out, _ = sjson.DeleteBytes(out, "content."+k.String()+".image_url")
+			}
+			return true
+		})
+	}
+	return out
+}
+
+// inputList returns the input of a request body as the JSON array input_items lists: a string
+// input is one user message; message items get the shape OpenAI lists them in (id, type,
+// status, content as parts, role); every other item is kept as sent. Items without an id get one
+// from mint, with the prefix of their type.
+func inputList(raw []byte, mint func(string) string) []byte {
+	in := gjson.GetBytes(raw, "input")
+	b := []byte{'['}
+	switch {
+	case in.Type == gjson.String:
+		b = appendElem(b, listedMessageOf(mint("msg_"), "completed", textParts("user", in), "user"))
+	case in.IsArray():
+		in.ForEach(func(_, it gjson.Result) bool {
+			if !it.IsObject() {
+				return true
+			}
+			id := it.Get("id").String()
+			typ := it.Get("type").String()
+			if typ == "message" || (typ == "" && it.Get("role").Exists()) {
+				if id == "" {
+					id = mint("msg_")
+				}
+				status := it.Get("status").String()
+				if status == "" {
+					status = "completed"
+				}
+				role, content := it.Get("role").String(), it.Get("content")
+				parts := []byte(content.Raw)
+				if content.Type == gjson.String {
+					parts = textParts(role, content)
+				}
+				b = appendElem(b, listedMessageOf(id, status, parts, role))
+				return true
+			}
+			item := []byte(it.Raw)
+			if id == "" {
+				item, _ = sjson.SetBytes(item, "id", mint(idPrefix(typ)))
+			}
+			b = appendElem(b, item)
+			return true
+		})
+	}
+	return append(b, ']')
+}
+
+// listedMessage is the start of a message item in input_items; content and role follow.
+type listedMessage struct {
+	ID     string `json:"id"`
+	Type   string `json:"type"`
+	Status string `json:"status"`
+}
+
+func listedMessageOf(id, status string, content []byte, role string) []byte {
+	b := marshal(listedMessage{ID: id, Type: "message", Status: status})
+	b = append(b[:len(b)-1], `,"content":`...)
+	b = append(b, content...)
+	b = append(b, `,"role":`...)
+	b = append(b, jsonString(role)...)
+	return append(b, '}')
+}
+
+// textPart is a message's text part: input_text, or output_text for the assistant's.
+type textPart struct {
+	Type        string    `json:"type"`
+	Text        string    `json:"text"`
+	Annotations *[]string `json:"annotations,omitempty"`
+}
+
+// textParts returns a message's string content s as its one text part.
+func textParts(role string, s gjson.Result) []byte {
+	p := textPart{Type: "input_text", Text: s.String()}
+	if role == "assistant" {
+		p.Type, p.Annotations = "output_text", &[]string{}
+	}
+	return marshal([]textPart{p})
+}
+
+// idPrefix is the id prefix of an item type, as OpenAI's ids read.
+func idPrefix(typ string) string {
+	switch typ {
+	case "function_call":
+		return "fc_"
+	case "function_call_output":
+		return "fco_"
+	case "reasoning":
+		return "rs_"
+	case "code_interpreter_call":
+		return "ci_"
+	}
+	return "item_"
 }

@@ -17,8 +17,10 @@ func eventTypes(evs []sseEvent) []string {
 	return out
 }
 
-func TestSingleCallStream(t *testing.T) {
-	h := newHarness(t, withLocal())
+func TestSingleCallStream(t *testing.T) { forEachAPI(t, testSingleCallStream) }
+
+func testSingleCallStream(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api), withLocal())
 	h.up.Enqueue(
 		upstreamtest.Turn{Items: []upstreamtest.Item{call("print('a\u00e9\"')\n1+1")}},
 		upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("Two.")}},

@@ -123,7 +123,7 @@ type slot struct {
 	parseErr error
 
 	// Passed messages only: their output_text parts, by content index.
-	parts []*textPart
+	parts []*citedPart
 }
 
 // standIn is one stand-in call of the current upstream call, as the loop runs it.
@@ -491,7 +491,8 @@ func (t *translator) clientCalls() bool {
 
 // turn returns the model's items of the current upstream call, as the upstream sent them, to
 // carry into the next iteration. Without upstream storage a reasoning item can only be carried
-// with its encrypted content.
+// with what lets the model read it again: its encrypted content, or its own text (content), as
+// a Chat Completions upstream's reasoning and servers such as vLLM give it.
 func (t *translator) turn() [][]byte {
 	out := make([][]byte, 0, len(t.slots))
 	for _, s := range t.slots {
@@ -500,13 +501,23 @@ func (t *translator) turn() [][]byte {
 		}
 		if !t.req.store {
 			it := gjson.ParseBytes(s.upItem)
-			if it.Get("type").String() == "reasoning" && !it.Get("encrypted_content").Exists() {
+			if it.Get("type").String() == "reasoning" && !it.Get("encrypted_content").Exists() && !hasReasoningText(it) {
 				continue
 			}
 		}
 		out = append(out, s.upItem)
 	}
 	return out
+}
+
+// hasReasoningText reports whether a reasoning item carries reasoning text in its content.
+func hasReasoningText(item gjson.Result) bool {
+	found := false
+	item.Get("content").ForEach(func(_, p gjson.Result) bool {
+		found = p.Get("type").String() == "reasoning_text" && p.Get("text").String() != ""
+		return !found
+	})
+	return found
 }
 
 // reasoned reports whether the current upstream call produced reasoning items.

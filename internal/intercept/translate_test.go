@@ -62,7 +62,7 @@ func TestTranslateGolden(t *testing.T) {
 				bodies = append(bodies, []byte(part))
 			}
 			client := []byte(`{"model":"gpt-test","input":"x","stream":true,"include":["code_interpreter_call.outputs"],"tools":[{"type":"code_interpreter","container":"` + c.ID() + `"}]}`)
-			req, aerr := parseRequest(client, ic)
+			req, aerr := parseRequest(client, ic, true)
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
@@ -133,7 +133,7 @@ func TestTranslatorLenientUpstreams(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception)
+			req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception, true)
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
@@ -184,7 +184,7 @@ func gjsonString(data []byte, path string) string { return gjson.GetBytes(data, 
 // TestTranslatorNeedsNoContainerWithoutACall: text and the client's own calls never make the
 // translator ask for the container, so a request that runs no code never waits for one.
 func TestTranslatorNeedsNoContainerWithoutACall(t *testing.T) {
-	req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception)
+	req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception, true)
 	if aerr != nil {
 		t.Fatal(aerr)
 	}

@@ -72,26 +72,40 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 }
 
 // responses serves POST /v1/responses: the interceptor when it handles the request, pass-through
-// otherwise. The interceptor reaches the model's upstream through the Responses seam; the target
-// is the implementation for an upstream that speaks the Responses API.
+// otherwise. The interceptor reaches the model's upstream through the Responses seam: the target
+// itself for deployments that speak the Responses API, upstream.ChatAPI for those that speak only
+// Chat Completions, which have no /v1/responses to pass through to, so the interceptor serves
+// every request for them. The model's first deployment (in balancing order) decides; failover
+// goes only to deployments that take the same request (upstream.SameRequest).
 func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 	req, err := s.resolve(w, r)
 	if err != nil {
 		return err
 	}
-	if s.interceptor != nil {
-		ir := &intercept.Request{
-			Config:   req.cfg,
-			Body:     req.body,
-			Upstream: req.target,
-			Provider: req.deps[0].Provider,
-			Caller:   Caller(r.Context()),
+	deps := upstream.SameRequest(req.deps)
+	target := s.client.Target(deps)
+	chat := deps[0].API == config.APIChatCompletions
+	if s.interceptor == nil {
+		if chat {
+			return apierror.BadRequest("The model '"+req.model+"' speaks only Chat Completions, and this server does not translate /v1/responses; use /v1/chat/completions.", "model", "unsupported_model")
 		}
-		if s.interceptor.Handles(ir) {
-			return s.interceptor.ServeResponses(w, r, ir)
-		}
+		target.Proxy(w, r, req.body)
+		return nil
 	}
-	req.target.Proxy(w, r, req.body)
+	ir := &intercept.Request{
+		Config:   req.cfg,
+		Body:     req.body,
+		Upstream: target,
+		Provider: deps[0].Provider,
+		Caller:   Caller(r.Context()),
+	}
+	if chat {
+		ir.Upstream, ir.Stateless = upstream.NewChatAPI(target, upstream.ChatOptionsFor(deps[0])), true
+	}
+	if s.interceptor.Handles(ir) {
+		return s.interceptor.ServeResponses(w, r, ir)
+	}
+	target.Proxy(w, r, req.body)
 	return nil
 }
 
@@ -111,6 +125,15 @@ func (s *server) modelPassthrough(w http.ResponseWriter, r *http.Request) error 
 func (s *server) storedResponse(w http.ResponseWriter, r *http.Request) error {
 	if id := chi.URLParam(r, "id"); s.interceptor != nil && s.interceptor.Minted(r.Context(), id) {
 		return s.interceptor.ServeStored(w, r, id, Caller(r.Context()))
+	}
+	return s.byID(w, r)
+}
+
+// inputItems serves GET /v1/responses/{id}/input_items: the interceptor answers for the ids it
+// minted; every other id goes to byID.
+func (s *server) inputItems(w http.ResponseWriter, r *http.Request) error {
+	if id := chi.URLParam(r, "id"); s.interceptor != nil && s.interceptor.Minted(r.Context(), id) {
+		return s.interceptor.ServeInputItems(w, r, id, Caller(r.Context()))
 	}
 	return s.byID(w, r)
 }
@@ -139,6 +162,10 @@ func (s *server) byID(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	annotate(r.Context(), "", deploymentName(dep))
+	if dep.API == config.APIChatCompletions {
+		// A Chat Completions upstream keeps no responses: only the ones this proxy minted exist.
+		return apierror.NotFound("Response with id '"+chi.URLParam(r, "id")+"' not found.", "")
+	}
 	s.client.Target([]config.Deployment{dep}).Proxy(w, r, body)
 	return nil
 }

@@ -20,6 +20,9 @@ type panicking struct {
 func (panicking) Handles(*intercept.Request) bool                                      { return true }
 func (panicking) Minted(context.Context, string) bool                                  { return false }
 func (panicking) ServeStored(http.ResponseWriter, *http.Request, string, string) error { return nil }
+func (panicking) ServeInputItems(http.ResponseWriter, *http.Request, string, string) error {
+	return nil
+}
 
 func (p panicking) ServeResponses(w http.ResponseWriter, _ *http.Request, _ *intercept.Request) error {
 	if p.partial {

@@ -27,14 +27,15 @@ import (
 // ServeResponses means nothing was written, and handle writes it (the one error path); once the
 // response has started, failures are the interceptor's to end in its own stream.
 //
-// GET and DELETE /v1/responses/{id} go to ServeStored when Minted reports that the id is one the
-// interceptor minted (the upstream has never heard of it); every other id passes through.
-// ServeStored's errors are written the same way.
+// GET and DELETE /v1/responses/{id} go to ServeStored, and GET /v1/responses/{id}/input_items to
+// ServeInputItems, when Minted reports that the id is one the interceptor minted (the upstream
+// has never heard of it); every other id passes through. Their errors are written the same way.
 type Interceptor interface {
 	Handles(req *intercept.Request) bool
 	ServeResponses(w http.ResponseWriter, r *http.Request, req *intercept.Request) error
 	Minted(ctx context.Context, id string) bool
 	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error
+	ServeInputItems(w http.ResponseWriter, r *http.Request, id, caller string) error
 }
 
 var _ Interceptor = (*intercept.Engine)(nil)
@@ -154,7 +155,7 @@ func (s *server) api(r chi.Router) {
 	r.Post("/responses", s.handle(s.responses))
 	r.Get("/responses/{id}", s.handle(s.storedResponse))
 	r.Delete("/responses/{id}", s.handle(s.storedResponse))
-	r.Get("/responses/{id}/input_items", s.handle(s.byID))
+	r.Get("/responses/{id}/input_items", s.handle(s.inputItems))
 	r.Post("/responses/{id}/cancel", s.handle(s.byID))
 	r.Post("/chat/completions", s.handle(s.modelPassthrough))
 	r.Post("/completions", s.handle(s.modelPassthrough))

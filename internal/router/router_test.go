@@ -368,6 +368,12 @@ func (ri *recordingInterceptor) ServeStored(w http.ResponseWriter, r *http.Reque
 	return nil
 }
 
+func (ri *recordingInterceptor) ServeInputItems(w http.ResponseWriter, r *http.Request, id, caller string) error {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"object":"list","input_items_of":"` + id + `","caller":"` + caller + `"}`))
+	return nil
+}
+
 func (ri *recordingInterceptor) recorded() []interceptCall {
 	ri.mu.Lock()
 	defer ri.mu.Unlock()
@@ -424,9 +430,17 @@ func TestInterceptor(t *testing.T) {
 			t.Errorf("%s /v1/responses/resp_ours = %d %s; want the interceptor's answer with the caller", method, status, got)
 		}
 	}
+	status, _, got = p.do(t, http.MethodGet, "/v1/responses/resp_ours/input_items?limit=2", "", "Authorization", "Bearer abc")
+	if status != http.StatusOK || gjson.GetBytes(got, "input_items_of").Str != "resp_ours" || gjson.GetBytes(got, "caller").Str != "ba7816bf8f01cfea414140de5dae2223" {
+		t.Errorf("GET /v1/responses/resp_ours/input_items = %d %s; want the interceptor's answer with the caller", status, got)
+	}
 	before := len(up.requests())
 	status, _, got = p.do(t, http.MethodGet, "/v1/responses/resp_theirs", "")
 	if status != http.StatusOK || gjson.GetBytes(got, "path").Str != "/v1/responses/resp_theirs" || len(up.requests()) != before+1 {
 		t.Errorf("GET /v1/responses/resp_theirs = %d %s; want it passed through", status, got)
+	}
+	status, _, got = p.do(t, http.MethodGet, "/v1/responses/resp_theirs/input_items", "")
+	if status != http.StatusOK || gjson.GetBytes(got, "path").Str != "/v1/responses/resp_theirs/input_items" || len(up.requests()) != before+2 {
+		t.Errorf("GET /v1/responses/resp_theirs/input_items = %d %s; want it passed through", status, got)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 // ErrChatShape marks a Chat Completions answer the translation cannot read: not JSON, no
@@ -248,6 +249,9 @@ type responseTemplate struct {
 	tier                   []byte // the request's service_tier, or "auto"
 }
 
+// maxClientDepth is encoding/json's nesting limit, which clients' decoders share.
+const maxClientDepth = 10000
+
 // template compacts the echoed values (which also checks them against encoding/json's depth
 // limit, as clients decode them with such parsers).
 func (e *responseEcho) template() (responseTemplate, error) {
@@ -262,6 +266,13 @@ func (e *responseEcho) template() (responseTemplate, error) {
 		dst = append(dst, `":`...)
 		if len(raw) == 0 {
 			return append(dst, def...)
+		}
+		if bytes.IndexAny(raw, " \t\r\n") < 0 {
+			// Compact already (the body was validated whole): only the depth is left to check.
+			if !jsondepth.Within(raw, maxClientDepth) {
+				err = fmt.Errorf("%s: nested deeper than %d levels", key, maxClientDepth)
+			}
+			return append(dst, raw...)
 		}
 		var b bytes.Buffer
 		if err = json.Compact(&b, raw); err != nil {

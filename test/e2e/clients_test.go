@@ -67,6 +67,13 @@ func ciCall(t *testing.T, r *responses.Response) responses.ResponseCodeInterpret
 // checkSixTimesSeven asserts what the client sees of running print(6 * 7).
 func checkSixTimesSeven(t *testing.T, r *responses.Response) {
 	t.Helper()
+	checkSixTimesSevenUsage(t, r, true)
+}
+
+// checkSixTimesSevenUsage is checkSixTimesSeven for an upstream that reports cached tokens or
+// not (llama.cpp does not).
+func checkSixTimesSevenUsage(t *testing.T, r *responses.Response, cached bool) {
+	t.Helper()
 	if r.Status != responses.ResponseStatusCompleted {
 		t.Errorf("status %q, want completed", r.Status)
 	}
@@ -102,10 +109,14 @@ func checkSixTimesSeven(t *testing.T, r *responses.Response) {
 	u := r.Usage
 	wantIn := int64(callUsage.InputTokens + answerUsage.InputTokens)
 	wantOut := int64(callUsage.OutputTokens + answerUsage.OutputTokens)
+	wantCached := int64(callUsage.CachedTokens + answerUsage.CachedTokens)
+	if !cached {
+		wantCached = 0
+	}
 	if u.InputTokens != wantIn || u.OutputTokens != wantOut || u.TotalTokens != wantIn+wantOut ||
-		u.InputTokensDetails.CachedTokens != int64(callUsage.CachedTokens+answerUsage.CachedTokens) {
+		u.InputTokensDetails.CachedTokens != wantCached {
 		t.Errorf("usage %s, want input %d (cached %d), output %d, total %d", u.RawJSON(), wantIn,
-			callUsage.CachedTokens+answerUsage.CachedTokens, wantOut, wantIn+wantOut)
+			wantCached, wantOut, wantIn+wantOut)
 	}
 }
 
@@ -318,7 +329,9 @@ func TestCodeInterpreterOpenAIGo(t *testing.T) {
 			})
 
 			// Shutdown deletes every sandbox the proxy created, locally and in e2b.
-			if tool == "local" && len(entries(wd)) < 3 {
+			// A live local provider holds its directory and its lock file there (the sandboxes'
+			// /mnt/data are tmpfs of their own, inside their namespaces).
+			if tool == "local" && len(entries(wd)) < 2 {
 				t.Errorf("the local tool's work_dir holds %v while containers live: the leak check below would prove nothing", entries(wd))
 			}
 			p.Stop()

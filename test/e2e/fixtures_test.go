@@ -38,6 +38,9 @@ type setup struct {
 	ExtraModels string
 	// WorkDir is the local tool's work_dir ("" for the default).
 	WorkDir string
+	// ChatOnly declares the model's upstream a Chat Completions server
+	// (model_info.supported_endpoints: ["/v1/chat/completions"]).
+	ChatOnly bool
 }
 
 // yaml renders the configuration file.
@@ -47,6 +50,9 @@ func (s setup) yaml() string {
 		clientModel, upstreamModel, s.Upstream)
 	if s.UpstreamKey != "" {
 		fmt.Fprintf(&b, "      api_key: %s\n", s.UpstreamKey)
+	}
+	if s.ChatOnly {
+		b.WriteString("    model_info:\n      supported_endpoints: [\"/v1/chat/completions\"]\n")
 	}
 	b.WriteString(s.ExtraModels)
 	// pool_size 1 keeps one warm kernel per proxy: tests run many proxies side by side.

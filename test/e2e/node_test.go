@@ -13,9 +13,13 @@ import (
 )
 
 // TestNodeOpenAIClient runs test/node/responses.test.mjs, which drives the proxy with the official
-// openai npm package (responses.create and responses.stream), against a proxy whose scripted model
-// runs print(6 * 7) and then answers. It needs node and test/node/node_modules (scripts/deps.sh);
-// it runs when CIPROXY_CLIENT_TESTS=1 (make test), and then their absence is a failure.
+// openai npm package (responses.create, responses.stream, previous_response_id, retrieve,
+// inputItems.list, delete), once against a model whose upstream speaks the Responses API and once
+// against one whose upstream speaks only Chat Completions (as vLLM serves it), and
+// test/node/agents.test.mjs, which runs an OpenAI Agents SDK agent with codeInterpreterTool
+// against the latter. Each scripted model runs print(6 * 7) and then answers. It needs node and
+// test/node/node_modules (scripts/deps.sh); it runs when CIPROXY_CLIENT_TESTS=1 (make test), and
+// then their absence is a failure.
 func TestNodeOpenAIClient(t *testing.T) {
 	if os.Getenv("CIPROXY_CLIENT_TESTS") != "1" {
 		t.Skip("the Node client test runs with CIPROXY_CLIENT_TESTS=1 (make test), after scripts/deps.sh installed test/node")
@@ -26,49 +30,69 @@ func TestNodeOpenAIClient(t *testing.T) {
 		t.Fatalf("CIPROXY_CLIENT_TESTS=1 but node is not installed (scripts/deps.sh installs it): %v", err)
 	}
 	dir := filepath.Join(repoRoot, "test", "node")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
-		t.Fatalf("CIPROXY_CLIENT_TESTS=1 but the openai npm package is not installed; run scripts/deps.sh: %v", err)
+	for _, pkg := range []string{"openai", filepath.Join("@openai", "agents")} {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err != nil {
+			t.Fatalf("CIPROXY_CLIENT_TESTS=1 but the %s npm package is not installed; run scripts/deps.sh: %v", pkg, err)
+		}
 	}
 
-	up := upstreamtest.New(t)
-	up.Script(func(req upstreamtest.Request) upstreamtest.Turn {
+	script := func(req upstreamtest.Request) upstreamtest.Turn {
 		if n := len(req.History); n > 0 && itemType(req.History[n-1]) == "function_call_output" {
 			return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("6 times 7 is 42.")}, Usage: answerUsage}
 		}
 		return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", `{"code":"print(6 * 7)"}`)}, Usage: callUsage}
-	})
-	p := startProxy(t, setup{Upstream: up.URL(), MasterKey: "sk-node-master"}.yaml())
+	}
+	up := upstreamtest.New(t)
+	up.Script(script)
+	chatUp := upstreamtest.New(t, upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM))
+	chatUp.Script(script)
+	const chatModel = clientModel + "-chat"
+	chatEntry := "  - model_name: " + chatModel + "\n    litellm_params:\n      model: openai/" + upstreamModel + "\n      api_base: " + chatUp.URL() +
+		"\n    model_info:\n      supported_endpoints: [\"/v1/chat/completions\"]\n"
+	p := startProxy(t, setup{Upstream: up.URL(), MasterKey: "sk-node-master", ExtraModels: chatEntry}.yaml())
 
 	c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(c, node, "--test", "--test-reporter=spec", "responses.test.mjs")
+	cmd := exec.CommandContext(c, node, "--test", "--test-reporter=spec", "responses.test.mjs", "agents.test.mjs")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		"CIPROXY_BASE_URL="+p.URL+"/v1",
-		"CIPROXY_MODEL="+clientModel,
+		"CIPROXY_MODELS="+clientModel+","+chatModel,
+		"CIPROXY_AGENTS_MODEL="+chatModel,
 		"CIPROXY_API_KEY=sk-node-master",
 	)
 	out, err := cmd.CombinedOutput()
-	t.Logf("node --test responses.test.mjs:\n%s", out)
+	t.Logf("node --test responses.test.mjs agents.test.mjs:\n%s", out)
 	if err != nil {
-		t.Fatalf("the Node client test failed: %v", err)
+		t.Fatalf("the Node client tests failed: %v", err)
 	}
 
-	// Both tests ran through the proxy: two client requests, each two upstream iterations.
-	reqs := up.Requests()
-	if len(reqs) != 4 {
-		t.Errorf("the upstream got %d requests, want 4 (two per client request)", len(reqs))
-	}
-	streamed := 0
-	for _, r := range reqs {
-		var stream bool
-		_ = json.Unmarshal(r.Fields["stream"], &stream)
-		if stream {
-			streamed++
+	// Every client request went through the proxy, two upstream iterations each: per model three
+	// openai requests plus the continuation; for the chat model two agent runs besides.
+	for _, tc := range []struct {
+		name string
+		up   *upstreamtest.Server
+		want int
+		path string
+	}{{"Responses", up, 8, "/v1/responses"}, {"Chat Completions", chatUp, 12, "/v1/chat/completions"}} {
+		reqs := tc.up.Requests()
+		if len(reqs) != tc.want {
+			t.Errorf("the %s upstream got %d requests, want %d (two per client request)", tc.name, len(reqs), tc.want)
 		}
-	}
-	if streamed == 0 {
-		t.Error("no upstream request was streamed: responses.stream did not stream end to end")
+		streamed := 0
+		for _, r := range reqs {
+			if r.Path != tc.path {
+				t.Errorf("the %s upstream got %s", tc.name, r.Path)
+			}
+			var stream bool
+			_ = json.Unmarshal(r.Fields["stream"], &stream)
+			if stream {
+				streamed++
+			}
+		}
+		if streamed == 0 {
+			t.Errorf("no request to the %s upstream was streamed: streaming did not stream end to end", tc.name)
+		}
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -307,7 +308,17 @@ func (h *cgroupHost) dirs() []string {
 type sandboxCgroup struct {
 	host *cgroupHost
 	name string
+	// mu guards made: a kill can come from the request side while the sandbox's own reaper
+	// goroutine removes the cgroups.
+	mu   sync.Mutex
 	made []string // directories created, to remove
+}
+
+// dirs returns the cgroup directories that still exist.
+func (cg *sandboxCgroup) dirs() []string {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	return cg.made
 }
 
 // create makes the sandbox's cgroups and writes its limits.
@@ -319,7 +330,9 @@ func (h *cgroupHost) create(name string, s cgroupSettings) (*sandboxCgroup, erro
 			cg.remove()
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}
+		cg.mu.Lock()
 		cg.made = append(cg.made, dir)
+		cg.mu.Unlock()
 	}
 	var writes [][2]string
 	if h.v2 != "" {
@@ -375,7 +388,7 @@ func cpuQuota(cpus float64) int { return max(1000, int(cpus*cpuPeriod)) }
 // place moves process pid (in this process's pid namespace) into the sandbox's cgroups; its
 // children are born there.
 func (cg *sandboxCgroup) place(pid int) error {
-	for _, dir := range cg.made {
+	for _, dir := range cg.dirs() {
 		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
 			return fmt.Errorf("cgroup: placing the sandbox: %w", err)
 		}
@@ -410,7 +423,7 @@ func (cg *sandboxCgroup) kill() {
 			return
 		}
 	}
-	for _, dir := range cg.made {
+	for _, dir := range cg.dirs() {
 		for _, f := range strings.Fields(readString(filepath.Join(dir, "cgroup.procs"))) {
 			if pid, err := strconv.Atoi(f); err == nil {
 				syscall.Kill(pid, syscall.SIGKILL)
@@ -460,10 +473,13 @@ func (cg *sandboxCgroup) memoryPeak() int64 {
 // remove deletes the sandbox's cgroups. They must hold no process: the caller waits until the
 // sandbox is gone; a cgroup whose last process is still exiting is retried for a moment.
 func (cg *sandboxCgroup) remove() {
-	for _, dir := range cg.made {
+	cg.mu.Lock()
+	made := cg.made
+	cg.made = nil
+	cg.mu.Unlock()
+	for _, dir := range made {
 		removeCgroup(dir)
 	}
-	cg.made = nil
 }
 
 func removeCgroup(dir string) {
