@@ -4,13 +4,20 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"mime/multipart"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
+	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
@@ -67,5 +74,82 @@ func TestFilesSurviveARestart(t *testing.T) {
 	defer resp.Body.Close()
 	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK || string(b) != "a,b\n1,2\n" {
 		t.Errorf("content after a restart = %d %q", resp.StatusCode, b)
+	}
+}
+
+// TestContainersSurviveARestart: containers are recorded in the data directory. After a restart
+// an e2b container (its sandbox outlives the proxy) answers by its id with its files; a local one
+// is expired, its sandbox gone with the process.
+func TestContainersSurviveARestart(t *testing.T) {
+	if err := local.Check(context.Background(), local.Options{}); err != nil {
+		t.Skipf("local sandbox unavailable: %v", err)
+	}
+	exec, err := local.New(local.Options{PoolSize: 0, WorkDir: filepath.Join(t.TempDir(), "emu"), Tool: "emu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exec.Close(context.Background())
+	emu := e2btest.New(exec)
+	defer emu.Close()
+	up := newUpstreamServer(t)
+	for _, tool := range []string{"cloud", "local"} {
+		t.Run(tool, func(t *testing.T) {
+			cfg := strings.Replace(configYAML(up.URL, "gpt-a"), "sandbox_tools:\n", fmt.Sprintf(`sandbox_tools:
+  - sandbox_tool_name: cloud
+    litellm_params: {sandbox_provider: e2b, api_key: %s, api_base: %q, sandbox_url: %q}
+`, emu.APIKey(), emu.URL(), emu.SandboxURL()), 1) + fmt.Sprintf(`litellm_settings:
+  callbacks: ["code_interpreter_interception"]
+  code_interpreter_interception_params: {sandbox_tool_name: %s}
+`, tool)
+			path := writeConfig(t, t.TempDir(), cfg)
+			dataDir := t.TempDir()
+			p := start(t, "--config", path, "--data-dir", dataDir)
+			ctx := context.Background()
+			client := func(p *running) openai.Client {
+				return openai.NewClient(option.WithBaseURL(p.url+"/v1/"), option.WithAPIKey(testKey), option.WithMaxRetries(0))
+			}
+			c := client(p)
+			made, err := c.Containers.New(ctx, openai.ContainerNewParams{Name: "kept"})
+			if err != nil {
+				t.Fatalf("Containers.New() error = %v (%s)", err, p.stderr)
+			}
+			f, err := c.Containers.Files.New(ctx, made.ID, openai.ContainerFileNewParams{File: openai.File(strings.NewReader("kept bytes"), "k.txt", "text/plain")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.cancel()
+			code := <-p.exit
+			p.exit <- code
+			if code != 0 {
+				t.Fatalf("the first proxy exited with %d: %s", code, p.stderr)
+			}
+			if tool == "cloud" && emu.Live() != 1 {
+				t.Errorf("e2b sandboxes after the proxy stopped: %d; want the container's still running", emu.Live())
+			}
+			p = start(t, "--config", path, "--data-dir", dataDir)
+			c = client(p)
+			g, err := c.Containers.Get(ctx, made.ID)
+			if tool == "local" {
+				if err != nil || g.Status != "expired" {
+					t.Errorf("Get() after a restart = %s, %v; want expired", g.RawJSON(), err)
+				}
+				return
+			}
+			if err != nil || g.Status != "running" {
+				t.Fatalf("Get() after a restart = %s, %v; want running", g.RawJSON(), err)
+			}
+			resp, err := c.Containers.Files.Content.Get(ctx, made.ID, f.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(b) != "kept bytes" {
+				t.Errorf("content after a restart = %q", b)
+			}
+			if err := c.Containers.Delete(ctx, made.ID); err != nil || emu.Live() != 0 {
+				t.Errorf("Delete() = %v, e2b sandboxes left %d; want none", err, emu.Live())
+			}
+		})
 	}
 }

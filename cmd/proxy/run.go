@@ -183,19 +183,9 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		return err
 	}
 
-	var key []byte // nil: a random key per process, so ids die with it
-	if cfg.General.ContainerSecret != "" {
-		key = sandbox.KeyFromSecret(cfg.General.ContainerSecret)
-	}
-	sessions := sandbox.NewSessions(sandbox.SessionOptions{
-		Key:      key,
-		Registry: func() *sandbox.Registry { return store.Load().Sandboxes },
-		Logger:   log,
-		Metrics:  reg,
-	})
 	state, err := openState(f, cfg, log)
 	if err != nil {
-		closeSandboxes(log, sessions, store)
+		_ = store.Close(context.Background())
 		return err
 	}
 	defer func() {
@@ -203,6 +193,18 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 			log.Error("closing the data directory", zap.Error(err))
 		}
 	}()
+	// The containers live in the data directory: an e2b container outlives a restart, a local one
+	// is expired at start (its sandbox died with the previous process).
+	sessions, err := sandbox.NewSessions(ctx, sandbox.SessionOptions{
+		Store:    state,
+		Registry: func() *sandbox.Registry { return store.Load().Sandboxes },
+		Logger:   log,
+		Metrics:  reg,
+	})
+	if err != nil {
+		_ = store.Close(context.Background())
+		return err
+	}
 	engine := intercept.New(intercept.Options{Sessions: sessions, Files: state, Logger: log, Metrics: reg})
 	client := upstream.NewClient(upstream.ClientOptions{Logger: log, Metrics: upstream.NewMetrics(reg)})
 
@@ -213,6 +215,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		Balancer:    upstream.NewBalancer(),
 		Interceptor: engine,
 		Files:       state,
+		Containers:  sessions,
 		Logger:      log,
 		Registry:    reg,
 		Metrics:     metrics,

@@ -75,7 +75,7 @@ func benchEngine(b *testing.B) (*Engine, *config.Config, func()) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sess := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	sess := newSessions(b, reg)
 	cfg := activeConfig()
 	cfg.Interception.SandboxToolName = "instant"
 	cfg.Interception.ExecutionTimeout = time.Minute

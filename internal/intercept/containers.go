@@ -1,10 +1,14 @@
 package intercept
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,20 +25,21 @@ type containers interface {
 	Open(ctx context.Context, id, owner string) (runner, error)
 	Release(ctx context.Context, c runner, idle time.Duration)
 
-	// PlaceFiles puts files into c's /mnt/data, each under its name made unique against the
-	// files already there, records them as container files (source "user") and returns the
-	// records in the order of files. A file placed in c before from the same Files API id, or
-	// the same inline bytes and name, is not placed again: its record is returned. Nothing is
-	// recorded for a file that could not be placed; an error about one of the files is a
-	// *placeError naming it (a file too large for the container wraps sandbox.ErrFileTooLarge).
-	PlaceFiles(ctx context.Context, c runner, files []placement) ([]store.ContainerFile, error)
+	// PlaceFiles puts files into owner's container c's /mnt/data, each under its name made
+	// unique against the files already there, records them as container files (source "user")
+	// and returns the records in the order of files. A file placed in c before from the same
+	// Files API id, or the same inline bytes and name, and still there, is not placed again: its
+	// record is returned. An error about one of the files is a *placeError naming it, wrapping
+	// the sandbox's reason (sandbox.ErrFileTooLarge, ErrContainerFull, ErrTooManyFiles,
+	// ErrNotFound for a Files API file gone meanwhile, ...).
+	PlaceFiles(ctx context.Context, c runner, owner string, files []placement, lim sandbox.ContainerLimits) ([]store.ContainerFile, error)
 	// Execute runs code in c, then records the regular files the execution created or changed
-	// under /mnt/data as container files (source "assistant") and returns them. res and err are
-	// the run's, except that an execution whose files alone could not be collected returns its
-	// result and an error wrapping errCollect.
-	Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions) (res sandbox.Result, written []store.ContainerFile, err error)
-	// ContainerFiles returns the files recorded for c.
-	ContainerFiles(ctx context.Context, c runner) ([]store.ContainerFile, error)
+	// under /mnt/data as container files (source "assistant"). res and err are the run's, except
+	// that an execution whose files alone could not be collected returns its result and an
+	// error wrapping errCollect.
+	Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim sandbox.ContainerLimits) (res sandbox.Result, written sandbox.Outputs, err error)
+	// ContainerFiles returns the files recorded for owner's container c.
+	ContainerFiles(ctx context.Context, c runner, owner string) ([]store.ContainerFile, error)
 }
 
 // errCollect: an execution ran, but the files it wrote could not be collected.
@@ -64,14 +69,25 @@ type runner interface {
 }
 
 // sessions adapts *sandbox.Sessions to containers.
-type sessions struct{ s *sandbox.Sessions }
+type sessions struct {
+	s      *sandbox.Sessions
+	placed *placedFiles
+}
+
+func adaptSessions(s *sandbox.Sessions) sessions { return sessions{s: s, placed: newPlacedFiles()} }
+
+// created is a container this engine's request created: released with idle 0 (its id never
+// reached anyone), it is discarded, whatever idle timeout it was created with. Any other
+// container keeps the idle timeout it was created with (a container made through the Containers
+// API keeps its own expires_after).
+type created struct{ *sandbox.Container }
 
 func (a sessions) Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, idle time.Duration) (runner, error) {
 	c, err := a.s.Create(ctx, tool, owner, opts, idle)
 	if err != nil {
 		return nil, err
 	}
-	return c, nil
+	return created{c}, nil
 }
 
 func (a sessions) Open(ctx context.Context, id, owner string) (runner, error) {
@@ -83,26 +99,148 @@ func (a sessions) Open(ctx context.Context, id, owner string) (runner, error) {
 }
 
 func (a sessions) Release(ctx context.Context, c runner, idle time.Duration) {
-	if sc, ok := c.(*sandbox.Container); ok {
-		a.s.Release(ctx, sc, idle)
+	switch c := c.(type) {
+	case created:
+		if idle <= 0 {
+			a.s.Discard(ctx, c.Container)
+			return
+		}
+		a.s.Release(ctx, c.Container)
+	case *sandbox.Container:
+		a.s.Release(ctx, c)
 	}
 }
 
-// errNoContainerFiles: the sessions keep no container files yet (they come with containers in
-// the store), so nothing can be placed.
-var errNoContainerFiles = fmt.Errorf("%w: these sandbox sessions cannot place files in containers", sandbox.ErrUnavailable)
-
-func (sessions) PlaceFiles(context.Context, runner, []placement) ([]store.ContainerFile, error) {
-	return nil, errNoContainerFiles
+// held returns the sandbox container behind a runner this adapter returned.
+func held(c runner) *sandbox.Container {
+	switch c := c.(type) {
+	case created:
+		return c.Container
+	case *sandbox.Container:
+		return c
+	}
+	return nil
 }
 
-func (sessions) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions) (sandbox.Result, []store.ContainerFile, error) {
-	res, err := c.Run(ctx, code, opts)
-	return res, nil, err
+func (a sessions) PlaceFiles(ctx context.Context, c runner, owner string, files []placement, lim sandbox.ContainerLimits) ([]store.ContainerFile, error) {
+	sc := held(c)
+	if sc == nil {
+		return nil, fmt.Errorf("%w: not a sandbox container", sandbox.ErrUnavailable)
+	}
+	out := make([]store.ContainerFile, len(files))
+	keys := make([]string, len(files))
+	var ids []string
+	var idAt []int
+	for i, p := range files {
+		keys[i] = placedKey(sc.ID(), p)
+		if id, ok := a.placed.get(keys[i]); ok {
+			if rec, err := a.s.File(ctx, owner, sc.ID(), id); err == nil {
+				out[i] = rec
+				continue
+			}
+		}
+		if p.FileID != "" {
+			ids = append(ids, p.FileID)
+			idAt = append(idAt, i)
+		}
+	}
+	if len(ids) > 0 {
+		recs, err := sc.PlaceFiles(ctx, ids, lim)
+		var fe *sandbox.FileError
+		switch {
+		case errors.As(err, &fe) && fe.Index >= 0 && fe.Index < len(idAt):
+			return nil, &placeError{Index: idAt[fe.Index], Err: fe.Err}
+		case err != nil:
+			return nil, err
+		case len(recs) != len(ids):
+			return nil, fmt.Errorf("%w: %d files placed for %d ids", sandbox.ErrUnavailable, len(recs), len(ids))
+		}
+		for j, rec := range recs {
+			out[idAt[j]] = rec
+			a.placed.put(keys[idAt[j]], rec.ID)
+		}
+	}
+	for i, p := range files {
+		if p.FileID != "" || out[i].ID != "" {
+			continue
+		}
+		rec, err := sc.AddFile(ctx, p.Name, bytes.NewReader(p.Data), lim)
+		if err != nil {
+			return nil, &placeError{Index: i, Err: err}
+		}
+		out[i] = rec
+		a.placed.put(keys[i], rec.ID)
+	}
+	return out, nil
 }
 
-func (sessions) ContainerFiles(context.Context, runner) ([]store.ContainerFile, error) {
-	return nil, nil
+func (a sessions) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim sandbox.ContainerLimits) (sandbox.Result, sandbox.Outputs, error) {
+	sc := held(c)
+	if sc == nil {
+		res, err := c.Run(ctx, code, opts)
+		return res, sandbox.Outputs{}, err
+	}
+	res, out, err := sc.Execute(ctx, code, opts, lim)
+	if errors.Is(err, sandbox.ErrCollect) {
+		err = fmt.Errorf("%w: %w", errCollect, err)
+	}
+	return res, out, err
+}
+
+func (a sessions) ContainerFiles(ctx context.Context, c runner, owner string) ([]store.ContainerFile, error) {
+	l, err := a.s.Files(ctx, owner, c.ID(), store.ContainerFileQuery{Page: store.Page{Order: store.Asc}})
+	if err != nil {
+		return nil, err
+	}
+	return l.Items, nil
+}
+
+// placedFiles remembers which container file each placement became, so that a file placed again
+// in the same container (a stateless client resending its input_file, a tool resending its
+// file_ids each turn) is not copied again under another name. It is this process's memory,
+// bounded: a file placed by another replica, or before a restart, is placed again.
+type placedFiles struct {
+	mu    sync.Mutex
+	ids   map[string]string // placedKey → cfile id
+	order []string          // keys, oldest first
+}
+
+// maxPlacedMemory bounds placedFiles.
+const maxPlacedMemory = 1 << 16
+
+func newPlacedFiles() *placedFiles { return &placedFiles{ids: map[string]string{}} }
+
+// placedKey names a placement in a container: its Files API id, or a digest of its name and
+// inline bytes.
+func placedKey(container string, p placement) string {
+	if p.FileID != "" {
+		return container + "\x00id\x00" + p.FileID
+	}
+	h := sha256.New()
+	h.Write([]byte(p.Name))
+	h.Write([]byte{0})
+	h.Write(p.Data)
+	return container + "\x00data\x00" + hex.EncodeToString(h.Sum(nil))
+}
+
+func (m *placedFiles) get(key string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id, ok := m.ids[key]
+	return id, ok
+}
+
+func (m *placedFiles) put(key, id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.ids[key]; !ok {
+		m.order = append(m.order, key)
+	}
+	m.ids[key] = id
+	for len(m.order) > maxPlacedMemory {
+		delete(m.ids, m.order[0])
+		m.order = m.order[1:]
+	}
 }
 
 // noSessions is the containers of an Engine without Sessions: nothing can be created.
@@ -118,15 +256,15 @@ func (noSessions) Open(context.Context, string, string) (runner, error) {
 
 func (noSessions) Release(context.Context, runner, time.Duration) {}
 
-func (noSessions) PlaceFiles(context.Context, runner, []placement) ([]store.ContainerFile, error) {
+func (noSessions) PlaceFiles(context.Context, runner, string, []placement, sandbox.ContainerLimits) ([]store.ContainerFile, error) {
 	return nil, sandbox.ErrNotFound
 }
 
-func (noSessions) Execute(context.Context, runner, string, sandbox.RunOptions) (sandbox.Result, []store.ContainerFile, error) {
-	return sandbox.Result{}, nil, sandbox.ErrNotFound
+func (noSessions) Execute(context.Context, runner, string, sandbox.RunOptions, sandbox.ContainerLimits) (sandbox.Result, sandbox.Outputs, error) {
+	return sandbox.Result{}, sandbox.Outputs{}, sandbox.ErrNotFound
 }
 
-func (noSessions) ContainerFiles(context.Context, runner) ([]store.ContainerFile, error) {
+func (noSessions) ContainerFiles(context.Context, runner, string) ([]store.ContainerFile, error) {
 	return nil, nil
 }
 
@@ -234,7 +372,7 @@ func (r *run) handFiles(ctx context.Context) error {
 		r.tr.setAllFiles(nil)
 		return nil
 	}
-	files, err := r.e.sessions.ContainerFiles(ctx, c)
+	files, err := r.e.sessions.ContainerFiles(ctx, c, r.caller)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -106,7 +106,7 @@ func New(opts Options) *Engine {
 		e.store = NewMemoryStore(0, e.now)
 	}
 	if opts.Sessions != nil {
-		e.sessions = sessions{opts.Sessions}
+		e.sessions = adaptSessions(opts.Sessions)
 	} else {
 		e.sessions = noSessions{}
 	}
@@ -179,6 +179,7 @@ func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Req
 	}
 	r := e.newRun(ic, ic.SandboxToolName, in.Upstream, caller, upstreamHeader(hr.Header, req.stream), req, rend.emit, nil)
 	r.stateless = in.Stateless
+	r.lim = containerLimits(in.Config)
 
 	result := "completed"
 	defer func() {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
-	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 // Statuses of a code_interpreter_call item.
@@ -108,18 +107,26 @@ func describe(res sandbox.Result, runErr error, timeout time.Duration, limit int
 const maxWrittenLines = 20
 
 // withWrittenFiles appends to what the model is told of an execution the files it created or
-// changed under /mnt/data, with the link that cites each.
-func withWrittenFiles(model string, files []store.ContainerFile) string {
-	if len(files) == 0 {
+// changed under /mnt/data, with the link that cites each, and those the container could not keep.
+func withWrittenFiles(model string, out sandbox.Outputs) string {
+	files := out.Files
+	if len(files) == 0 && len(out.Skipped) == 0 {
 		return model
 	}
-	lines := make([]string, 0, min(len(files), maxWrittenLines)+1)
+	lines := make([]string, 0, min(len(files), maxWrittenLines)+2)
 	for i, f := range files {
 		if i == maxWrittenLines {
 			lines = append(lines, fmt.Sprintf("[%d more files written under /mnt/data]", len(files)-i))
 			break
 		}
 		lines = append(lines, fmt.Sprintf("[file written: %s (%d bytes); link it as sandbox:%s]", f.Path, f.Bytes, f.Path))
+	}
+	for i, p := range out.Skipped {
+		if i == maxWrittenLines {
+			lines = append(lines, fmt.Sprintf("[%d more files over the container's limits]", len(out.Skipped)-i))
+			break
+		}
+		lines = append(lines, "[file over the container's limits, not available to the user: "+sandbox.DataDir+"/"+p+"]")
 	}
 	if model == "[no output]" {
 		model = ""

@@ -209,7 +209,7 @@ func (f *fakeContainers) newFileID() string {
 	return fmt.Sprintf("cfile_fake%d", f.nfiles)
 }
 
-func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, files []placement) ([]store.ContainerFile, error) {
+func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, _ string, files []placement, _ sandbox.ContainerLimits) ([]store.ContainerFile, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, err := f.box(c)
@@ -252,16 +252,16 @@ func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, files []placeme
 	return out, nil
 }
 
-func (f *fakeContainers) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions) (sandbox.Result, []store.ContainerFile, error) {
+func (f *fakeContainers) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, _ sandbox.ContainerLimits) (sandbox.Result, sandbox.Outputs, error) {
 	res, err := c.Run(ctx, code, opts)
 	if err != nil {
-		return res, nil, err
+		return res, sandbox.Outputs{}, err
 	}
 	written, err := f.collect(c)
 	if err != nil {
-		return res, nil, fmt.Errorf("%w: %w", errCollect, err)
+		return res, sandbox.Outputs{}, fmt.Errorf("%w: %w", errCollect, err)
 	}
-	return res, written, nil
+	return res, sandbox.Outputs{Files: written}, nil
 }
 
 // collect finds what changed in c's /mnt/data since the last collection or placement.
@@ -289,7 +289,7 @@ func (f *fakeContainers) collect(c runner) ([]store.ContainerFile, error) {
 	return out, nil
 }
 
-func (f *fakeContainers) ContainerFiles(_ context.Context, c runner) ([]store.ContainerFile, error) {
+func (f *fakeContainers) ContainerFiles(_ context.Context, c runner, _ string) ([]store.ContainerFile, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, err := f.box(c)

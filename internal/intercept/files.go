@@ -13,6 +13,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/filename"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
@@ -237,6 +238,16 @@ func toolFilesNote(files []store.ContainerFile) string {
 	return s[:len(s)-1] + "."
 }
 
+// containerLimits are what a container's files may take under cfg: one file as large as an
+// upload may be, all of them what one key's files may take, and sandbox's count.
+func containerLimits(cfg *config.Config) sandbox.ContainerLimits {
+	lim := sandbox.ContainerLimits{FileBytes: cfg.General.MaxFileUploadSize, TotalBytes: cfg.General.MaxFileStoragePerKey, Files: sandbox.DefaultMaxContainerFiles}
+	if lim.FileBytes <= 0 {
+		lim.FileBytes = config.DefaultMaxFileUploadSize
+	}
+	return lim
+}
+
 // placeFiles puts the request's files into its container, waiting for the container, and
 // completes the request with their paths. A file the container cannot take is the client's
 // error; anything else is the sandbox's.
@@ -253,7 +264,7 @@ func (r *run) placeFiles(ctx context.Context) error {
 		return sandboxUnavailable(err)
 	}
 	todo, at := r.req.uniquePlacements()
-	recs, err := r.e.sessions.PlaceFiles(ctx, box, todo)
+	recs, err := r.e.sessions.PlaceFiles(ctx, box, r.caller, todo, r.lim)
 	param := r.req.files[0].param
 	var pe *placeError
 	if errors.As(err, &pe) {
@@ -266,8 +277,14 @@ func (r *run) placeFiles(ctx context.Context) error {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case errors.Is(err, sandbox.ErrFileTooLarge):
-		return apierror.BadRequest("A file does not fit in the container: "+err.Error()+".", param, "file_too_large")
-	case pe != nil && pe.Index >= 0 && pe.Index < len(todo) && todo[pe.Index].FileID != "" && errors.Is(err, sandbox.ErrNotFound):
+		return apierror.BadRequest("The file is larger than the limit for one file in a container.", param, "file_too_large")
+	case errors.Is(err, sandbox.ErrContainerFull):
+		return apierror.BadRequest("The container's files would take more than its storage limit.", param, "storage_limit_exceeded")
+	case errors.Is(err, sandbox.ErrTooManyFiles):
+		return apierror.BadRequest(fmt.Sprintf("The container would hold more than %d files.", r.lim.Files), param, "too_many_files")
+	case errors.Is(err, sandbox.ErrInvalidFilename):
+		return apierror.BadRequest("Invalid filename for '"+param+"'.", param, "invalid_filename")
+	case pe != nil && pe.Index >= 0 && pe.Index < len(todo) && todo[pe.Index].FileID != "" && errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, sandbox.ErrExpired):
 		// Deleted since the request was checked.
 		return apierror.NotFound("No such File object: "+todo[pe.Index].FileID, param)
 	case err != nil:

@@ -22,6 +22,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
@@ -42,6 +43,7 @@ type harness struct {
 	cfg   *config.Config
 	eng   *Engine
 	sess  *sandbox.Sessions // real sessions (withLocal, withE2B); nil with the fake
+	state *embedded.Store   // their store, which holds the Files API's files too
 	fake  *fakeContainers   // the fake containers; nil with real sessions
 	srv   *httptest.Server
 	store *MemoryStore
@@ -131,7 +133,7 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	h.store = NewMemoryStore(time.Hour, nil)
 	switch {
 	case h.local || h.e2b != nil:
-		entry := sandbox.RegistryEntry{Name: "local", Provider: sandboxes.Provider(t), Backend: "local"}
+		entry := sandbox.RegistryEntry{Name: "local", Provider: sandboxes.Provider(t), Backend: "local", HostBound: true}
 		if h.e2b != nil {
 			ep, err := e2b.New(e2b.Options{APIKey: h.e2b.APIKey(), APIBase: h.e2b.URL(), SandboxURL: h.e2b.SandboxURL(), HTTPClient: h.e2b.Client(), Tool: "local"})
 			if err != nil {
@@ -143,8 +145,9 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h.sess = sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
-		h.eng = New(Options{Sessions: h.sess, Store: h.store, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
+		h.state = newState(t)
+		h.sess = sessionsOn(t, reg, h.state)
+		h.eng = New(Options{Sessions: h.sess, Store: h.store, Files: h.state, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
 	default:
 		h.fake = newFakeContainers("local")
 		h.eng = New(Options{Store: h.store, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
@@ -175,6 +178,34 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 		client.CloseIdleConnections()
 	})
 	return h
+}
+
+// newSessions is Sessions on reg over an embedded store in a temporary directory, which is closed
+// at the end of the test (after the Sessions, whose Close the caller arranges first).
+func newSessions(tb testing.TB, reg *sandbox.Registry) *sandbox.Sessions {
+	tb.Helper()
+	return sessionsOn(tb, reg, newState(tb))
+}
+
+// newState is an embedded store in a temporary directory, closed at the end of the test.
+func newState(tb testing.TB) *embedded.Store {
+	tb.Helper()
+	st, err := embedded.Open(embedded.Options{Dir: tb.TempDir(), SweepEvery: -1})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+// sessionsOn is Sessions on reg over st.
+func sessionsOn(tb testing.TB, reg *sandbox.Registry, st *embedded.Store) *sandbox.Sessions {
+	tb.Helper()
+	s, err := sandbox.NewSessions(context.Background(), sandbox.SessionOptions{Store: st, Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
 }
 
 // request is the engine's Request for body from caller, as the router builds it for the

@@ -32,6 +32,7 @@ type run struct {
 	emit   func(Event) error
 
 	cont       *containerFuture
+	lim        sandbox.ContainerLimits // what the container's files may take
 	encrypted  bool // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
 	stateless  bool // the upstream keeps nothing: the stored response keeps the conversation
 	executions int
@@ -171,7 +172,7 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 	start := r.e.now()
 	// What the code writes in /mnt/data becomes container files, which the model is told of so
 	// it can link them, and the citations know.
-	res, written, runErr := r.e.sessions.Execute(ctx, box, c.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout})
+	res, written, runErr := r.e.sessions.Execute(ctx, box, c.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout}, r.lim)
 	if ctx.Err() != nil {
 		return execution{}, ctx.Err()
 	}
@@ -182,7 +183,7 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 	}
 	ex := describe(res, runErr, r.ic.ExecutionTimeout, r.ic.ModelOutputLimit)
 	ex.model = withWrittenFiles(ex.model, written)
-	r.tr.addFiles(written, true)
+	r.tr.addFiles(written.Files, true)
 	r.e.m.executions.WithLabelValues(ex.status).Inc()
 	r.e.m.execTime.WithLabelValues(ex.status).Observe(r.e.now().Sub(start).Seconds())
 	if runErr != nil && !errors.Is(runErr, sandbox.ErrTimeout) {

@@ -33,11 +33,11 @@ func TestTranslateGolden(t *testing.T) {
 	if len(ups) == 0 {
 		t.Fatal("no golden cases")
 	}
-	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: sandboxes.Provider(t), Backend: "local"})
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: sandboxes.Provider(t), Backend: "local", HostBound: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	sess := newSessions(t, reg)
 	defer sess.Close(context.Background())
 	e := New(Options{Sessions: sess})
 	ic := config.Defaults().Interception
@@ -48,7 +48,7 @@ func TestTranslateGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess.Release(context.Background(), c, time.Minute)
+	sess.Release(context.Background(), c)
 
 	for _, up := range ups {
 		name := strings.TrimSuffix(up, ".upstream.sse")

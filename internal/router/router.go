@@ -14,6 +14,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/intercept"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -53,6 +54,9 @@ type Options struct {
 	Interceptor Interceptor
 	// Files stores the Files API's files (/v1/files). Nil: the Files API is not served.
 	Files store.Files
+	// Containers are the containers the code_interpreter tool runs in, served by the Containers
+	// API (/v1/containers). Nil: the Containers API is not served.
+	Containers *sandbox.Sessions
 	// Logger receives the access log and error details. Nil: no logging.
 	Logger *zap.Logger
 	// Registry is where the router's metrics are registered and what /metrics serves.
@@ -76,6 +80,7 @@ type server struct {
 	balancer    *upstream.Balancer
 	interceptor Interceptor
 	files       store.Files
+	containers  *sandbox.Sessions
 	log         *zap.Logger
 	metrics     *Metrics
 	ready       func() bool
@@ -95,6 +100,7 @@ func New(opts Options) http.Handler {
 		balancer:    opts.Balancer,
 		interceptor: opts.Interceptor,
 		files:       opts.Files,
+		containers:  opts.Containers,
 		log:         opts.Logger,
 		metrics:     opts.Metrics,
 		ready:       opts.Ready,
@@ -136,6 +142,11 @@ func New(opts Options) http.Handler {
 		r.With(auth).Post("/v1/files", s.handle(s.createFile))
 		r.With(auth).Post("/files", s.handle(s.createFile))
 	}
+	if s.containers != nil {
+		// Container file uploads likewise: bounded by max_file_upload_size, streamed to the sandbox.
+		r.With(auth).Post("/v1/containers/{id}/files", s.handle(s.createContainerFile))
+		r.With(auth).Post("/containers/{id}/files", s.handle(s.createContainerFile))
+	}
 
 	r.Route("/v1", func(v chi.Router) {
 		v.Use(auth, bodyLimit)
@@ -167,6 +178,16 @@ func (s *server) api(r chi.Router) {
 		r.Get("/files/{id}", s.handle(s.getFile))
 		r.Delete("/files/{id}", s.handle(s.deleteFile))
 		r.Get("/files/{id}/content", s.handle(s.fileContent))
+	}
+	if s.containers != nil {
+		r.Post("/containers", s.handle(s.createContainer))
+		r.Get("/containers", s.handle(s.listContainers))
+		r.Get("/containers/{id}", s.handle(s.getContainer))
+		r.Delete("/containers/{id}", s.handle(s.deleteContainer))
+		r.Get("/containers/{id}/files", s.handle(s.listContainerFiles))
+		r.Get("/containers/{id}/files/{file_id}", s.handle(s.getContainerFile))
+		r.Delete("/containers/{id}/files/{file_id}", s.handle(s.deleteContainerFile))
+		r.Get("/containers/{id}/files/{file_id}/content", s.handle(s.containerFileContent))
 	}
 }
 

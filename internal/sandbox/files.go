@@ -39,6 +39,13 @@ type FileSystem interface {
 	ListFiles(ctx context.Context, h Handle, limit int) (Listing, error)
 }
 
+// FileRemover is implemented by FileSystems that can remove a file below DataDir, so that deleting
+// a container file removes it from the sandbox too, and a placement that fails removes what it had
+// written. Removing a missing file is not an error; a link is removed itself, never followed.
+type FileRemover interface {
+	RemoveFile(ctx context.Context, h Handle, path string) error
+}
+
 // Listing is what ListFiles found.
 type Listing struct {
 	Files     []FileInfo

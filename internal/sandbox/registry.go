@@ -26,6 +26,9 @@ type RegistryEntry struct {
 	// opened from its token alone, so that a tool name moved to another backend is not handed a
 	// foreign sandbox id. "" matches any.
 	Backend string
+	// HostBound reports that the tool's sandboxes run in this process and die with it (local), so
+	// that only this process can reach them and none outlives a restart.
+	HostBound bool
 }
 
 // providerEntry is a provider and its use count, shared by every Registry that holds the provider,

@@ -1,6 +1,7 @@
 // Package sandbox defines what every code-execution backend offers (Provider), what an execution
 // returns (Result), the NDJSON decoder shared by all backends, the registry built from the config's
-// sandbox_tools, and container sessions with sealed cntr_ ids.
+// sandbox_tools, and the containers (Sessions): cntr_ ids recorded in the store, their lifecycle,
+// and their files in and out of /mnt/data.
 package sandbox
 
 import (
@@ -41,8 +42,9 @@ type Provider interface {
 	KeepAlive(ctx context.Context, h Handle, d time.Duration) error
 }
 
-// Handle identifies a live sandbox. It is sealed into cntr_ ids, so it holds only what is needed
-// to reach the sandbox again, never a provider-wide credential such as an API key.
+// Handle identifies a live sandbox. It is kept in the container's store record (never shown to a
+// client), so it holds only what is needed to reach the sandbox again, never a provider-wide
+// credential such as an API key.
 type Handle struct {
 	Backend      string `json:"b"`           // "local" or "e2b"
 	Tool         string `json:"t"`           // sandbox_tool_name that created it
@@ -54,6 +56,8 @@ type Handle struct {
 
 // CreateOptions are per-sandbox choices.
 type CreateOptions struct {
+	// Name is the container's name, as the Containers API shows it. Providers ignore it.
+	Name string
 	// MemoryLimit is the request's container.memory_limit ("1g", "4g", ...); "" means the tool default.
 	MemoryLimit string
 	// Lifetime is how long the backend should keep the sandbox without a KeepAlive (e2b timeout).

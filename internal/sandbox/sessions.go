@@ -2,15 +2,19 @@ package sandbox
 
 import (
 	"context"
-	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 // Defaults of SessionOptions.
@@ -18,27 +22,72 @@ const (
 	DefaultMaxLife       = 24 * time.Hour
 	DefaultSweepInterval = 30 * time.Second
 	DefaultDeleteTimeout = 30 * time.Second
-	// DefaultReviveIdle is the idle timeout of a container opened from its id alone (another
-	// replica's, or this process's before a restart) until a Release sets the real one.
-	DefaultReviveIdle = 20 * time.Minute
+	// DefaultRetention is how long an expired container stays visible before it is forgotten.
+	DefaultRetention = 24 * time.Hour
+	// DefaultIdleTimeout is OpenAI's: a container expires after 20 minutes unused.
+	DefaultIdleTimeout = 20 * time.Minute
 )
 
-// minLifetime is the shortest backend lifetime asked at Create.
-const minLifetime = 5 * time.Minute
+// Container statuses, as the store keeps them and the Containers API shows them.
+const (
+	StatusRunning = "running"
+	StatusExpired = "expired"
+)
 
-// tombstoneLife is how long a deleted sandbox's key is remembered, so that its id fails fast without
-// asking the backend. After it, an Open still fails: the backend's KeepAlive no longer finds it.
-const tombstoneLife = time.Hour
+// MetadataContainerID is the sandbox metadata key (where the backend keeps metadata, as e2b does)
+// naming the container a sandbox was created for, so that a sandbox whose record was never written
+// (its process died in between) can be found by listing the backend's sandboxes.
+const MetadataContainerID = "ciproxy_container_id"
 
 // keepAliveMargin is added to every backend lifetime asked for, so the backend never ends a
 // sandbox just before the reaper would.
 const keepAliveMargin = time.Minute
 
+// maxBackendLifetime is the longest lifetime asked of a backend at once: e2b refuses more than
+// its plan's cap (24 hours at most); a container that lives longer is extended as it is used.
+const maxBackendLifetime = 24 * time.Hour
+
+// holdLease is how far ahead the store's expiry of a container that a request holds is kept, so
+// that no process (this one's reaper, or another replica's) takes it for idle while it is in use;
+// the holder's reaper renews it once less than half is left.
+const holdLease = 10 * time.Minute
+
+// sweepBatch is the most expired containers one Sweep claims.
+const sweepBatch = 1000
+
+// ErrExpired: the container has expired (idle past its timeout, past its end of life, or its
+// sandbox is gone) and cannot be used any more. Errors that wrap it wrap ErrNotFound too.
+var ErrExpired = errors.New("container expired")
+
+// errExpired is what operations on an expired container return.
+var errExpired = fmt.Errorf("%w: %w", ErrNotFound, ErrExpired)
+
+// ElsewhereError: the container's sandbox lives in another replica's process (a local backend),
+// which is the only one that can serve it. It wraps ErrUnavailable.
+type ElsewhereError struct {
+	ID   string // the container
+	Host string // the replica that hosts it
+}
+
+func (e *ElsewhereError) Error() string {
+	return fmt.Sprintf("container %s is hosted by replica %q", e.ID, e.Host)
+}
+
+func (e *ElsewhereError) Unwrap() error { return ErrUnavailable }
+
 // SessionOptions configure Sessions. Zero values mean the defaults.
 type SessionOptions struct {
-	// Key seals container ids. KeySize bytes are used as is; any other non-empty key is hashed with
-	// KeyFromSecret; nil means a random key, so ids open only in this process.
-	Key []byte
+	// Store keeps the container registry and the container files. Required.
+	Store store.Store
+	// Host names this replica in a store that several replicas share. Containers whose sandboxes
+	// live in this process (a host-bound tool: RegistryEntry.HostBound) are recorded with it, and
+	// at start every such record of Host is expired: its sandbox died with the process that made
+	// it. It must be unique per replica and stable across the replica's restarts.
+	//
+	// "" means one process per store, which the embedded store enforces: host-bound containers
+	// are recorded with this machine's host name, and at start every host-bound record is expired,
+	// whoever recorded it.
+	Host string
 	// Now is the clock for expiry (default time.Now). Tests inject one.
 	Now func() time.Time
 	// Registry returns the current sandbox tools (a reload swaps it), for calls whose context carries
@@ -49,73 +98,88 @@ type SessionOptions struct {
 	// Metrics registers the sessions' metrics; nil registers nothing.
 	Metrics prometheus.Registerer
 
-	// MaxLife is a container's hard life from its creation, whatever its use, and the expiry sealed
-	// into its id (default DefaultMaxLife).
+	// MaxLife is a container's hard life from its creation, whatever its use (default
+	// DefaultMaxLife; an idle timeout longer than it stretches it).
 	MaxLife time.Duration
-	// SweepInterval is how often the reaper deletes idle containers (default
+	// SweepInterval is how often the reaper deletes expired containers (default
 	// DefaultSweepInterval); negative runs no reaper goroutine (call Sweep).
 	SweepInterval time.Duration
-	// DeleteTimeout bounds one sandbox deletion (default DefaultDeleteTimeout).
+	// DeleteTimeout bounds one sandbox deletion, and the store writes that follow a request's end
+	// (default DefaultDeleteTimeout).
 	DeleteTimeout time.Duration
+	// Retention is how long an expired container stays visible (status "expired", its files still
+	// listed) before the store forgets it (default DefaultRetention).
+	Retention time.Duration
 }
 
-// Sessions holds the containers this process created or opened: sealed cntr_ ids, per-container run
-// serialization, idle expiry and the reaper that deletes expired sandboxes. Safe for concurrent use.
+// Sessions are the containers: "cntr_" ids minted by the store, one store record per container
+// (owner, tool, the sandbox handle, expiry), per-container run serialization, idle expiry, and the
+// reaper that deletes expired sandboxes. Safe for concurrent use.
 //
-// Expiry. A container id is sealed once, at creation, so it stays the same for the container's whole
-// life as OpenAI's do. The expiry sealed into it is the hard end of life (creation + MaxLife, or more
-// if the idle timeout is longer); the idle expiry (last use + idle timeout), which moves on every use,
-// is kept here in memory. A container is deleted when it has been idle past its timeout with nobody
-// holding it, or at its hard end of life, but never while it runs code.
+// The store is the truth: any Sessions on the same store opens any container id (after a
+// KeepAlive proves its sandbox still lives), and another owner's id, a forged id or an unknown id
+// is ErrNotFound. What a process holds in memory (the open sandbox, its run lock, how many
+// requests hold it) is a cache of the record.
 //
-// Replicas. Any process with the same key can open an id: a container it does not hold is rebuilt from
-// the sealed handle through the current registry's provider for the tool, after a KeepAlive proves the
-// sandbox is still there. Only the process that holds a container in memory reaps it.
+// Expiry. A container expires when it has been idle past its timeout (the record's ExpiresAt,
+// moved on every use) or at its hard end of life (creation + MaxLife), but never while it runs
+// code; an expired container cannot be used again and stays visible as "expired" for Retention.
+// Exactly one process deletes an expired sandbox: the one whose UpdateContainer claims its record.
+//
+// Restarts. A sandbox of a host-bound tool (local) dies with the process, so the records of a
+// previous process are expired at start. Any other sandbox (e2b) outlives the process: its record
+// stays, and after a restart the container opens again by its id, and expires on its own timeout.
 type Sessions struct {
-	opts   SessionOptions
-	sealer *Sealer
-	now    func() time.Time
-	log    *zap.Logger
-	m      *metrics
+	opts SessionOptions
+	st   store.Store
+	host string
+	now  func() time.Time
+	log  *zap.Logger
+	m    *metrics
 
 	mu     sync.Mutex
-	live   map[string]*Container // by sandboxKey
-	gone   map[string]time.Time  // deleted sandboxes → when to forget them (tombstoneLife)
+	live   map[string]*Container // by container id
+	dying  map[string]bool       // containers this process is deleting
 	closed bool
 
-	deletes  sync.WaitGroup // in-flight deletions
+	deletes  sync.WaitGroup // in-flight deletions and creations
 	stop     chan struct{}
 	stopOnce sync.Once
 	done     chan struct{}
 }
 
-// Container is one sandbox bound to an owner and a sealed id.
+// Container is one sandbox of one owner, held by the requests that opened or created it.
 type Container struct {
-	s     *Sessions
-	id    string
-	tok   Token
-	ent   *providerEntry
-	runMu chan struct{} // one run at a time: Jupyter kernels run one cell at a time
+	s         *Sessions
+	id        string
+	owner     string
+	name      string
+	memory    string
+	h         Handle
+	ent       *providerEntry
+	hostBound bool
+	created   time.Time
+	runMu     chan struct{} // one run at a time: Jupyter kernels run one cell at a time
 
 	// Guarded by s.mu.
-	users        int       // Create/Open calls not yet Released
-	busy         int       // runs in progress (0 or 1, as runs are serialized)
-	lastUse      time.Time // end of the last run, or the last Create/Open/Release
+	users        int // Create/Open calls not yet Released
+	busy         int // runs in progress (0 or 1, as runs are serialized)
 	idle         time.Duration
+	lastUse      time.Time
+	expiresAt    time.Time // as last written to the store
 	backendUntil time.Time // the backend keeps the sandbox at least until then
 	deleting     bool
+
+	// Guarded by runMu: the files under DataDir after the last execution, placement or listing;
+	// nil when unknown (see Execute).
+	baseline map[string]fileStamp
 }
 
-// NewSessions returns Sessions and starts their reaper; Close stops it.
-func NewSessions(opts SessionOptions) *Sessions {
-	key := opts.Key
-	if len(key) != 0 && len(key) != KeySize {
-		key = KeyFromSecret(string(key))
-	}
-	sealer, err := NewSealer(key)
-	if err != nil {
-		// Only a failing crypto/rand gets here: nothing can work without it.
-		panic(err)
+// NewSessions returns Sessions over opts.Store, expires the containers whose sandboxes died with a
+// previous process (see SessionOptions.Host), and starts the reaper; Close stops it.
+func NewSessions(ctx context.Context, opts SessionOptions) (*Sessions, error) {
+	if opts.Store == nil {
+		return nil, errors.New("sandbox: SessionOptions.Store is required")
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -135,32 +199,104 @@ func NewSessions(opts SessionOptions) *Sessions {
 	if opts.DeleteTimeout <= 0 {
 		opts.DeleteTimeout = DefaultDeleteTimeout
 	}
+	if opts.Retention <= 0 {
+		opts.Retention = DefaultRetention
+	}
+	host := opts.Host
+	if host == "" {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			host = h
+		} else {
+			host = "localhost"
+		}
+	}
 	s := &Sessions{
-		opts:   opts,
-		sealer: sealer,
-		now:    opts.Now,
-		log:    opts.Logger,
-		m:      newMetrics(opts.Metrics),
-		live:   make(map[string]*Container),
-		gone:   make(map[string]time.Time),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		opts:  opts,
+		st:    opts.Store,
+		host:  host,
+		now:   opts.Now,
+		log:   opts.Logger,
+		m:     newMetrics(opts.Metrics),
+		live:  make(map[string]*Container),
+		dying: make(map[string]bool),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	n, err := s.expireDead(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: expiring the containers of a previous process: %w", err)
+	}
+	if n > 0 {
+		s.log.Info("containers of a previous process expired (their sandboxes died with it)", zap.Int("containers", n))
 	}
 	if opts.SweepInterval > 0 {
 		go s.reap(opts.SweepInterval)
 	} else {
 		close(s.done)
 	}
-	return s
+	return s, nil
 }
 
-// sandboxKey identifies a sandbox across ids and processes.
-func sandboxKey(h Handle) string { return h.Tool + "\x00" + h.Backend + "\x00" + h.ID }
+// expireDead expires the records of host-bound containers that a previous process of this
+// replica made: their sandboxes died with it.
+func (s *Sessions) expireDead(ctx context.Context) (int, error) {
+	all, err := s.st.ExpiringContainers(ctx, s.now().AddDate(100, 0, 0), 0)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, rec := range all {
+		if rec.Host == "" || (s.opts.Host != "" && rec.Host != s.host) {
+			continue
+		}
+		won, err := s.claimRecord(ctx, rec)
+		if err != nil {
+			return n, err
+		}
+		if won {
+			n++
+		}
+	}
+	return n, nil
+}
 
-// Create starts a sandbox on the named tool for owner and returns it held (call Release when done).
-// idle is the idle timeout (0: the sandbox is deleted at Release). When opts.Lifetime is 0 the
-// backend is asked to keep the sandbox for the idle timeout (at least 5 minutes) plus a margin.
-// Failures wrap ErrUnavailable.
+// claimRecord marks rec expired if its record is still at the version read: the claim that makes
+// exactly one process delete an expired sandbox. false: another writer got there first.
+func (s *Sessions) claimRecord(ctx context.Context, rec store.Container) (bool, error) {
+	rec.Status, rec.ExpiresAt, rec.ForgetAt = StatusExpired, time.Time{}, s.now().Add(s.opts.Retention)
+	_, err := s.st.UpdateContainer(ctx, rec)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrNotFound):
+		return false, nil
+	}
+	return false, err
+}
+
+// errClaimed stops a Modify of a record that another process has expired.
+var errClaimed = errors.New("container claimed as expired")
+
+// expire marks owner's container id expired, from a fresh read. already reports that it was
+// expired before (another process claimed it, and deletes the sandbox).
+func (s *Sessions) expire(ctx context.Context, owner, id string) (already bool, err error) {
+	_, err = store.Modify(ctx, s.st, owner, id, func(r *store.Container) error {
+		if r.Status == StatusExpired {
+			return errClaimed
+		}
+		r.Status, r.ExpiresAt, r.ForgetAt = StatusExpired, time.Time{}, s.now().Add(s.opts.Retention)
+		return nil
+	})
+	if errors.Is(err, errClaimed) {
+		return true, nil
+	}
+	return false, err
+}
+
+// Create starts a sandbox on the named tool for owner, records it, and returns it held (call
+// Release when done). idle is its idle timeout for its whole life (0: the sandbox is deleted when
+// the last holder releases it). When opts.Lifetime is 0 the backend is asked to keep the sandbox
+// for the idle timeout (at least 5 minutes) plus a margin. Failures wrap ErrUnavailable.
 func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOptions, idle time.Duration) (*Container, error) {
 	s.mu.Lock()
 	closed := s.closed
@@ -176,11 +312,18 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 		return nil, fmt.Errorf("%w: sandbox tool %q is being reconfigured", ErrUnavailable, tool)
 	}
 	if opts.Lifetime <= 0 {
-		// Ask for a known lifetime, so that Run and Release know when the backend needs a KeepAlive.
-		// With idle 0 the sandbox is deleted at Release; minLifetime covers the request until then
-		// (Run extends it when an execution could outlast it).
-		opts.Lifetime = max(idle, minLifetime) + keepAliveMargin
+		// Ask for a known lifetime, so that Run and Release know when the backend needs a KeepAlive:
+		// the idle timeout, or the hold lease while the creating request holds it (with idle 0 the
+		// sandbox is deleted at Release); Run extends it when an execution could outlast it.
+		opts.Lifetime = min(max(idle, holdLease)+keepAliveMargin, maxBackendLifetime)
 	}
+	id := s.st.NewID(store.ContainerKind)
+	opts.Metadata = maps.Clone(opts.Metadata)
+	if opts.Metadata == nil {
+		opts.Metadata = map[string]string{}
+	}
+	opts.Metadata[MetadataContainerID] = id
+
 	start := time.Now()
 	h, settled, err := s.createDetached(ctx, ent, opts)
 	// Close waits until this create is settled: registered below, or deleted.
@@ -191,10 +334,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 		return nil, ctx.Err()
 	}
 	if err != nil {
-		relErr := ent.release(context.WithoutCancel(ctx))
-		if relErr != nil {
-			s.log.Warn("closing retired sandbox tool", zap.String("tool", tool), zap.Error(relErr))
-		}
+		s.releaseEntry(ctx, ent, tool)
 		if errors.Is(err, ErrUnavailable) {
 			return nil, fmt.Errorf("sandbox tool %q: %w", tool, err)
 		}
@@ -202,129 +342,287 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	}
 	h.Tool = tool
 	now := s.now()
-	life := s.opts.MaxLife
-	if idle > life {
-		life = idle
-	}
 	c := &Container{
-		s: s,
-		// Whole seconds, as sealed: the id and the reaper agree on the end of life.
-		tok:     Token{Handle: h, Owner: owner, Expires: now.Add(life).Truncate(time.Second)},
-		ent:     ent,
-		runMu:   make(chan struct{}, 1),
-		users:   1,
-		lastUse: now,
-		idle:    idle,
+		s: s, id: id, owner: owner, name: opts.Name, memory: opts.MemoryLimit, h: h, ent: ent,
+		hostBound: ent.HostBound, created: now, runMu: make(chan struct{}, 1),
+		users: 1, idle: idle, lastUse: now, backendUntil: now.Add(opts.Lifetime),
+		baseline: map[string]fileStamp{}, // a new sandbox's /mnt/data is empty
 	}
-	c.backendUntil = now.Add(opts.Lifetime)
-	c.id = s.sealer.Seal(c.tok)
-
+	c.expiresAt = c.dueLocked(now)
+	rec := store.Container{
+		ID: id, Owner: owner, Name: opts.Name, Backend: h.Backend, Tool: tool, Handle: encodeHandle(h),
+		MemoryLimit: opts.MemoryLimit, Status: StatusRunning, IdleTimeout: idle,
+		CreatedAt: now, LastActiveAt: now, ExpiresAt: c.expiresAt,
+	}
+	if c.hostBound {
+		rec.Host = s.host
+	}
+	// Held in memory before its record exists, so that a sweep that finds the record finds the
+	// container too (a host-bound record that no process holds is taken for dead).
 	s.mu.Lock()
 	if s.closed {
-		// Close may be waiting on s.deletes already: this one is not counted there.
-		c.deleting = true
 		s.mu.Unlock()
-		s.m.live.Inc() // deleteSandbox counts it down
-		s.deleteSandbox(ctx, c, "shutdown")
+		s.deleteUnrecorded(ctx, ent, h)
 		return nil, fmt.Errorf("%w: shutting down", ErrUnavailable)
 	}
-	s.live[sandboxKey(h)] = c
+	s.live[id] = c
 	s.mu.Unlock()
 	s.m.live.Inc()
-	s.log.Debug("container created", zap.String("tool", tool), zap.String("sandbox", h.ID))
+	if _, err := s.st.CreateContainer(ctx, rec); err != nil {
+		s.mu.Lock()
+		c.deleting = true
+		delete(s.live, id)
+		s.mu.Unlock()
+		s.m.live.Dec()
+		s.deleteUnrecorded(ctx, ent, h)
+		return nil, fmt.Errorf("sandbox tool %q: %w: recording the container: %w", tool, ErrUnavailable, err)
+	}
+	s.log.Debug("container created", zap.String("container", id), zap.String("tool", tool), zap.String("sandbox", h.ID))
 	return c, nil
 }
 
-// Open returns the container of id, held (call Release when done). An id that is forged, belongs to
-// another owner, has expired, or whose sandbox is gone is ErrNotFound.
+// deleteUnrecorded deletes a sandbox whose record could not be written, and gives back ent.
+func (s *Sessions) deleteUnrecorded(ctx context.Context, ent *providerEntry, h Handle) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
+	defer cancel()
+	if err := ent.Provider.Delete(dctx, h); err != nil {
+		s.log.Warn("deleting a sandbox whose container could not be recorded", zap.String("sandbox", h.ID), zap.Error(err))
+	}
+	s.releaseEntry(ctx, ent, h.Tool)
+}
+
+func (s *Sessions) releaseEntry(ctx context.Context, ent *providerEntry, tool string) {
+	if err := ent.release(context.WithoutCancel(ctx)); err != nil {
+		s.log.Warn("closing retired sandbox tool", zap.String("tool", tool), zap.Error(err))
+	}
+}
+
+func encodeHandle(h Handle) []byte {
+	b, err := json.Marshal(h)
+	if err != nil {
+		panic(fmt.Sprintf("sandbox: marshal handle: %v", err)) // only strings: cannot fail
+	}
+	return b
+}
+
+// Open returns owner's container id, held (call Release when done). An id that is malformed,
+// unknown, or another owner's is ErrNotFound; an expired container, or one whose sandbox is gone,
+// is ErrNotFound wrapping ErrExpired. A container that this process does not hold yet is rebuilt
+// from its record after a KeepAlive proves its sandbox still lives.
 func (s *Sessions) Open(ctx context.Context, id, owner string) (*Container, error) {
-	tok, err := s.sealer.OpenAt(id, s.now())
+	if !store.ContainerKind.Valid(id) {
+		return nil, fmt.Errorf("%w: unknown container id", ErrNotFound)
+	}
+	rec, err := s.record(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
-	if subtle.ConstantTimeCompare([]byte(tok.Owner), []byte(owner)) != 1 {
-		return nil, fmt.Errorf("%w: unknown container id", ErrNotFound)
+	now := s.now()
+	if expiredAt(rec, now) {
+		return nil, errExpired
 	}
-	key := sandboxKey(tok.Handle)
-
 	s.mu.Lock()
-	if c, ok := s.live[key]; ok && !c.deleting {
-		c.users++
-		c.lastUse = s.now()
+	if s.closed {
 		s.mu.Unlock()
-		return c, nil
-	}
-	_, gone := s.gone[key]
-	closed := s.closed
-	s.mu.Unlock()
-	if gone {
-		return nil, fmt.Errorf("%w: container deleted", ErrNotFound)
-	}
-	if closed {
 		return nil, fmt.Errorf("%w: shutting down", ErrUnavailable)
 	}
-	return s.revive(ctx, id, tok)
+	if c, ok := s.live[id]; ok && !c.deleting {
+		c.users++
+		c.lastUse = now
+		s.mu.Unlock()
+		if err := s.touch(ctx, c); err != nil {
+			s.Release(ctx, c)
+			return nil, err
+		}
+		return c, nil
+	}
+	dying := s.dying[id]
+	s.mu.Unlock()
+	if dying {
+		return nil, errExpired
+	}
+	return s.revive(ctx, rec)
 }
 
-// revive rebuilds a container this process does not hold from its token.
-func (s *Sessions) revive(ctx context.Context, id string, tok Token) (*Container, error) {
-	tool := tok.Handle.Tool
+// record reads owner's container id, mapping the store's errors to the sandbox's.
+func (s *Sessions) record(ctx context.Context, owner, id string) (store.Container, error) {
+	rec, err := s.st.Container(ctx, owner, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return store.Container{}, fmt.Errorf("%w: unknown container id", ErrNotFound)
+	case err != nil:
+		return store.Container{}, fmt.Errorf("%w: reading the container registry: %w", ErrUnavailable, err)
+	}
+	return rec, nil
+}
+
+// expiredAt reports whether rec is expired at now, whether or not a reaper has claimed it yet.
+func expiredAt(rec store.Container, now time.Time) bool {
+	return rec.Status == StatusExpired || (!rec.ExpiresAt.IsZero() && !now.Before(rec.ExpiresAt))
+}
+
+// revive builds a container this process does not hold from its record.
+func (s *Sessions) revive(ctx context.Context, rec store.Container) (*Container, error) {
+	if rec.Host != "" {
+		if s.opts.Host != "" && rec.Host != s.host {
+			return nil, &ElsewhereError{ID: rec.ID, Host: rec.Host}
+		}
+		// A host-bound sandbox of this replica that this process did not make: it died with the
+		// process that did.
+		if _, err := s.expire(ctx, rec.Owner, rec.ID); err != nil {
+			s.log.Warn("expiring a container of a previous process", zap.String("container", rec.ID), zap.Error(err))
+		}
+		return nil, errExpired
+	}
+	var h Handle
+	if err := json.Unmarshal(rec.Handle, &h); err != nil || h.ID == "" {
+		return nil, fmt.Errorf("%w: the container's record has no usable sandbox handle", ErrNotFound)
+	}
+	tool := rec.Tool
+	h.Tool = tool
 	ent, ok := s.registry(ctx).entry(tool)
-	if !ok || ent.Backend != "" && ent.Backend != tok.Handle.Backend {
+	if !ok || ent.Backend != "" && ent.Backend != h.Backend {
 		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", ErrNotFound, tool)
 	}
 	if !ent.acquire() {
 		return nil, fmt.Errorf("%w: sandbox tool %q is being reconfigured", ErrUnavailable, tool)
 	}
+	now := s.now()
+	idle := rec.IdleTimeout
+	keep := min(max(idle, holdLease)+keepAliveMargin, maxBackendLifetime)
 	start := time.Now()
-	err := ent.Provider.KeepAlive(ctx, tok.Handle, DefaultReviveIdle+keepAliveMargin)
+	err := ent.Provider.KeepAlive(ctx, h, keep)
 	s.m.observe(opKeepAlive, tool, start, err)
 	if err != nil {
-		_ = ent.release(context.WithoutCancel(ctx))
+		s.releaseEntry(ctx, ent, tool)
 		if errors.Is(err, ErrNotFound) {
-			return nil, fmt.Errorf("%w: container gone", ErrNotFound)
+			if _, err := s.expire(ctx, rec.Owner, rec.ID); err != nil {
+				s.log.Warn("expiring a container whose sandbox is gone", zap.String("container", rec.ID), zap.Error(err))
+			}
+			return nil, errExpired
 		}
 		return nil, fmt.Errorf("sandbox tool %q: %w: %w", tool, ErrUnavailable, err)
 	}
-	now := s.now()
 	c := &Container{
-		s:            s,
-		id:           id,
-		tok:          tok,
-		ent:          ent,
-		runMu:        make(chan struct{}, 1),
-		users:        1,
-		lastUse:      now,
-		idle:         DefaultReviveIdle,
-		backendUntil: now.Add(DefaultReviveIdle + keepAliveMargin),
+		s: s, id: rec.ID, owner: rec.Owner, name: rec.Name, memory: rec.MemoryLimit, h: h, ent: ent,
+		hostBound: ent.HostBound, created: rec.CreatedAt, runMu: make(chan struct{}, 1),
+		users: 1, idle: idle, lastUse: now, expiresAt: rec.ExpiresAt, backendUntil: now.Add(keep),
 	}
-	key := sandboxKey(tok.Handle)
 	s.mu.Lock()
-	if other, ok := s.live[key]; ok && !other.deleting {
+	if other, ok := s.live[rec.ID]; ok && !other.deleting {
 		// Opened concurrently: keep the first.
 		other.users++
 		other.lastUse = now
 		s.mu.Unlock()
-		_ = ent.release(context.WithoutCancel(ctx))
-		return other, nil
-	}
-	if s.closed {
+		s.releaseEntry(ctx, ent, tool)
+		c = other
+	} else if s.closed {
 		s.mu.Unlock()
-		_ = ent.release(context.WithoutCancel(ctx))
+		s.releaseEntry(ctx, ent, tool)
 		return nil, fmt.Errorf("%w: shutting down", ErrUnavailable)
+	} else {
+		s.live[rec.ID] = c
+		s.mu.Unlock()
+		s.m.live.Inc()
+		s.log.Debug("container reopened", zap.String("container", rec.ID), zap.String("tool", tool), zap.String("sandbox", h.ID))
 	}
-	s.live[key] = c
-	s.mu.Unlock()
-	s.m.live.Inc()
-	s.log.Debug("container reopened", zap.String("tool", tool), zap.String("sandbox", tok.Handle.ID))
+	if err := s.touch(ctx, c); err != nil {
+		s.Release(ctx, c)
+		return nil, err
+	}
 	return c, nil
 }
 
-// Release ends one holder's use of c (from Create or Open) and restarts its idle clock. With
-// idle == 0 the sandbox is deleted now, once nobody else holds it; otherwise it lives until idle
-// after its last use, and the backend is asked to keep it that long. ctx may already be cancelled:
-// the work runs detached, under its own timeout. A nil c is ignored.
-func (s *Sessions) Release(ctx context.Context, c *Container, idle time.Duration) {
+// dueLocked is when c may be reaped if nobody uses it again: its idle timeout from now, or the
+// hold lease while a request holds it, and never after its hard end of life. s.mu is held.
+func (c *Container) dueLocked(now time.Time) time.Time {
+	d := c.idle
+	if c.users > 0 || c.busy > 0 {
+		d = max(d, holdLease)
+	}
+	return minTime(now.Add(d), c.hardEnd())
+}
+
+// hardEnd is the container's end of life, whatever its use.
+func (c *Container) hardEnd() time.Time {
+	return c.created.Add(max(c.s.opts.MaxLife, c.idle))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// touch writes c's last use and expiry to its record, and asks the backend to keep the sandbox
+// at least that long. It runs detached from ctx's cancellation, under DeleteTimeout. A record
+// that another process has expired, or that is gone, makes c forgotten here (that process deletes
+// the sandbox) and is errExpired.
+func (s *Sessions) touch(ctx context.Context, c *Container) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
+	defer cancel()
+	var due time.Time
+	_, err := store.Modify(ctx, s.st, c.owner, c.id, func(r *store.Container) error {
+		if r.Status == StatusExpired {
+			return errClaimed
+		}
+		s.mu.Lock()
+		now := s.now()
+		due = c.dueLocked(now)
+		if c.lastUse.After(r.LastActiveAt) {
+			r.LastActiveAt = c.lastUse
+		}
+		s.mu.Unlock()
+		r.ExpiresAt = due
+		return nil
+	})
+	switch {
+	case errors.Is(err, errClaimed), errors.Is(err, store.ErrNotFound):
+		s.forget(c)
+		return errExpired
+	case err != nil:
+		return fmt.Errorf("%w: recording the container's use: %w", ErrUnavailable, err)
+	}
+	s.mu.Lock()
+	c.expiresAt = due
+	now := s.now()
+	extend := due.After(c.backendUntil)
+	s.mu.Unlock()
+	if extend {
+		s.keepAlive(ctx, c, due.Sub(now)+keepAliveMargin)
+	}
+	return nil
+}
+
+// forget drops c from this process without deleting its sandbox: another process expired or
+// deleted its record and deletes the sandbox.
+func (s *Sessions) forget(c *Container) {
+	s.mu.Lock()
+	if c.deleting {
+		s.mu.Unlock()
+		return
+	}
+	c.deleting = true
+	if s.live[c.id] == c {
+		delete(s.live, c.id)
+	}
+	s.mu.Unlock()
+	s.m.live.Dec()
+	s.releaseEntry(context.Background(), c.ent, c.h.Tool)
+}
+
+// Release ends one holder's use of c (from Create or Open) and records the use. A container whose
+// idle timeout is 0 is deleted once nobody holds it; any other lives until its idle timeout after
+// its last use, and the backend is asked to keep it that long. ctx may already be cancelled: the
+// work runs detached, under its own timeout. A nil c is ignored.
+func (s *Sessions) Release(ctx context.Context, c *Container) { s.release(ctx, c, false) }
+
+// Discard is Release that deletes the sandbox once nobody else holds it, whatever its idle
+// timeout: for a container whose id never reached anyone, which nobody could use again.
+func (s *Sessions) Discard(ctx context.Context, c *Container) { s.release(ctx, c, true) }
+
+func (s *Sessions) release(ctx context.Context, c *Container, discard bool) {
 	if c == nil {
 		return
 	}
@@ -332,38 +630,35 @@ func (s *Sessions) Release(ctx context.Context, c *Container, idle time.Duration
 	if c.users > 0 {
 		c.users--
 	}
-	c.idle = idle
-	now := s.now()
-	c.lastUse = now
+	c.lastUse = s.now()
 	if c.deleting {
 		s.mu.Unlock()
 		return
 	}
-	if idle <= 0 {
-		if c.users == 0 && c.busy == 0 {
-			s.markDeletingLocked(c)
-			s.mu.Unlock()
-			s.deleteNow(ctx, c, "released")
-			return
-		}
+	if (discard || c.idle <= 0) && c.users == 0 && c.busy == 0 {
+		s.markDeletingLocked(c)
 		s.mu.Unlock()
+		why := "released"
+		if discard {
+			why = "discarded"
+		}
+		s.deleteNow(ctx, c, why)
 		return
 	}
-	need := now.Add(idle)
-	extend := need.After(c.backendUntil)
 	s.mu.Unlock()
-	if extend {
-		s.keepAlive(ctx, c, idle+keepAliveMargin)
+	if err := s.touch(ctx, c); err != nil && !errors.Is(err, ErrExpired) {
+		s.log.Warn("recording a container's use", zap.String("container", c.id), zap.Error(err))
 	}
 }
 
 // keepAlive asks the backend to keep c for d more; a sandbox found gone is dropped.
 func (s *Sessions) keepAlive(ctx context.Context, c *Container, d time.Duration) {
+	d = min(d, maxBackendLifetime)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
 	defer cancel()
 	start := time.Now()
-	err := c.ent.Provider.KeepAlive(ctx, c.tok.Handle, d)
-	s.m.observe(opKeepAlive, c.tok.Handle.Tool, start, err)
+	err := c.ent.Provider.KeepAlive(ctx, c.h, d)
+	s.m.observe(opKeepAlive, c.h.Tool, start, err)
 	if err == nil {
 		s.mu.Lock()
 		if until := s.now().Add(d); until.After(c.backendUntil) {
@@ -376,11 +671,10 @@ func (s *Sessions) keepAlive(ctx context.Context, c *Container, d time.Duration)
 		s.dropGone(ctx, c)
 		return
 	}
-	s.log.Warn("sandbox keepalive failed", zap.String("tool", c.tok.Handle.Tool),
-		zap.String("sandbox", c.tok.Handle.ID), zap.Error(err))
+	s.log.Warn("sandbox keepalive failed", zap.String("tool", c.h.Tool), zap.String("sandbox", c.h.ID), zap.Error(err))
 }
 
-// dropGone forgets a container whose sandbox the backend no longer has.
+// dropGone expires a container whose sandbox the backend no longer has.
 func (s *Sessions) dropGone(ctx context.Context, c *Container) {
 	s.mu.Lock()
 	if c.deleting {
@@ -395,76 +689,157 @@ func (s *Sessions) dropGone(ctx context.Context, c *Container) {
 // markDeletingLocked takes c out of the live set; the caller then calls deleteNow. s.mu is held.
 func (s *Sessions) markDeletingLocked(c *Container) {
 	c.deleting = true
-	key := sandboxKey(c.tok.Handle)
-	if s.live[key] == c {
-		delete(s.live, key)
+	if s.live[c.id] == c {
+		delete(s.live, c.id)
 	}
-	forget := s.now().Add(tombstoneLife)
-	if c.tok.Expires.Before(forget) {
-		forget = c.tok.Expires
-	}
-	s.gone[key] = forget
+	s.dying[c.id] = true
 	s.deletes.Add(1)
 }
 
 // deleteNow is deleteSandbox for a container marked by markDeletingLocked, which counted it in
 // s.deletes.
-func (s *Sessions) deleteNow(ctx context.Context, c *Container, why string) {
+func (s *Sessions) deleteNow(ctx context.Context, c *Container, why string) bool {
 	defer s.deletes.Done()
-	s.deleteSandbox(ctx, c, why)
+	return s.deleteSandbox(ctx, c, why)
 }
 
-// deleteSandbox deletes c's sandbox detached from ctx's cancellation, under DeleteTimeout, and
-// releases its provider. c must be marked deleting.
-func (s *Sessions) deleteSandbox(ctx context.Context, c *Container, why string) {
+// deleteSandbox expires c's record and deletes its sandbox, detached from ctx's cancellation,
+// under DeleteTimeout, and releases its provider. c must be marked deleting. When another process
+// claimed the record first, that process deletes the sandbox. When the store cannot be written,
+// the sandbox is deleted all the same: a record that says running while its sandbox is gone is
+// found expired by the next Open, a sandbox left running is a leak. It reports whether this
+// process deleted the sandbox (false: another one had claimed it).
+func (s *Sessions) deleteSandbox(ctx context.Context, c *Container, why string) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
 	defer cancel()
-	h := c.tok.Handle
-	start := time.Now()
-	err := c.ent.Provider.Delete(ctx, h)
-	s.m.observe(opDelete, h.Tool, start, err)
+	h := c.h
+	already, err := s.expire(ctx, c.owner, c.id)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		s.log.Warn("expiring a container's record", zap.String("container", c.id), zap.Error(err))
+	}
+	if !already {
+		start := time.Now()
+		err := c.ent.Provider.Delete(ctx, h)
+		s.m.observe(opDelete, h.Tool, start, err)
+		if err != nil {
+			s.log.Warn("sandbox delete failed", zap.String("container", c.id), zap.String("tool", h.Tool),
+				zap.String("sandbox", h.ID), zap.String("why", why), zap.Error(err))
+		} else {
+			s.log.Debug("container deleted", zap.String("container", c.id), zap.String("tool", h.Tool),
+				zap.String("sandbox", h.ID), zap.String("why", why))
+		}
+	}
+	s.mu.Lock()
+	delete(s.dying, c.id)
+	s.mu.Unlock()
 	s.m.live.Dec()
-	if err != nil {
-		s.log.Warn("sandbox delete failed", zap.String("tool", h.Tool), zap.String("sandbox", h.ID),
-			zap.String("why", why), zap.Error(err))
-	} else {
-		s.log.Debug("container deleted", zap.String("tool", h.Tool), zap.String("sandbox", h.ID),
-			zap.String("why", why))
-	}
-	if err := c.ent.release(ctx); err != nil {
-		s.log.Warn("closing retired sandbox tool", zap.String("tool", h.Tool), zap.Error(err))
-	}
+	s.releaseEntry(ctx, c.ent, h.Tool)
+	return !already
 }
 
 // Sweep deletes every container that is expired at Now (idle past its timeout with no holder, or
-// past its hard end of life) and not running code, waits for those deletions, and returns how many
-// it deleted. The reaper calls it; tests call it directly.
+// past its hard end of life) and not running code, whichever process made it, waits for those
+// deletions, and returns how many it claimed. It first renews the hold lease of the containers this
+// process's requests hold. The reaper calls it; tests call it directly.
 func (s *Sessions) Sweep(ctx context.Context) int {
 	now := s.now()
-	var doomed []*Container
+	var renew []*Container
 	s.mu.Lock()
 	for _, c := range s.live {
-		if c.deleting || c.busy > 0 {
-			continue
+		if !c.deleting && (c.users > 0 || c.busy > 0) && c.expiresAt.Before(now.Add(holdLease/2)) && now.Before(c.hardEnd()) {
+			renew = append(renew, c)
 		}
-		idleOut := c.users == 0 && !now.Before(c.lastUse.Add(c.idle))
-		if idleOut || !now.Before(c.tok.Expires) {
+	}
+	s.mu.Unlock()
+	for _, c := range renew {
+		if err := s.touch(ctx, c); err != nil && !errors.Is(err, ErrExpired) {
+			s.log.Warn("renewing a held container's lease", zap.String("container", c.id), zap.Error(err))
+		}
+	}
+
+	due, err := s.st.ExpiringContainers(ctx, now, sweepBatch)
+	if err != nil {
+		s.log.Warn("listing expired containers", zap.Error(err))
+		return 0
+	}
+	var doomed []*Container
+	var orphans []store.Container
+	s.mu.Lock()
+	for _, rec := range due {
+		if s.opts.Host != "" && rec.Host != "" && rec.Host != s.host {
+			continue // another replica's process holds that sandbox, and reaps it
+		}
+		c, ok := s.live[rec.ID]
+		switch {
+		case s.dying[rec.ID]:
+		case !ok:
+			orphans = append(orphans, rec)
+		case c.deleting || c.busy > 0:
+		case c.users > 0 && now.Before(c.hardEnd()):
+		default:
 			s.markDeletingLocked(c)
 			doomed = append(doomed, c)
 		}
 	}
-	for key, exp := range s.gone {
-		if !now.Before(exp) {
-			delete(s.gone, key) // the id itself has expired now
-		}
-	}
 	s.mu.Unlock()
+	var n atomic.Int32
 	var wg sync.WaitGroup
 	for _, c := range doomed {
-		wg.Go(func() { s.deleteNow(ctx, c, "expired") })
+		wg.Go(func() {
+			if s.deleteNow(ctx, c, "expired") {
+				n.Add(1)
+			}
+		})
+	}
+	for _, rec := range orphans {
+		wg.Go(func() {
+			if s.reapRecord(ctx, rec) {
+				n.Add(1)
+			}
+		})
 	}
 	wg.Wait()
-	return len(doomed)
+	return int(n.Load())
+}
+
+// reapRecord claims the expired record of a container this process does not hold and deletes its
+// sandbox. It reports whether this process claimed it.
+func (s *Sessions) reapRecord(ctx context.Context, rec store.Container) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
+	defer cancel()
+	won, err := s.claimRecord(ctx, rec)
+	if err != nil {
+		s.log.Warn("claiming an expired container", zap.String("container", rec.ID), zap.Error(err))
+	}
+	if won {
+		s.deleteRecorded(ctx, rec)
+	}
+	return won
+}
+
+// deleteRecorded deletes the sandbox of a container this process does not hold, whose record it
+// has just expired.
+func (s *Sessions) deleteRecorded(ctx context.Context, rec store.Container) {
+	if rec.Host != "" {
+		return // a host-bound sandbox this process does not hold died with the process that made it
+	}
+	var h Handle
+	if err := json.Unmarshal(rec.Handle, &h); err != nil || h.ID == "" {
+		return
+	}
+	h.Tool = rec.Tool
+	ent, ok := s.registry(ctx).entry(rec.Tool)
+	if !ok || ent.Backend != "" && ent.Backend != h.Backend {
+		s.log.Warn("an expired container's sandbox tool is not configured: its backend's own timeout ends it",
+			zap.String("container", rec.ID), zap.String("tool", rec.Tool))
+		return
+	}
+	start := time.Now()
+	err := ent.Provider.Delete(ctx, h)
+	s.m.observe(opDelete, rec.Tool, start, err)
+	if err != nil {
+		s.log.Warn("sandbox delete failed", zap.String("container", rec.ID), zap.String("sandbox", h.ID), zap.Error(err))
+	}
 }
 
 // reap runs Sweep every interval until Close.
@@ -489,23 +864,38 @@ func (s *Sessions) Live() int {
 	return len(s.live)
 }
 
-// Close stops the reaper, deletes every sandbox this process holds (running or not) and waits for
-// all deletions, including those already in flight, or for ctx. Create and Open fail afterwards.
+// Close stops the reaper and deletes the sandboxes this process owns: those of host-bound tools
+// (they would die with the process anyway; their records become expired) and those with idle
+// timeout 0 (their requests are over). Other sandboxes (e2b) outlive the process, recorded with
+// their expiry, to be opened again after a restart or reaped by whichever process finds them
+// expired. It waits for all deletions, including those already in flight, or for ctx. Create and
+// Open fail afterwards.
 func (s *Sessions) Close(ctx context.Context) error {
 	s.stopOnce.Do(func() { close(s.stop) })
 	<-s.done
 	s.mu.Lock()
 	s.closed = true
-	var doomed []*Container
+	var doomed, kept []*Container
 	for _, c := range s.live {
-		if !c.deleting {
+		switch {
+		case c.deleting:
+		case c.hostBound || c.idle <= 0:
 			s.markDeletingLocked(c)
 			doomed = append(doomed, c)
+		default:
+			c.users, c.busy = 0, 0 // what the record says from now on: idle since its last use
+			kept = append(kept, c)
 		}
 	}
 	s.mu.Unlock()
 	for _, c := range doomed {
 		go s.deleteNow(ctx, c, "shutdown")
+	}
+	for _, c := range kept {
+		if err := s.touch(ctx, c); err != nil && !errors.Is(err, ErrExpired) {
+			s.log.Warn("recording a container at shutdown", zap.String("container", c.id), zap.Error(err))
+		}
+		s.forget(c)
 	}
 	finished := make(chan struct{})
 	go func() {
@@ -520,27 +910,48 @@ func (s *Sessions) Close(ctx context.Context) error {
 	}
 }
 
-// ID returns the container's sealed "cntr_..." id. It does not change during the container's life.
+// ID returns the container's "cntr_..." id.
 func (c *Container) ID() string { return c.id }
 
 // Tool returns the sandbox tool the container runs on.
-func (c *Container) Tool() string { return c.tok.Handle.Tool }
+func (c *Container) Tool() string { return c.h.Tool }
 
 // Expires returns the container's hard end of life (see Sessions).
-func (c *Container) Expires() time.Time { return c.tok.Expires }
+func (c *Container) Expires() time.Time { return c.hardEnd() }
+
+// Info describes the container as the Containers API shows it.
+func (c *Container) Info() Info {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return Info{ID: c.id, Name: c.name, Status: StatusRunning, MemoryLimit: c.memory, IdleTimeout: c.idle,
+		CreatedAt: c.created, LastActiveAt: c.lastUse}
+}
+
+// lock takes c's run lock, or gives up with ctx.
+func (c *Container) lock(ctx context.Context) error {
+	select {
+	case c.runMu <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *Container) unlock() { <-c.runMu }
 
 // Run executes code in the container's kernel: one run at a time per container (a second waits for
 // the first, or for ctx), never reaped while running. Errors are the provider's (see Provider.Run);
-// a container found gone is ErrNotFound and is forgotten.
+// a container found gone is ErrNotFound and is expired.
 func (c *Container) Run(ctx context.Context, code string, opts RunOptions) (Result, error) {
-	s := c.s
-	select {
-	case c.runMu <- struct{}{}:
-	case <-ctx.Done():
-		return Result{}, ctx.Err()
+	if err := c.lock(ctx); err != nil {
+		return Result{}, err
 	}
-	defer func() { <-c.runMu }()
+	defer c.unlock()
+	return c.runLocked(ctx, code, opts)
+}
 
+func (c *Container) runLocked(ctx context.Context, code string, opts RunOptions) (Result, error) {
+	s := c.s
 	s.mu.Lock()
 	if c.deleting {
 		s.mu.Unlock()
@@ -560,8 +971,8 @@ func (c *Container) Run(ctx context.Context, code string, opts RunOptions) (Resu
 		s.keepAlive(ctx, c, keep)
 	}
 	start := time.Now()
-	res, err := c.ent.Provider.Run(ctx, c.tok.Handle, code, opts)
-	s.m.observe(opRun, c.tok.Handle.Tool, start, err)
+	res, err := c.ent.Provider.Run(ctx, c.h, code, opts)
+	s.m.observe(opRun, c.h.Tool, start, err)
 
 	s.mu.Lock()
 	c.busy--
@@ -569,6 +980,10 @@ func (c *Container) Run(ctx context.Context, code string, opts RunOptions) (Resu
 	s.mu.Unlock()
 	if errors.Is(err, ErrNotFound) {
 		s.dropGone(ctx, c)
+		return res, err
+	}
+	if terr := s.touch(ctx, c); terr != nil && !errors.Is(terr, ErrExpired) {
+		s.log.Warn("recording a container's use", zap.String("container", c.id), zap.Error(terr))
 	}
 	return res, err
 }

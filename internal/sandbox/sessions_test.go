@@ -1,8 +1,8 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,12 +13,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
+
+	"github.com/ciproxy/ciproxy/internal/store"
+	"github.com/ciproxy/ciproxy/internal/store/embedded"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // recProvider is a Provider that records calls, for testing the Sessions' own bookkeeping (expiry,
-// owners, reaping). Sessions over real backends are tested in internal/sandbox/backends.
+// owners, reaping). Sessions over real backends, and container files, are tested in
+// internal/sandbox/backends.
 type recProvider struct {
 	mu          sync.Mutex
 	seq         int
@@ -121,6 +125,12 @@ func (p *recProvider) stats() (live, creates, deletes, closes int) {
 	return len(p.live), p.creates, p.deletes, p.closes
 }
 
+func (p *recProvider) keepAliveCalls() []time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]time.Duration(nil), p.keepAlives...)
+}
+
 // clock is an injected Now.
 type clock struct {
 	mu sync.Mutex
@@ -145,29 +155,47 @@ type fixture struct {
 	p     *recProvider
 	reg   *Registry
 	clock *clock
+	st    *embedded.Store
 	s     *Sessions
 	prom  *prometheus.Registry
 }
 
-var testKey = bytes.Repeat([]byte{42}, KeySize)
+// newFixture is Sessions over a recProvider that dies with the process (host-bound, as local).
+func newFixture(t *testing.T) *fixture { return newFixtureBound(t, true) }
 
-func newFixture(t *testing.T) *fixture {
+// newFixtureBound is Sessions over a recProvider whose sandboxes are host-bound or not (as e2b's).
+func newFixtureBound(t *testing.T, hostBound bool) *fixture {
 	t.Helper()
 	p := newRecProvider()
-	reg, err := NewRegistry(nil, RegistryEntry{Name: "py", Provider: p, Backend: "rec"})
+	reg, err := NewRegistry(nil, RegistryEntry{Name: "py", Provider: p, Backend: "rec", HostBound: hostBound})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{p: p, reg: reg, clock: newClock(), prom: prometheus.NewRegistry()}
-	f.s = f.sessions(t, func() *Registry { return f.reg })
+	f.st = f.openStore(t, t.TempDir())
+	f.s = f.sessions(t, "", func() *Registry { return f.reg })
 	return f
 }
 
-// sessions returns another Sessions on the same key and clock: another replica.
-func (f *fixture) sessions(t *testing.T, reg func() *Registry) *Sessions {
+func (f *fixture) openStore(t *testing.T, dir string) *embedded.Store {
 	t.Helper()
-	s := NewSessions(SessionOptions{Key: testKey, Now: f.clock.Now, Registry: reg,
+	st, err := embedded.Open(embedded.Options{Dir: dir, Now: f.clock.Now, SweepEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+// sessions returns another Sessions on the same store and clock: another replica (host names it in
+// a shared store), or this process after a restart.
+func (f *fixture) sessions(t *testing.T, host string, reg func() *Registry) *Sessions {
+	t.Helper()
+	s, err := NewSessions(context.Background(), SessionOptions{Store: f.st, Host: host, Now: f.clock.Now, Registry: reg,
 		Metrics: f.prom, SweepInterval: -1})
+	if err != nil {
+		t.Fatalf("NewSessions() error = %v", err)
+	}
 	t.Cleanup(func() {
 		if err := s.Close(context.Background()); err != nil {
 			t.Errorf("Close() error = %v", err)
@@ -185,21 +213,55 @@ func (f *fixture) create(t *testing.T, owner string, idle time.Duration) *Contai
 	return c
 }
 
+// record reads a container's store record, whatever its owner.
+func (f *fixture) record(t *testing.T, owner, id string) store.Container {
+	t.Helper()
+	r, err := f.st.Container(context.Background(), owner, id)
+	if err != nil {
+		t.Fatalf("store Container(%s) error = %v", id, err)
+	}
+	return r
+}
+
+func wantExpired(t *testing.T, what string, err error) {
+	t.Helper()
+	if !errors.Is(err, ErrNotFound) || !errors.Is(err, ErrExpired) {
+		t.Errorf("%s: error = %v; want ErrNotFound and ErrExpired", what, err)
+	}
+}
+
 func TestSessionsCreateOpenRun(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	c := f.create(t, "alice", 20*time.Minute)
-	if !strings.HasPrefix(c.ID(), "cntr_") || c.Tool() != "py" {
-		t.Fatalf("ID() = %q, Tool() = %q; want cntr_..., py", c.ID(), c.Tool())
+	c, err := f.s.Create(ctx, "py", "alice", CreateOptions{Name: "analysis", MemoryLimit: "4g"}, 20*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !store.ContainerKind.Valid(c.ID()) || len(c.ID()) != len("cntr_")+48 || c.Tool() != "py" {
+		t.Fatalf("ID() = %q, Tool() = %q; want cntr_ and 48 hex digits, py", c.ID(), c.Tool())
 	}
 	if got, want := f.p.lastCreate.Lifetime, 21*time.Minute; got != want {
 		t.Errorf("Create asked the backend for lifetime %v; want idle + margin = %v", got, want)
 	}
+	if got := f.p.lastCreate.Metadata[MetadataContainerID]; got != c.ID() {
+		t.Errorf("sandbox metadata %s = %q; want the container id %q", MetadataContainerID, got, c.ID())
+	}
+	rec := f.record(t, "alice", c.ID())
+	var h Handle
+	if err := json.Unmarshal(rec.Handle, &h); err != nil || h.ID != "sbx-1" || h.AccessToken != "tok-sbx-1" {
+		t.Errorf("record handle = %s, %v; want the sandbox's handle with its token", rec.Handle, err)
+	}
+	now := f.clock.Now()
+	if rec.Owner != "alice" || rec.Name != "analysis" || rec.Tool != "py" || rec.Backend != "rec" || rec.MemoryLimit != "4g" ||
+		rec.Status != StatusRunning || rec.IdleTimeout != 20*time.Minute || !rec.CreatedAt.Equal(now) ||
+		!rec.LastActiveAt.Equal(now) || !rec.ExpiresAt.Equal(now.Add(20*time.Minute)) || rec.Host == "" {
+		t.Errorf("record = %+v; want alice's running analysis container, expiring after 20m of idle, on this host", rec)
+	}
 	if _, err := f.s.Create(ctx, "py", "alice", CreateOptions{}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := f.p.lastCreate.Lifetime, 6*time.Minute; got != want {
-		t.Errorf("Create(idle 0) asked the backend for lifetime %v; want the minimum + margin = %v", got, want)
+	if got, want := f.p.lastCreate.Lifetime, holdLease+keepAliveMargin; got != want {
+		t.Errorf("Create(idle 0) asked the backend for lifetime %v; want the hold lease + margin = %v", got, want)
 	}
 	if _, err := f.s.Create(ctx, "py", "alice", CreateOptions{Lifetime: time.Hour}, 0); err != nil {
 		t.Fatal(err)
@@ -212,7 +274,7 @@ func TestSessionsCreateOpenRun(t *testing.T) {
 		t.Fatalf("Run() = %+v, %v; want ran: 1+1", res, err)
 	}
 	id := c.ID()
-	f.s.Release(ctx, c, 20*time.Minute)
+	f.s.Release(ctx, c)
 
 	again, err := f.s.Open(ctx, id, "alice")
 	if err != nil {
@@ -221,25 +283,24 @@ func TestSessionsCreateOpenRun(t *testing.T) {
 	if again != c || again.ID() != id {
 		t.Errorf("Open(own id) gave another container (%q); want the same, id unchanged", again.ID())
 	}
-	f.s.Release(ctx, again, 20*time.Minute)
+	f.s.Release(ctx, again)
 
-	// Change one character in the middle of the sealed part: the AEAD tag must reject it. (Changing
-	// the last characters could hit base64's unused bits and leave the bytes as they were.)
-	mid := len(id) / 2
-	swap := byte('A')
-	if id[mid] == swap {
-		swap = 'B'
+	swap := byte('a')
+	if id[20] == swap {
+		swap = 'b'
 	}
-	forged := id[:mid] + string(swap) + id[mid+1:]
+	forged := id[:20] + string(swap) + id[21:]
 	for _, tt := range []struct{ name, id, owner string }{
 		{"another owner", id, "mallory"},
 		{"anonymous caller", id, ""},
 		{"forged id", forged, "alice"},
 		{"not an id", "cntr_nope", "alice"},
+		{"a file id", "file-0VSvpifh7cRTnHr5V04fFU", "alice"},
+		{"an old sealed id", "cntr_" + strings.Repeat("Ab-_", 56), "alice"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := f.s.Open(ctx, tt.id, tt.owner); !errors.Is(err, ErrNotFound) {
-				t.Errorf("Open() error = %v; want ErrNotFound", err)
+			if _, err := f.s.Open(ctx, tt.id, tt.owner); !errors.Is(err, ErrNotFound) || errors.Is(err, ErrExpired) {
+				t.Errorf("Open() error = %v; want ErrNotFound (not ErrExpired)", err)
 			}
 		})
 	}
@@ -249,12 +310,22 @@ func TestSessionsCreateOpenRun(t *testing.T) {
 	if got := metricValue(t, f.s.m.live); got != 3 {
 		t.Errorf("containers gauge = %v; want 3", got)
 	}
-	f.p.mu.Lock()
-	kas := len(f.p.keepAlives)
-	f.p.mu.Unlock()
-	if kas != 0 {
-		t.Errorf("%d KeepAlive calls for a run well inside the backend lifetime; want 0", kas)
+	if kas := f.p.keepAliveCalls(); len(kas) != 0 {
+		t.Errorf("KeepAlive calls %v for uses well inside the backend lifetime; want none", kas)
 	}
+}
+
+// failingStore is a store whose container writes fail, as a shared store out of reach does.
+type failingStore struct {
+	store.Store
+	fail bool
+}
+
+func (s *failingStore) CreateContainer(ctx context.Context, c store.Container) (store.Container, error) {
+	if s.fail {
+		return store.Container{}, fmt.Errorf("%w: connection refused", store.ErrUnavailable)
+	}
+	return s.Store.CreateContainer(ctx, c)
 }
 
 func TestSessionsCreateFailures(t *testing.T) {
@@ -272,52 +343,98 @@ func TestSessionsCreateFailures(t *testing.T) {
 	if got := metricValue(t, f.s.m.failures.WithLabelValues("create", "py")); got != 1 {
 		t.Errorf("create failures = %v; want 1", got)
 	}
-	// The failed create gave its provider reference back: retiring closes the provider at once.
+	f.p.createErr = nil
+
+	// A sandbox whose record cannot be written is deleted: nobody could ever reach it.
+	fs := &failingStore{Store: f.st, fail: true}
+	s2, err := NewSessions(ctx, SessionOptions{Store: fs, Now: f.clock.Now, Registry: func() *Registry { return f.reg }, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s2.Create(ctx, "py", "a", CreateOptions{}, time.Minute); !errors.Is(err, ErrUnavailable) || !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("Create(store fails) error = %v; want ErrUnavailable wrapping the store's", err)
+	}
+	if live, creates, deletes, _ := f.p.stats(); live != 0 || creates != 1 || deletes != 1 {
+		t.Errorf("after a failed record: provider live=%d creates=%d deletes=%d; want 0, 1, 1", live, creates, deletes)
+	}
+	if err := s2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The failed creates gave their provider reference back: retiring closes the provider at once.
 	if err := f.reg.Retire(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, _, closes := f.p.stats(); closes != 1 {
 		t.Errorf("provider closed %d times after retiring an unused tool; want 1", closes)
 	}
+	if _, err := NewSessions(ctx, SessionOptions{}); err == nil {
+		t.Errorf("NewSessions without a store: no error")
+	}
 }
 
 func TestSessionsExpiry(t *testing.T) {
 	ctx := context.Background()
-	t.Run("idle past timeout is reaped and its id is dead", func(t *testing.T) {
+	t.Run("idle past timeout is reaped and its id is expired", func(t *testing.T) {
 		f := newFixture(t)
-		c := f.create(t, "alice", 0)
-		f.s.Release(ctx, c, 10*time.Minute)
+		c := f.create(t, "alice", 10*time.Minute)
+		f.s.Release(ctx, c)
 		f.clock.Add(9 * time.Minute)
 		if n := f.s.Sweep(ctx); n != 0 {
 			t.Fatalf("Sweep() at 9m of 10m idle = %d; want 0", n)
 		}
+		if info, err := f.s.Get(ctx, "alice", c.ID()); err != nil || info.Status != StatusRunning {
+			t.Fatalf("Get() at 9m = %+v, %v; want running", info, err)
+		}
+		// Get was a use: the idle clock starts again.
+		f.clock.Add(9 * time.Minute)
+		if n := f.s.Sweep(ctx); n != 0 {
+			t.Fatalf("Sweep() 9m after a Get = %d; want 0", n)
+		}
 		f.clock.Add(time.Minute)
+		l, _ := f.s.List(ctx, "alice", store.ContainerQuery{})
+		if len(l.Items) != 1 || l.Items[0].Status != StatusExpired {
+			t.Errorf("List() at the idle timeout, before a sweep = %+v; want it expired", l.Items)
+		}
 		if n := f.s.Sweep(ctx); n != 1 {
 			t.Fatalf("Sweep() at 10m of 10m idle = %d; want 1", n)
 		}
 		if live, _, deletes, _ := f.p.stats(); live != 0 || deletes != 1 {
 			t.Errorf("provider live=%d deletes=%d; want 0, 1", live, deletes)
 		}
-		if _, err := f.s.Open(ctx, c.ID(), "alice"); !errors.Is(err, ErrNotFound) {
-			t.Errorf("Open(reaped) error = %v; want ErrNotFound", err)
-		}
+		_, err := f.s.Open(ctx, c.ID(), "alice")
+		wantExpired(t, "Open(reaped)", err)
 		if _, err := c.Run(ctx, "x", RunOptions{}); !errors.Is(err, ErrNotFound) {
 			t.Errorf("Run(reaped) error = %v; want ErrNotFound", err)
 		}
+		info, err := f.s.Get(ctx, "alice", c.ID())
+		if err != nil || info.Status != StatusExpired {
+			t.Errorf("Get(reaped) = %+v, %v; want it, expired", info, err)
+		}
+		if rec := f.record(t, "alice", c.ID()); !rec.ExpiresAt.IsZero() || !rec.ForgetAt.Equal(f.clock.Now().Add(DefaultRetention)) {
+			t.Errorf("reaped record = %+v; want no expiry pending, forgotten after the retention", rec)
+		}
 		if got := metricValue(t, f.s.m.live); got != 0 {
 			t.Errorf("containers gauge = %v; want 0", got)
+		}
+		f.clock.Add(DefaultRetention)
+		if _, err := f.s.Get(ctx, "alice", c.ID()); !errors.Is(err, ErrNotFound) || errors.Is(err, ErrExpired) {
+			t.Errorf("Get() past the retention: error = %v; want ErrNotFound: forgotten", err)
 		}
 	})
 	t.Run("use refreshes the idle clock", func(t *testing.T) {
 		f := newFixture(t)
 		c := f.create(t, "alice", 10*time.Minute)
-		f.s.Release(ctx, c, 10*time.Minute)
+		f.s.Release(ctx, c)
 		f.clock.Add(8 * time.Minute)
 		c2, err := f.s.Open(ctx, c.ID(), "alice")
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.s.Release(ctx, c2, 10*time.Minute)
+		if rec := f.record(t, "alice", c.ID()); !rec.LastActiveAt.Equal(f.clock.Now()) {
+			t.Errorf("Open() left last_active_at at %v; want now", rec.LastActiveAt)
+		}
+		f.s.Release(ctx, c2)
 		f.clock.Add(8 * time.Minute)
 		if n := f.s.Sweep(ctx); n != 0 {
 			t.Errorf("Sweep() 8m after the last use = %d; want 0", n)
@@ -325,10 +442,20 @@ func TestSessionsExpiry(t *testing.T) {
 	})
 	t.Run("a held container is not reaped for idleness", func(t *testing.T) {
 		f := newFixture(t)
-		f.create(t, "alice", time.Minute) // not released: a request still uses it
-		f.clock.Add(time.Hour)
-		if n := f.s.Sweep(ctx); n != 0 {
-			t.Errorf("Sweep() of a held container = %d; want 0", n)
+		c := f.create(t, "alice", time.Minute) // not released: a request still uses it
+		for range 6 {
+			f.clock.Add(10 * time.Minute)
+			if n := f.s.Sweep(ctx); n != 0 {
+				t.Fatalf("Sweep() of a held container = %d; want 0", n)
+			}
+		}
+		if rec := f.record(t, "alice", c.ID()); !rec.ExpiresAt.After(f.clock.Now()) {
+			t.Errorf("a held container's record expires at %v, not after now: another replica would reap it", rec.ExpiresAt)
+		}
+		f.s.Release(ctx, c)
+		f.clock.Add(time.Minute)
+		if n := f.s.Sweep(ctx); n != 1 {
+			t.Errorf("Sweep() a minute after the release = %d; want 1", n)
 		}
 	})
 	t.Run("hard end of life", func(t *testing.T) {
@@ -338,23 +465,28 @@ func TestSessionsExpiry(t *testing.T) {
 		if want := f.clock.Now().Add(DefaultMaxLife); !c.Expires().Equal(want) {
 			t.Errorf("Expires() = %v; want %v", c.Expires(), want)
 		}
-		f.clock.Add(DefaultMaxLife)
-		if _, err := f.s.Open(ctx, id, "alice"); !errors.Is(err, ErrNotFound) {
-			t.Errorf("Open(expired id) error = %v; want ErrNotFound", err)
+		for range 24 * 4 {
+			f.clock.Add(15 * time.Minute)
+			f.s.Sweep(ctx)
 		}
-		if n := f.s.Sweep(ctx); n != 1 {
-			t.Errorf("Sweep() past the hard end of life of a held container = %d; want 1", n)
+		_, err := f.s.Open(ctx, id, "alice")
+		wantExpired(t, "Open(past its end of life)", err)
+		if live, _, _, _ := f.p.stats(); live != 0 {
+			t.Errorf("a held container past its end of life is still live; want it deleted")
 		}
 	})
 	t.Run("idle 0 deletes at release", func(t *testing.T) {
 		f := newFixture(t)
 		c := f.create(t, "alice", 0)
-		f.s.Release(ctx, c, 0)
+		f.s.Release(ctx, c)
 		if live, _, deletes, _ := f.p.stats(); live != 0 || deletes != 1 {
 			t.Errorf("after Release(idle 0): provider live=%d deletes=%d; want 0, 1", live, deletes)
 		}
 		if f.s.Live() != 0 {
 			t.Errorf("Live() = %d; want 0", f.s.Live())
+		}
+		if rec := f.record(t, "alice", c.ID()); rec.Status != StatusExpired {
+			t.Errorf("record status %q after the delete; want expired", rec.Status)
 		}
 	})
 	t.Run("idle 0 waits for the last holder", func(t *testing.T) {
@@ -364,7 +496,7 @@ func TestSessionsExpiry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.s.Release(ctx, c, 0)
+		f.s.Release(ctx, c)
 		if live, _, _, _ := f.p.stats(); live != 1 {
 			t.Fatalf("deleted while another request holds it")
 		}
@@ -372,34 +504,37 @@ func TestSessionsExpiry(t *testing.T) {
 		if n := f.s.Sweep(ctx); n != 0 {
 			t.Fatalf("Sweep() of a held idle-0 container = %d; want 0", n)
 		}
-		f.s.Release(ctx, c2, 0)
+		f.s.Release(ctx, c2)
 		if live, _, _, _ := f.p.stats(); live != 0 {
 			t.Errorf("provider live=%d after the last Release(idle 0); want 0", live)
 		}
 	})
+	t.Run("discard deletes whatever the idle timeout", func(t *testing.T) {
+		f := newFixture(t)
+		c := f.create(t, "alice", 20*time.Minute)
+		f.s.Discard(ctx, c)
+		if live, _, deletes, _ := f.p.stats(); live != 0 || deletes != 1 {
+			t.Errorf("after Discard: provider live=%d deletes=%d; want 0, 1", live, deletes)
+		}
+	})
 	t.Run("a run that could outlast the backend lifetime extends it first", func(t *testing.T) {
 		f := newFixture(t)
-		c := f.create(t, "alice", 0) // backend lifetime 6m
-		f.clock.Add(4 * time.Minute)
+		c := f.create(t, "alice", 0) // backend lifetime 11m
+		f.clock.Add(9 * time.Minute)
 		if _, err := c.Run(ctx, "x", RunOptions{Timeout: 2 * time.Minute}); err != nil {
 			t.Fatal(err)
 		}
-		f.p.mu.Lock()
-		ka := append([]time.Duration(nil), f.p.keepAlives...)
-		f.p.mu.Unlock()
-		if want := 2*time.Minute + keepAliveMargin; len(ka) != 1 || ka[0] != want {
-			t.Errorf("KeepAlive calls = %v; want [%v]", ka, want)
+		if ka, want := f.p.keepAliveCalls(), 2*time.Minute+keepAliveMargin; len(ka) == 0 || ka[0] != want {
+			t.Errorf("KeepAlive calls = %v; want %v first", ka, want)
 		}
 	})
-	t.Run("release extends the backend's lifetime", func(t *testing.T) {
+	t.Run("use extends the backend's lifetime", func(t *testing.T) {
 		f := newFixture(t)
-		c := f.create(t, "alice", time.Minute)
-		f.s.Release(ctx, c, time.Hour)
-		f.p.mu.Lock()
-		ka := append([]time.Duration(nil), f.p.keepAlives...)
-		f.p.mu.Unlock()
-		if len(ka) != 1 || ka[0] != time.Hour+keepAliveMargin {
-			t.Errorf("KeepAlive calls = %v; want [%v]", ka, time.Hour+keepAliveMargin)
+		c := f.create(t, "alice", 20*time.Minute) // backend lifetime 21m
+		f.clock.Add(10 * time.Minute)
+		f.s.Release(ctx, c)
+		if ka := f.p.keepAliveCalls(); len(ka) != 1 || ka[0] != 20*time.Minute+keepAliveMargin {
+			t.Errorf("KeepAlive calls = %v; want [%v]", ka, 20*time.Minute+keepAliveMargin)
 		}
 	})
 }
@@ -409,7 +544,6 @@ func TestSessionsRunDuringSweep(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	c := f.create(t, "alice", time.Minute)
-	f.s.Release(ctx, c, time.Minute)
 	f.p.gate = make(chan struct{})
 	f.p.started = make(chan struct{})
 	done := make(chan error)
@@ -418,6 +552,7 @@ func TestSessionsRunDuringSweep(t *testing.T) {
 		done <- err
 	}()
 	<-f.p.started
+	f.s.Release(ctx, c) // the request lets go while its code runs
 	f.clock.Add(time.Hour)
 	if n := f.s.Sweep(ctx); n != 0 {
 		t.Fatalf("Sweep() during a run = %d; want 0", n)
@@ -470,7 +605,7 @@ func TestContainerRunGone(t *testing.T) {
 	ctx := context.Background()
 	c := f.create(t, "alice", time.Minute)
 	f.p.mu.Lock()
-	delete(f.p.live, c.tok.Handle.ID) // the backend lost it
+	delete(f.p.live, c.h.ID) // the backend lost it
 	f.p.mu.Unlock()
 	if _, err := c.Run(ctx, "x", RunOptions{}); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Run() error = %v; want ErrNotFound", err)
@@ -478,37 +613,68 @@ func TestContainerRunGone(t *testing.T) {
 	if f.s.Live() != 0 {
 		t.Errorf("Live() = %d after the sandbox was found gone; want 0", f.s.Live())
 	}
-	if _, err := f.s.Open(ctx, c.ID(), "alice"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Open(gone) error = %v; want ErrNotFound", err)
-	}
+	_, err := f.s.Open(ctx, c.ID(), "alice")
+	wantExpired(t, "Open(gone)", err)
 }
 
+// Shutdown deletes the sandboxes that die with the process and leaves those that outlive it,
+// recorded, for the next process.
 func TestSessionsClose(t *testing.T) {
-	f := newFixture(t)
 	ctx := context.Background()
-	var ids []string
-	for i := range 5 {
-		c := f.create(t, "alice", time.Duration(i)*time.Minute)
-		ids = append(ids, c.ID())
-		if i%2 == 0 {
-			f.s.Release(ctx, c, 20*time.Minute)
+	t.Run("host-bound", func(t *testing.T) {
+		f := newFixture(t)
+		var ids []string
+		for i := range 5 {
+			c := f.create(t, "alice", time.Duration(i)*time.Minute)
+			ids = append(ids, c.ID())
+			if i%2 == 0 {
+				f.s.Release(ctx, c)
+			}
 		}
-	}
-	if err := f.s.Close(ctx); err != nil {
-		t.Fatalf("Close() error = %v", err)
-	}
-	if live, creates, deletes, _ := f.p.stats(); live != 0 || creates != 5 || deletes != 5 {
-		t.Errorf("after Close: provider live=%d creates=%d deletes=%d; want 0, 5, 5", live, creates, deletes)
-	}
-	if _, err := f.s.Create(ctx, "py", "alice", CreateOptions{}, time.Minute); !errors.Is(err, ErrUnavailable) {
-		t.Errorf("Create() after Close error = %v; want ErrUnavailable", err)
-	}
-	if _, err := f.s.Open(ctx, ids[1], "alice"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Open() after Close error = %v; want ErrNotFound", err)
-	}
-	if err := f.s.Close(ctx); err != nil {
-		t.Errorf("second Close() error = %v", err)
-	}
+		if err := f.s.Close(ctx); err != nil {
+			t.Fatalf("Close() error = %v", err)
+		}
+		// The idle-0 container was deleted by its Release, the four others by Close.
+		if live, creates, deletes, _ := f.p.stats(); live != 0 || creates != 5 || deletes != 5 {
+			t.Errorf("after Close: provider live=%d creates=%d deletes=%d; want 0, 5, 5", live, creates, deletes)
+		}
+		for _, id := range ids {
+			if rec := f.record(t, "alice", id); rec.Status != StatusExpired {
+				t.Errorf("record %s status %q after Close; want expired", id, rec.Status)
+			}
+		}
+		if _, err := f.s.Create(ctx, "py", "alice", CreateOptions{}, time.Minute); !errors.Is(err, ErrUnavailable) {
+			t.Errorf("Create() after Close error = %v; want ErrUnavailable", err)
+		}
+		if _, err := f.s.Open(ctx, ids[1], "alice"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Open() after Close error = %v; want ErrNotFound", err)
+		}
+		if err := f.s.Close(ctx); err != nil {
+			t.Errorf("second Close() error = %v", err)
+		}
+	})
+	t.Run("outliving the process", func(t *testing.T) {
+		f := newFixtureBound(t, false)
+		kept := f.create(t, "alice", 20*time.Minute)
+		held := f.create(t, "alice", 20*time.Minute) // a request still holds it at shutdown
+		f.s.Release(ctx, kept)
+		gone := f.create(t, "alice", 0)
+		if err := f.s.Close(ctx); err != nil {
+			t.Fatalf("Close() error = %v", err)
+		}
+		if live, _, deletes, _ := f.p.stats(); live != 2 || deletes != 1 {
+			t.Errorf("after Close: provider live=%d deletes=%d; want the two with an idle timeout left, the idle-0 one deleted", live, deletes)
+		}
+		if rec := f.record(t, "alice", held.ID()); rec.Status != StatusRunning || !rec.ExpiresAt.Equal(f.clock.Now().Add(20*time.Minute)) {
+			t.Errorf("record of the held container after Close = %+v; want running, expiring 20m after its last use", rec)
+		}
+		if rec := f.record(t, "alice", gone.ID()); rec.Status != StatusExpired {
+			t.Errorf("record of the idle-0 container status %q; want expired", rec.Status)
+		}
+		if f.s.Live() != 0 || metricValue(t, f.s.m.live) != 0 {
+			t.Errorf("Live() = %d, gauge %v after Close; want 0, 0", f.s.Live(), metricValue(t, f.s.m.live))
+		}
+	})
 }
 
 // Close waits for deletions that are already running, e.g. a Release(idle 0) on another goroutine.
@@ -519,7 +685,7 @@ func TestSessionsCloseWaitsForInflightDeletes(t *testing.T) {
 	f.p.deleteStart = make(chan struct{})
 	released := make(chan struct{})
 	go func() {
-		f.s.Release(ctx, c, 0)
+		f.s.Release(ctx, c)
 		close(released)
 	}()
 	// Wait until the deletion is in flight (the container has left the live set).
@@ -546,21 +712,21 @@ func TestSessionsCloseWaitsForInflightDeletes(t *testing.T) {
 	}
 }
 
-// Another replica (same key, same tools) opens an id it never created, after checking the sandbox is
-// still there; an id of a deleted sandbox does not open.
+// Another Sessions on the same store (another replica, same tools) opens an id it never created,
+// after checking the sandbox is still there; an id of a deleted sandbox does not open.
 func TestSessionsOpenOnAnotherReplica(t *testing.T) {
-	f := newFixture(t)
+	f := newFixtureBound(t, false)
 	ctx := context.Background()
 	c := f.create(t, "alice", 20*time.Minute)
-	f.s.Release(ctx, c, 20*time.Minute)
-	other := f.sessions(t, func() *Registry { return f.reg })
+	f.s.Release(ctx, c)
+	other := f.sessions(t, "replica-2", func() *Registry { return f.reg })
 
 	c2, err := other.Open(ctx, c.ID(), "alice")
 	if err != nil {
 		t.Fatalf("replica Open() error = %v", err)
 	}
-	if c2.ID() != c.ID() {
-		t.Errorf("replica ID() = %q; want the same id", c2.ID())
+	if c2.ID() != c.ID() || c2 == c {
+		t.Errorf("replica ID() = %q; want the same id, another process's container", c2.ID())
 	}
 	if res, err := c2.Run(ctx, "x", RunOptions{}); err != nil || res.Stdout != "ran: x" {
 		t.Errorf("replica Run() = %+v, %v", res, err)
@@ -568,23 +734,220 @@ func TestSessionsOpenOnAnotherReplica(t *testing.T) {
 	if _, err := other.Open(ctx, c.ID(), "bob"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("replica Open(other owner) error = %v; want ErrNotFound", err)
 	}
-	other.Release(ctx, c2, 20*time.Minute)
+	other.Release(ctx, c2)
 
 	d := f.create(t, "alice", 0)
-	f.s.Release(ctx, d, 0) // deleted
-	third := f.sessions(t, func() *Registry { return f.reg })
-	if _, err := third.Open(ctx, d.ID(), "alice"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("replica Open(deleted sandbox) error = %v; want ErrNotFound", err)
-	}
+	f.s.Release(ctx, d) // deleted
+	third := f.sessions(t, "replica-3", func() *Registry { return f.reg })
+	_, err = third.Open(ctx, d.ID(), "alice")
+	wantExpired(t, "replica Open(deleted sandbox)", err)
+
+	// A sandbox that vanished from the backend: the KeepAlive finds it gone, the container expires.
+	e := f.create(t, "alice", 20*time.Minute)
+	f.s.Release(ctx, e)
+	f.p.mu.Lock()
+	delete(f.p.live, e.h.ID)
+	f.p.mu.Unlock()
+	_, err = third.Open(ctx, e.ID(), "alice")
+	wantExpired(t, "replica Open(vanished sandbox)", err)
+
 	// A replica whose tool of that name is another backend does not reach for the sandbox.
 	p2 := newRecProvider()
 	reg2, err := NewRegistry(nil, RegistryEntry{Name: "py", Provider: p2, Backend: "other"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fourth := f.sessions(t, func() *Registry { return reg2 })
+	fourth := f.sessions(t, "replica-4", func() *Registry { return reg2 })
 	if _, err := fourth.Open(ctx, c.ID(), "alice"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Open() on a replica where the tool is another backend: error = %v; want ErrNotFound", err)
+	}
+}
+
+// A host-bound container in a shared store: another replica is told who hosts it.
+func TestSessionsHostBoundOnAnotherReplica(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	one := f.sessions(t, "replica-1", func() *Registry { return f.reg })
+	c, err := one.Create(ctx, "py", "alice", CreateOptions{}, 20*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one.Release(ctx, c)
+	two := f.sessions(t, "replica-2", func() *Registry { return f.reg })
+	_, err = two.Open(ctx, c.ID(), "alice")
+	var elsewhere *ElsewhereError
+	if !errors.As(err, &elsewhere) || elsewhere.Host != "replica-1" || !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Open() on another replica error = %v; want ElsewhereError naming replica-1", err)
+	}
+	f.clock.Add(time.Hour)
+	if n := two.Sweep(ctx); n != 0 {
+		t.Errorf("another replica's Sweep() reaped %d of replica-1's sandboxes; want 0", n)
+	}
+	if n := one.Sweep(ctx); n != 1 {
+		t.Errorf("the hosting replica's Sweep() = %d; want 1", n)
+	}
+}
+
+// Restarts: a new Sessions on the reopened store. Host-bound containers died with the process;
+// the others open again by their id.
+func TestSessionsRestart(t *testing.T) {
+	ctx := context.Background()
+	t.Run("host-bound", func(t *testing.T) {
+		f := newFixture(t)
+		c := f.create(t, "alice", 20*time.Minute)
+		f.s.Release(ctx, c)
+		// The process dies: no Close. Its sandbox dies with it.
+		f.p.mu.Lock()
+		delete(f.p.live, c.h.ID)
+		f.p.mu.Unlock()
+		dir := f.st.Dir()
+		if err := f.st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		f.st = f.openStore(t, dir)
+		s2 := f.sessions(t, "", func() *Registry { return f.reg })
+		if rec := f.record(t, "alice", c.ID()); rec.Status != StatusExpired || !rec.ExpiresAt.IsZero() {
+			t.Errorf("record after the restart = %+v; want expired at start", rec)
+		}
+		_, err := s2.Open(ctx, c.ID(), "alice")
+		wantExpired(t, "Open() after the restart", err)
+		if info, err := s2.Get(ctx, "alice", c.ID()); err != nil || info.Status != StatusExpired {
+			t.Errorf("Get() after the restart = %+v, %v; want expired", info, err)
+		}
+	})
+	t.Run("outliving the process", func(t *testing.T) {
+		f := newFixtureBound(t, false)
+		c := f.create(t, "alice", 20*time.Minute)
+		if err := f.s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		dir := f.st.Dir()
+		if err := f.st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		f.st = f.openStore(t, dir)
+		f.clock.Add(5 * time.Minute)
+		s2 := f.sessions(t, "", func() *Registry { return f.reg })
+		c2, err := s2.Open(ctx, c.ID(), "alice")
+		if err != nil {
+			t.Fatalf("Open() after the restart error = %v", err)
+		}
+		if ka := f.p.keepAliveCalls(); len(ka) != 1 {
+			t.Errorf("KeepAlive calls %v; want one proving the sandbox lives", ka)
+		}
+		if res, err := c2.Run(ctx, "y", RunOptions{}); err != nil || res.Stdout != "ran: y" {
+			t.Errorf("Run() after the restart = %+v, %v", res, err)
+		}
+		s2.Release(ctx, c2)
+		f.clock.Add(20 * time.Minute)
+		if n := s2.Sweep(ctx); n != 1 {
+			t.Errorf("Sweep() 20m after the last use = %d; want 1", n)
+		}
+		if live, _, deletes, _ := f.p.stats(); live != 0 || deletes != 1 {
+			t.Errorf("provider live=%d deletes=%d; want the sandbox deleted by the new process", live, deletes)
+		}
+	})
+	t.Run("expired while no process ran", func(t *testing.T) {
+		f := newFixtureBound(t, false)
+		c := f.create(t, "alice", 20*time.Minute)
+		f.s.Release(ctx, c)
+		if err := f.s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		f.clock.Add(time.Hour)
+		s2 := f.sessions(t, "", func() *Registry { return f.reg })
+		_, err := s2.Open(ctx, c.ID(), "alice")
+		wantExpired(t, "Open() of a container that expired meanwhile", err)
+		if n := s2.Sweep(ctx); n != 1 {
+			t.Errorf("Sweep() = %d; want the expired sandbox deleted", n)
+		}
+		if live, _, _, _ := f.p.stats(); live != 0 {
+			t.Errorf("provider live=%d; want 0", live)
+		}
+	})
+}
+
+// Two replicas sweep the same expired containers at once: each sandbox is deleted exactly once.
+func TestSessionsSweepClaims(t *testing.T) {
+	f := newFixtureBound(t, false)
+	ctx := context.Background()
+	for range 20 {
+		f.s.Release(ctx, f.create(t, "alice", time.Minute))
+	}
+	if err := f.s.Close(ctx); err != nil { // this process is gone; its sandboxes are not
+		t.Fatal(err)
+	}
+	f.clock.Add(2 * time.Minute)
+	a := f.sessions(t, "a", func() *Registry { return f.reg })
+	b := f.sessions(t, "b", func() *Registry { return f.reg })
+	var wg sync.WaitGroup
+	var na, nb int
+	wg.Go(func() { na = a.Sweep(ctx) })
+	wg.Go(func() { nb = b.Sweep(ctx) })
+	wg.Wait()
+	if na+nb != 20 {
+		t.Errorf("the two sweeps claimed %d + %d; want 20 together", na, nb)
+	}
+	if live, _, deletes, _ := f.p.stats(); live != 0 || deletes != 20 {
+		t.Errorf("provider live=%d deletes=%d; want 0, exactly 20", live, deletes)
+	}
+}
+
+func TestSessionsAPI(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	var ids []string
+	for i := range 3 {
+		c, err := f.s.Create(ctx, "py", "alice", CreateOptions{Name: fmt.Sprint("c", i)}, 20*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.s.Release(ctx, c)
+		ids = append(ids, c.ID())
+		f.clock.Add(time.Second)
+	}
+	l, err := f.s.List(ctx, "alice", store.ContainerQuery{Page: store.Page{Limit: 2}})
+	if err != nil || len(l.Items) != 2 || !l.HasMore || l.Items[0].ID != ids[2] || l.Items[1].Name != "c1" {
+		t.Errorf("List(limit 2) = %+v, %v; want the two newest, more to come", l, err)
+	}
+	if l, _ := f.s.List(ctx, "bob", store.ContainerQuery{}); len(l.Items) != 0 {
+		t.Errorf("List(bob) = %+v; want none of alice's", l.Items)
+	}
+	if _, err := f.s.Get(ctx, "bob", ids[0]); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get(bob, alice's) error = %v; want ErrNotFound", err)
+	}
+	if err := f.s.Delete(ctx, "bob", ids[0]); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Delete(bob, alice's) error = %v; want ErrNotFound", err)
+	}
+	if err := f.s.Delete(ctx, "alice", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.Get(ctx, "alice", ids[0]); !errors.Is(err, ErrNotFound) || errors.Is(err, ErrExpired) {
+		t.Errorf("Get(deleted) error = %v; want ErrNotFound", err)
+	}
+	if live, _, deletes, _ := f.p.stats(); live != 2 || deletes != 1 {
+		t.Errorf("provider live=%d deletes=%d; want the deleted container's sandbox gone", live, deletes)
+	}
+	// A container held by a request, deleted by its owner: the request's next run finds it gone.
+	held, err := f.s.Open(ctx, ids[1], "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.s.Delete(ctx, "alice", ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := held.Run(ctx, "x", RunOptions{}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Run() on a deleted container error = %v; want ErrNotFound", err)
+	}
+	f.s.Release(ctx, held)
+	// An expired container can be deleted too.
+	f.clock.Add(time.Hour)
+	f.s.Sweep(ctx)
+	if err := f.s.Delete(ctx, "alice", ids[2]); err != nil {
+		t.Errorf("Delete(expired) error = %v", err)
+	}
+	if live, _, _, _ := f.p.stats(); live != 0 {
+		t.Errorf("provider live=%d; want 0", live)
 	}
 }
 
@@ -592,7 +955,7 @@ func TestSessionsOpenOnAnotherReplica(t *testing.T) {
 func TestSessionsToolRetired(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	c := f.create(t, "alice", 20*time.Minute)
+	c := f.create(t, "alice", 0)
 	p2 := newRecProvider()
 	next, err := NewRegistry(f.reg, RegistryEntry{Name: "other", Provider: p2})
 	if err != nil {
@@ -615,7 +978,7 @@ func TestSessionsToolRetired(t *testing.T) {
 	if _, ok := old.Get("py"); !ok {
 		t.Errorf("old registry lost its entry")
 	}
-	f.s.Release(ctx, c, 0)
+	f.s.Release(ctx, c)
 	if live, _, _, closes := f.p.stats(); live != 0 || closes != 1 {
 		t.Errorf("after the last container: live=%d closes=%d; want 0, 1", live, closes)
 	}
@@ -681,7 +1044,7 @@ func TestSessionsConcurrent(t *testing.T) {
 	for i := range 16 {
 		wg.Go(func() {
 			for j := range 20 {
-				switch (i + j) % 4 {
+				switch (i + j) % 5 {
 				case 0:
 					c, err := f.s.Create(ctx, "py", "alice", CreateOptions{}, time.Duration(j%2)*time.Minute)
 					if err != nil {
@@ -689,7 +1052,7 @@ func TestSessionsConcurrent(t *testing.T) {
 						return
 					}
 					c.Run(ctx, "x", RunOptions{})
-					f.s.Release(ctx, c, time.Duration(j%2)*time.Minute)
+					f.s.Release(ctx, c)
 				case 1:
 					c, err := f.s.Open(ctx, shared.ID(), "alice")
 					if err != nil {
@@ -697,12 +1060,14 @@ func TestSessionsConcurrent(t *testing.T) {
 						return
 					}
 					c.Run(ctx, "y", RunOptions{})
-					f.s.Release(ctx, c, time.Minute)
+					f.s.Release(ctx, c)
 				case 2:
 					f.clock.Add(10 * time.Second)
 					f.s.Sweep(ctx)
 				case 3:
 					f.s.Open(ctx, shared.ID(), "bob")
+				case 4:
+					f.s.List(ctx, "alice", store.ContainerQuery{Page: store.Page{Limit: 5}})
 				}
 			}
 		})
@@ -721,22 +1086,20 @@ func TestSessionsConcurrent(t *testing.T) {
 
 // The reaper goroutine sweeps by itself and stops at Close.
 func TestSessionsReaperGoroutine(t *testing.T) {
-	p := newRecProvider()
-	reg, err := NewRegistry(nil, RegistryEntry{Name: "py", Provider: p})
+	f := newFixture(t)
+	s, err := NewSessions(context.Background(), SessionOptions{Store: f.st, Now: f.clock.Now,
+		Registry: func() *Registry { return f.reg }, SweepInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := newClock()
-	s := NewSessions(SessionOptions{Now: clk.Now, Registry: func() *Registry { return reg },
-		SweepInterval: time.Millisecond})
 	defer s.Close(context.Background())
 	ctx := context.Background()
 	c, err := s.Create(ctx, "py", "", CreateOptions{}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Release(ctx, c, time.Minute)
-	clk.Add(2 * time.Minute)
+	s.Release(ctx, c)
+	f.clock.Add(2 * time.Minute)
 	for deadline := time.Now().Add(5 * time.Second); s.Live() != 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("the reaper never deleted the idle container")

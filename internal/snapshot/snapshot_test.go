@@ -24,6 +24,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
+	"github.com/ciproxy/ciproxy/internal/store/embedded"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -299,6 +300,22 @@ func TestReloadOutcomes(t *testing.T) {
 
 // e2bControlPlane answers every create as e2b does a bad key (401), counting the keys it was sent: a
 // create reaching it proves which provider served it.
+// newSessions is Sessions over an embedded store in a temporary directory.
+func newSessions(t *testing.T, opts sandbox.SessionOptions) *sandbox.Sessions {
+	t.Helper()
+	st, err := embedded.Open(embedded.Options{Dir: t.TempDir(), SweepEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	opts.Store = st
+	s, err := sandbox.NewSessions(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func e2bControlPlane(t *testing.T) (*httptest.Server, func(key string) int) {
 	var mu sync.Mutex
 	keys := map[string]int{}
@@ -322,7 +339,7 @@ func TestRequestKeepsItsSandboxToolsUntilItIsDone(t *testing.T) {
 		return strings.Replace(version("alpha", 1, srv.URL), "api_key: key-alpha", "api_key: "+key, 1)
 	}
 	h := newHarness(t, withKey("old-key"))
-	sessions := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return h.store.Load().Sandboxes }, SweepInterval: -1})
+	sessions := newSessions(t, sandbox.SessionOptions{Registry: func() *sandbox.Registry { return h.store.Load().Sandboxes }, SweepInterval: -1})
 	defer sessions.Close(context.Background())
 	create := func(snap *snapshot.Snapshot) error {
 		_, err := sessions.Create(snapshot.NewContext(context.Background(), snap), "alpha-tool", "alice", sandbox.CreateOptions{}, time.Minute)
@@ -369,7 +386,7 @@ func TestHeldSnapshotKeepsAToolAcrossTwoReloads(t *testing.T) {
 		return strings.Replace(version("alpha", models, srv.URL), "api_key: key-alpha", "api_key: "+key, 1)
 	}
 	h := newHarness(t, cfg(1, "first-key"))
-	sessions := sandbox.NewSessions(sandbox.SessionOptions{SweepInterval: -1})
+	sessions := newSessions(t, sandbox.SessionOptions{SweepInterval: -1})
 	defer sessions.Close(context.Background())
 	create := func(snap *snapshot.Snapshot) error {
 		_, err := sessions.Create(snapshot.NewContext(context.Background(), snap), "alpha-tool", "", sandbox.CreateOptions{}, time.Minute)
@@ -408,7 +425,7 @@ func TestCloseClosesHeldSnapshots(t *testing.T) {
 	if err := h.reload(); err != nil {
 		t.Fatal(err)
 	}
-	sessions := sandbox.NewSessions(sandbox.SessionOptions{SweepInterval: -1})
+	sessions := newSessions(t, sandbox.SessionOptions{SweepInterval: -1})
 	defer sessions.Close(context.Background())
 	if err := h.store.Close(context.Background()); err != nil {
 		t.Fatal(err)

@@ -81,7 +81,7 @@ func Build(ctx context.Context, tools []config.SandboxTool, prev *sandbox.Regist
 			errs = append(errs, fmt.Errorf("sandbox tool %q: %w", t.Name, err))
 			continue
 		}
-		e := sandbox.RegistryEntry{Name: t.Name, Provider: prov, Fingerprint: fp, Backend: t.Provider}
+		e := sandbox.RegistryEntry{Name: t.Name, Provider: prov, Fingerprint: fp, Backend: t.Provider, HostBound: t.Provider == local.Backend}
 		entries = append(entries, e)
 		started = append(started, e)
 	}

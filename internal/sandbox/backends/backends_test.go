@@ -16,12 +16,13 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/store/embedded"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // needBubblewrap skips when this machine cannot start local sandboxes (CI installs bubblewrap).
-func needBubblewrap(t *testing.T) {
+func needBubblewrap(t testing.TB) {
 	t.Helper()
 	if _, err := exec.LookPath("bwrap"); err != nil {
 		t.Skip("bubblewrap is not installed")
@@ -32,7 +33,7 @@ func needBubblewrap(t *testing.T) {
 }
 
 // parseTools parses a sandbox_tools section with every backend and no environment.
-func parseTools(t *testing.T, section string) []config.SandboxTool {
+func parseTools(t testing.TB, section string) []config.SandboxTool {
 	t.Helper()
 	cfg, err := config.ParseWith([]byte("sandbox_tools:\n"+section), "c.yaml", ParseOptions(func(string) (string, bool) { return "", false }))
 	if err != nil {
@@ -41,7 +42,7 @@ func parseTools(t *testing.T, section string) []config.SandboxTool {
 	return cfg.SandboxTools
 }
 
-func mustBuild(t *testing.T, tools []config.SandboxTool, prev *sandbox.Registry) *sandbox.Registry {
+func mustBuild(t testing.TB, tools []config.SandboxTool, prev *sandbox.Registry) *sandbox.Registry {
 	t.Helper()
 	reg, err := Build(context.Background(), tools, prev, nil)
 	if err != nil {
@@ -86,8 +87,7 @@ func TestBuildMissingEnv(t *testing.T) {
 	tools := parseTools(t, "  - {sandbox_tool_name: cloud, litellm_params: {sandbox_provider: e2b}}\n")
 	reg := mustBuild(t, tools, nil)
 	defer reg.Close(context.Background())
-	s := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
-	defer s.Close(context.Background())
+	s := newSessions(t, t.TempDir(), func() *sandbox.Registry { return reg })
 	_, err := s.Create(context.Background(), "cloud", "", sandbox.CreateOptions{}, time.Minute)
 	if !errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), "E2B_API_KEY") {
 		t.Errorf("Create() error = %v; want ErrUnavailable naming E2B_API_KEY", err)
@@ -101,8 +101,7 @@ func TestSessionsUseTheRequestsRegistry(t *testing.T) {
 	defer current.Close(context.Background())
 	request := mustBuild(t, parseTools(t, "  - {sandbox_tool_name: t, litellm_params: {sandbox_provider: e2b, api_key: os.environ/REQUEST_KEY}}\n"), nil)
 	defer request.Close(context.Background())
-	s := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return current }, SweepInterval: -1})
-	defer s.Close(context.Background())
+	s := newSessions(t, t.TempDir(), func() *sandbox.Registry { return current })
 
 	for _, tc := range []struct {
 		name string
@@ -162,8 +161,7 @@ func TestBuildReload(t *testing.T) {
 	}
 
 	var current = r2
-	s := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return current }, SweepInterval: -1})
-	defer s.Close(ctx)
+	s := newSessions(t, t.TempDir(), func() *sandbox.Registry { return current })
 	c, err := s.Create(ctx, "py", "alice", sandbox.CreateOptions{}, time.Minute)
 	if err != nil {
 		t.Fatalf("Create() error = %v", err)
@@ -193,7 +191,7 @@ func TestBuildReload(t *testing.T) {
 		t.Fatalf("Run() after reload = %+v, %v; want 42", res, err)
 	}
 	old := p1.(*local.Provider)
-	s.Release(ctx, c, 0)
+	s.Discard(ctx, c)
 	// Retired and unused: closed, so it starts nothing any more (and the sandbox made above is gone).
 	if old.Live() != 0 {
 		t.Errorf("old provider Live() = %d after the last container; want 0", old.Live())
@@ -206,8 +204,56 @@ func TestBuildReload(t *testing.T) {
 	}
 }
 
+// proc is one proxy process's Sessions over an embedded store in a data directory; another proc
+// on the same directory after the first stopped is that process restarted.
+type proc struct {
+	*sandbox.Sessions
+	st      *embedded.Store
+	stopped bool
+}
+
+// newSessions starts a proc on dir; it is stopped at the end of the test.
+func newSessions(t testing.TB, dir string, reg func() *sandbox.Registry) *proc {
+	t.Helper()
+	st, err := embedded.Open(embedded.Options{Dir: dir, SweepEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sandbox.NewSessions(context.Background(), sandbox.SessionOptions{Store: st, Registry: reg, SweepInterval: -1})
+	if err != nil {
+		_ = st.Close()
+		t.Fatal(err)
+	}
+	p := &proc{Sessions: s, st: st}
+	t.Cleanup(func() { p.stop(t) })
+	return p
+}
+
+// stop shuts the process down gracefully: Sessions first, then the store.
+func (p *proc) stop(t testing.TB) {
+	t.Helper()
+	if p.stopped {
+		return
+	}
+	p.stopped = true
+	if err := p.Close(context.Background()); err != nil {
+		t.Errorf("Sessions.Close() error = %v", err)
+	}
+	if err := p.st.Close(); err != nil {
+		t.Errorf("store Close() error = %v", err)
+	}
+}
+
+// restart stops p and starts a new process on dir.
+func restart(t testing.TB, p *proc, dir string, reg func() *sandbox.Registry) *proc {
+	t.Helper()
+	p.stop(t)
+	return newSessions(t, dir, reg)
+}
+
 // Sessions over the real local backend: state persists across runs, ids are owner-bound, and
-// nothing outlives Release(0) or Close.
+// nothing outlives Release of an idle-0 container or Close; after a restart the local container
+// is expired (its sandbox died with the process).
 func TestSessionsLocal(t *testing.T) {
 	needBubblewrap(t)
 	ctx := context.Background()
@@ -215,7 +261,9 @@ func TestSessionsLocal(t *testing.T) {
 	defer reg.Close(ctx)
 	p, _ := reg.Get("py")
 	lp := p.(*local.Provider)
-	s := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	dir := t.TempDir()
+	regf := func() *sandbox.Registry { return reg }
+	s := newSessions(t, dir, regf)
 
 	c, err := s.Create(ctx, "py", "alice", sandbox.CreateOptions{}, 20*time.Minute)
 	if err != nil {
@@ -224,7 +272,7 @@ func TestSessionsLocal(t *testing.T) {
 	if _, err := c.Run(ctx, "import math\nv = math.sqrt(16)", sandbox.RunOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	s.Release(ctx, c, 20*time.Minute)
+	s.Release(ctx, c)
 
 	c2, err := s.Open(ctx, c.ID(), "alice")
 	if err != nil {
@@ -245,7 +293,7 @@ func TestSessionsLocal(t *testing.T) {
 	if _, err := s.Open(ctx, c.ID(), "mallory"); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("Open(other owner) error = %v; want ErrNotFound", err)
 	}
-	s.Release(ctx, c2, 20*time.Minute)
+	s.Release(ctx, c2)
 
 	d, err := s.Create(ctx, "py", "bob", sandbox.CreateOptions{}, 0)
 	if err != nil {
@@ -254,45 +302,64 @@ func TestSessionsLocal(t *testing.T) {
 	if lp.Live() != 2 {
 		t.Errorf("Live() = %d; want 2", lp.Live())
 	}
-	s.Release(ctx, d, 0)
+	s.Release(ctx, d)
 	if lp.Live() != 1 {
 		t.Errorf("Live() after Release(idle 0) = %d; want 1", lp.Live())
 	}
 
-	// After a restart with another key the old id is unknown; with the same key, a local sandbox
-	// that no longer exists is not found either.
-	if err := s.Close(ctx); err != nil {
-		t.Fatalf("Close() error = %v", err)
-	}
+	// A restart: the local sandbox is deleted at shutdown, and its id is expired, not unknown.
+	s2 := restart(t, s, dir, regf)
 	if lp.Live() != 0 {
 		t.Errorf("Live() after Close = %d; want 0", lp.Live())
 	}
-	s2 := sandbox.NewSessions(sandbox.SessionOptions{Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
-	defer s2.Close(ctx)
-	if _, err := s2.Open(ctx, c.ID(), "alice"); !errors.Is(err, sandbox.ErrNotFound) {
-		t.Errorf("Open() in a new process error = %v; want ErrNotFound", err)
+	if _, err := s2.Open(ctx, c.ID(), "alice"); !errors.Is(err, sandbox.ErrExpired) {
+		t.Errorf("Open() in a new process error = %v; want ErrExpired", err)
+	}
+	if info, err := s2.Get(ctx, "alice", c.ID()); err != nil || info.Status != sandbox.StatusExpired {
+		t.Errorf("Get() in a new process = %+v, %v; want expired", info, err)
 	}
 }
 
-// Sessions over e2b (the emulator, executing through the local kernel): another replica with the
-// same key reopens the container; nothing is left on the server after Close.
-func TestSessionsE2B(t *testing.T) {
-	needBubblewrap(t)
+// e2bEnv is the e2b emulator (executing through a local kernel) and a registry with one e2b tool
+// named "cloud" on it.
+type e2bEnv struct {
+	srv *e2btest.Server
+	reg *sandbox.Registry
+}
+
+func newE2BEnv(t testing.TB) *e2bEnv {
+	t.Helper()
 	ctx := context.Background()
 	lp, err := local.New(local.Options{Tool: "exec"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lp.Close(ctx)
 	srv := e2btest.New(lp)
-	defer srv.Close()
 	tools := parseTools(t, fmt.Sprintf("  - {sandbox_tool_name: cloud, litellm_params: {sandbox_provider: e2b, api_key: %s, api_base: %q, sandbox_url: %q}}\n",
 		srv.APIKey(), srv.URL(), srv.SandboxURL()))
-	reg := mustBuild(t, tools, nil)
-	defer reg.Close(ctx)
-	key := sandbox.KeyFromSecret("shared secret")
-	s1 := sandbox.NewSessions(sandbox.SessionOptions{Key: key, Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
-	s2 := sandbox.NewSessions(sandbox.SessionOptions{Key: key, Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	reg, err := Build(ctx, tools, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = reg.Close(ctx)
+		srv.Close()
+		_ = lp.Close(ctx)
+	})
+	return &e2bEnv{srv: srv, reg: reg}
+}
+
+func (e *e2bEnv) registry() *sandbox.Registry { return e.reg }
+
+// Sessions over e2b (the emulator, executing through the local kernel): the sandbox outlives the
+// proxy process; after a restart the container opens again by its id with its state, and the new
+// process deletes it when it expires.
+func TestSessionsE2B(t *testing.T) {
+	needBubblewrap(t)
+	ctx := context.Background()
+	e := newE2BEnv(t)
+	dir := t.TempDir()
+	s1 := newSessions(t, dir, e.registry)
 
 	c, err := s1.Create(ctx, "cloud", "alice", sandbox.CreateOptions{}, 20*time.Minute)
 	if err != nil {
@@ -301,31 +368,39 @@ func TestSessionsE2B(t *testing.T) {
 	if _, err := c.Run(ctx, "n = 6 * 7", sandbox.RunOptions{}); err != nil {
 		t.Fatalf("Run() error = %v", err)
 	}
-	s1.Release(ctx, c, 20*time.Minute)
+	s1.Release(ctx, c)
 
+	s2 := restart(t, s1, dir, e.registry)
+	if e.srv.Live() != 1 {
+		t.Fatalf("server Live() after the proxy stopped = %d; want the sandbox still running", e.srv.Live())
+	}
 	c2, err := s2.Open(ctx, c.ID(), "alice")
 	if err != nil {
-		t.Fatalf("replica Open() error = %v", err)
+		t.Fatalf("Open() after a restart error = %v", err)
 	}
 	res, err := c2.Run(ctx, "n", sandbox.RunOptions{})
 	if err != nil || len(res.Results) != 1 || res.Results[0].Text != "42" {
-		t.Fatalf("replica Run() = %+v, %v; want 42", res, err)
+		t.Fatalf("Run() after a restart = %+v, %v; want 42: the same kernel", res, err)
 	}
-	s2.Release(ctx, c2, 20*time.Minute)
-	if srv.Live() != 1 {
-		t.Errorf("server Live() = %d; want 1", srv.Live())
+	if _, err := s2.Open(ctx, c.ID(), "mallory"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("Open(other owner) error = %v; want ErrNotFound", err)
 	}
-	if err := s1.Close(ctx); err != nil {
+	s2.Release(ctx, c2)
+	if err := s2.Delete(ctx, "alice", c.ID()); err != nil {
 		t.Fatal(err)
 	}
-	if srv.Live() != 0 {
-		t.Errorf("server Live() after Close = %d; want 0", srv.Live())
+	if e.srv.Live() != 0 {
+		t.Errorf("server Live() after Delete = %d; want 0", e.srv.Live())
 	}
-	// The replica still holds it in memory; its run now finds the sandbox gone.
-	if _, err := c2.Run(ctx, "n", sandbox.RunOptions{}); !errors.Is(err, sandbox.ErrNotFound) {
-		t.Errorf("Run() on a deleted e2b sandbox: error = %v; want ErrNotFound", err)
-	}
-	if err := s2.Close(ctx); err != nil {
+	// A sandbox that e2b ended meanwhile (its own timeout) is expired, not an error.
+	d, err := s2.Create(ctx, "cloud", "alice", sandbox.CreateOptions{}, 20*time.Minute)
+	if err != nil {
 		t.Fatal(err)
+	}
+	s2.Release(ctx, d)
+	s3 := restart(t, s2, dir, e.registry)
+	e.srv.Advance(time.Hour)
+	if _, err := s3.Open(ctx, d.ID(), "alice"); !errors.Is(err, sandbox.ErrExpired) {
+		t.Errorf("Open() of a sandbox e2b ended error = %v; want ErrExpired", err)
 	}
 }

@@ -149,8 +149,10 @@ func (c *cappedSource) Read(b []byte) (int, error) {
 	if c.over || c.err != nil {
 		return 0, io.EOF
 	}
-	if room := c.max + 1 - c.n; int64(len(b)) > room {
-		b = b[:room]
+	// One byte past max is read, to tell a source of exactly max bytes from a longer one; written
+	// so that a max of math.MaxInt64 (no limit) does not overflow.
+	if room := c.max - c.n; room < int64(len(b))-1 {
+		b = b[:room+1]
 	}
 	n, err := c.r.Read(b)
 	if c.n+int64(n) > c.max {
@@ -182,8 +184,10 @@ func (c *capReader) Read(b []byte) (int, error) {
 	if c.over {
 		return 0, errOverCap
 	}
-	if room := c.max + 1 - c.n; int64(len(b)) > room {
-		b = b[:room]
+	// One byte past max is read, to tell a source of exactly max bytes from a longer one; written
+	// so that a max of math.MaxInt64 (no limit) does not overflow.
+	if room := c.max - c.n; room < int64(len(b))-1 {
+		b = b[:room+1]
 	}
 	n, err := c.r.Read(b)
 	c.n += int64(n)
@@ -544,4 +548,22 @@ func randomSuffix() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+var _ sandbox.FileRemover = (*Provider)(nil)
+
+// RemoveFile implements [sandbox.FileRemover] with envd's Remove, which removes what is at the
+// path (a link itself, never its target). A missing path is not an error; a sandbox that is gone
+// is (ErrNotFound from e2b's edge).
+func (p *Provider) RemoveFile(ctx context.Context, h sandbox.Handle, rel string) error {
+	full, err := dataPath(rel)
+	if err != nil {
+		return err
+	}
+	err = p.rpc(ctx, h, "remove", "Remove", map[string]string{"path": full}, nil)
+	var apiErr *APIError
+	if errors.As(err, &apiErr) && apiErr.StatusCode != http.StatusBadGateway && errors.Is(err, sandbox.ErrNotFound) {
+		return nil
+	}
+	return err
 }

@@ -284,3 +284,35 @@ func listDir(ctx context.Context, dir int, prefix string, depth, limit int, out 
 	}
 	return nil
 }
+
+var _ sandbox.FileRemover = (*Provider)(nil)
+
+// RemoveFile removes the file at path below /mnt/data: the entry itself (a link is removed, never
+// followed), resolved like every other path, with the sandbox user's rights. A missing path, or a
+// directory there, is left as it is and is not an error.
+func (p *Provider) RemoveFile(ctx context.Context, h sandbox.Handle, path string) error {
+	parts, err := splitPath(path)
+	if err != nil {
+		return err
+	}
+	return p.withData(h, func(_ *box, data int) error {
+		parent := strings.Join(parts[:len(parts)-1], "/")
+		if parent == "" {
+			parent = "."
+		}
+		dir, err := openBeneath(data, parent, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			if err := notFound(path, err); !errors.Is(err, sandbox.ErrNotFound) {
+				return err
+			}
+			return nil
+		}
+		defer unix.Close(dir)
+		if err := unix.Unlinkat(dir, parts[len(parts)-1], 0); err != nil {
+			if err := notFound(path, err); !errors.Is(err, sandbox.ErrNotFound) {
+				return err
+			}
+		}
+		return nil
+	})
+}
