@@ -33,8 +33,8 @@ type run struct {
 
 	cont       *containerFuture
 	lim        sandbox.ContainerLimits // what the container's files may take
-	encrypted  bool // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
-	stateless  bool // the upstream keeps nothing: the stored response keeps the conversation
+	encrypted  bool                    // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
+	stateless  bool                    // the upstream keeps nothing: the stored response keeps the conversation
 	executions int
 	iterations int
 	stored     map[string]StoredCall
