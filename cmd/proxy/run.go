@@ -24,6 +24,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/router"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
+	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -161,8 +162,36 @@ func check(path string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return 1
 	}
+	if !checkSandboxes(cfg, stdout, stderr) {
+		return 1
+	}
 	fmt.Fprintf(stdout, "%s: OK\n", path)
 	return 0
+}
+
+// checkSandboxes starts one sandbox of each local tool under its real limits, as the start does,
+// and prints the isolation the host gives it, loudly when it is weaker than the best mode. It
+// reports false when a tool cannot run on this host (the proxy would not start).
+func checkSandboxes(cfg *config.Config, stdout, stderr io.Writer) bool {
+	ok := true
+	for _, t := range cfg.SandboxTools {
+		opts, isLocal := t.Settings.(local.Options)
+		if !isLocal {
+			continue
+		}
+		iso, err := local.CheckIsolation(context.Background(), opts)
+		if err != nil {
+			fmt.Fprintf(stderr, "sandbox tool %q (local): cannot run on this host: %v\n", t.Name, err)
+			ok = false
+			continue
+		}
+		if len(iso.Warnings) > 0 {
+			fmt.Fprintf(stdout, "sandbox tool %q (local): WEAKER ISOLATION ON THIS HOST: %s\n", t.Name, iso)
+		} else {
+			fmt.Fprintf(stdout, "sandbox tool %q (local): isolation %s\n", t.Name, iso)
+		}
+	}
+	return ok
 }
 
 // serve wires the proxy for cfg, serves until ctx ends, and shuts down gracefully.

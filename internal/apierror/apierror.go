@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
+	"time"
 )
 
 // Error is an error a client may see.
@@ -97,4 +99,16 @@ func Unauthorized(msg string) *Error {
 
 func BadGateway(msg, code string, cause error) *Error {
 	return &Error{Status: http.StatusBadGateway, Message: msg, Type: "server_error", Code: code, Err: cause}
+}
+
+// RateLimited is a 429 as OpenAI sends one for a request-count limit: type "requests", code
+// "rate_limit_exceeded", the message saying which limit; retryAfter, when above 0, is sent as
+// Retry-After (whole seconds, rounded up), which the SDKs honour.
+func RateLimited(msg string, retryAfter time.Duration) *Error {
+	e := &Error{Status: http.StatusTooManyRequests, Message: msg, Type: "requests", Code: "rate_limit_exceeded"}
+	if retryAfter > 0 {
+		secs := (retryAfter + time.Second - 1) / time.Second
+		e.Header = http.Header{"Retry-After": {strconv.FormatInt(int64(secs), 10)}}
+	}
+	return e
 }

@@ -227,6 +227,14 @@ type Interception struct {
 	ExecutionTimeout     time.Duration // default 120s
 	ModelOutputLimit     int           // bytes of execution output the model sees, default 16384
 	ContainerIdleTimeout time.Duration // default 20m; 0 deletes the sandbox when the request ends
+
+	// Limits of one response (quotas.go): stand-in calls run per model turn, executions per
+	// response (max_tool_calls lowers it), bytes of one call's code, and bytes of execution output
+	// summed over the response.
+	MaxCallsPerTurn   int   // default 16
+	MaxExecutions     int   // default 64
+	MaxCodeSize       int   // default 1 MiB
+	MaxResponseOutput int64 // default 32 MiB
 }
 
 // General is general_settings.
@@ -246,6 +254,12 @@ type General struct {
 	DataDir              string
 	MaxFileUploadSize    int64 // largest file POST /v1/files accepts, default 512 MiB
 	MaxFileStoragePerKey int64 // total bytes of files one API key may store, default 10 GiB
+	// Quotas are the quotas of every caller without a client_keys entry of its own (the master
+	// key's, an open proxy's callers), and the totals.
+	Quotas Quotas
+	// ClientKeys are general_settings.client_keys: keys accepted besides MasterKey, each the owner
+	// named by its Name. Only digests of the keys are kept.
+	ClientKeys []ClientKey
 }
 
 // ProviderEnabled reports whether interception applies to deployments of provider: EnabledProviders

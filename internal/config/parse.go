@@ -356,6 +356,7 @@ func (d *decoder) litellmSettings(s *settings.Map, cfg *Config, tools map[string
 	p := d.Map(s.Node("code_interpreter_interception_params"), ipath, ipath, []string{
 		"enabled", "enabled_providers", "sandbox_tool_name", "function_name", "max_iterations",
 		"execution_timeout", "model_output_limit", "container_idle_timeout",
+		"max_calls_per_turn", "max_executions", "max_code_size", "max_response_output",
 	}, nil)
 	in := &cfg.Interception
 	in.Enabled = p.Bool("enabled", true)
@@ -392,6 +393,7 @@ func (d *decoder) litellmSettings(s *settings.Map, cfg *Config, tools map[string
 	}
 	in.ModelOutputLimit = int(limit)
 	in.ContainerIdleTimeout = p.Duration("container_idle_timeout", DefaultContainerIdleTimeout, true)
+	d.limits(p, in)
 
 	if given && in.Enabled && !slices.Contains(cbs, InterceptionCallback) {
 		d.Warnf("%s is set, but litellm_settings.callbacks does not list %q: interception is off", ipath, InterceptionCallback)
@@ -411,7 +413,7 @@ func (d *decoder) general(n *yaml.Node) General {
 		g.MissingEnv = mk.Env
 		g.MasterKey = randomKey()
 		d.AmendWarning(": every request is refused until it is set")
-	default:
+	case !p.Has("client_keys"):
 		d.Warnf("%s.master_key is not set: the proxy is open: anyone who can reach it can use its upstream keys", path)
 	}
 	cs := p.String("container_secret")
@@ -434,6 +436,8 @@ func (d *decoder) general(n *yaml.Node) General {
 	g.DataDir = strings.TrimSpace(p.String("data_dir").S)
 	g.MaxFileUploadSize, _ = p.Size("max_file_upload_size", DefaultMaxFileUploadSize)
 	g.MaxFileStoragePerKey, _ = p.Size("max_file_storage_per_key", DefaultMaxFileStoragePerKey)
+	g.Quotas = d.quotas(p)
+	g.ClientKeys = d.clientKeys(p.Node("client_keys"), g.Quotas, g.MasterKey)
 	return g
 }
 

@@ -414,5 +414,8 @@ const maxReuseTries = 4
 var errNoContainer = errors.New("the request has no code_interpreter tool")
 
 func sandboxUnavailable(err error) *apierror.Error {
+	if q := quotaExceeded(err); q != nil {
+		return q
+	}
 	return apierror.BadGateway("The code interpreter sandbox is unavailable.", "sandbox_unavailable", err)
 }

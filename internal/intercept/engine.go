@@ -125,8 +125,8 @@ type Request struct {
 	Upstream upstream.ResponsesAPI
 	// Provider is the provider of the model's first deployment, for enabled_providers.
 	Provider string
-	// Caller is the hash of the client's key ("" without one). It owns the containers and the
-	// responses the request creates.
+	// Caller is the owner the router named (router.Caller: a client key's name, or a hash of the
+	// key; "" without one). It owns the containers and the responses the request creates.
 	Caller string
 	// Stateless says that Upstream keeps no responses and has no /v1/responses to pass through
 	// to: it translates for an upstream that speaks only Chat Completions (upstream.ChatAPI). The

@@ -190,6 +190,9 @@ func cutUTF8Tail(s string, n int) string {
 
 // unparsed is the execution of a call whose arguments could not be read.
 func unparsed(err error) execution {
+	if ex, ok := tooLargeExecution(err); ok {
+		return ex
+	}
 	msg := "could not parse the arguments: " + err.Error() + `. Call the function with a JSON object {"code": "<python code>"}.`
 	return execution{status: statusFailed, logs: msg, model: msg}
 }

@@ -31,13 +31,15 @@ type run struct {
 	tr     *translator
 	emit   func(Event) error
 
-	cont       *containerFuture
-	lim        sandbox.ContainerLimits // what the container's files may take
-	encrypted  bool                    // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
-	stateless  bool                    // the upstream keeps nothing: the stored response keeps the conversation
-	executions int
-	iterations int
-	stored     map[string]StoredCall
+	cont        *containerFuture
+	lim         sandbox.ContainerLimits // what the container's files may take
+	encrypted   bool                    // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
+	stateless   bool                    // the upstream keeps nothing: the stored response keeps the conversation
+	executions  int
+	iterations  int
+	outputUsed  int64 // bytes of execution output so far (limits.go)
+	outputSpent bool  // the output budget is spent: no more code runs
+	stored      map[string]StoredCall
 }
 
 // newRun prepares the loop of one parsed request; events go to emit. mint makes the ids of
@@ -47,9 +49,11 @@ func (e *Engine) newRun(ic config.Interception, tool string, api upstream.Respon
 		mint = newID
 	}
 	id := mint("resp_")
+	tr := newTranslator(req, id, 0, mint)
+	tr.maxArgs = ic.MaxCodeSize
 	return &run{
 		e: e, ic: ic, tool: tool, api: api, caller: caller, hdr: hdr, req: req, id: id,
-		tr: newTranslator(req, id, 0, mint), emit: emit, encrypted: req.encryptedFirst, stored: map[string]StoredCall{},
+		tr: tr, emit: emit, encrypted: req.encryptedFirst, stored: map[string]StoredCall{},
 	}
 }
 
@@ -84,14 +88,17 @@ func (r *run) loop(ctx context.Context) error {
 		// off ends the loop: its calls are shown, not run.
 		stop := none || r.req.noCode || end == outcomeIncomplete
 		outputs := make([][]byte, 0, len(calls))
-		for _, c := range calls {
+		for i, c := range calls {
 			var ex execution
 			if err := r.emit(r.tr.interpreting(c.ref)); err != nil {
 				return err
 			}
+			limited, over := r.overLimit(i)
 			switch {
-			case stop || (r.req.maxToolCalls > 0 && r.executions >= r.req.maxToolCalls):
+			case stop:
 				ex = skipped()
+			case over:
+				ex = limited
 			default:
 				ex, err = r.execute(ctx, c)
 				if err != nil {
@@ -116,7 +123,7 @@ func (r *run) loop(ctx context.Context) error {
 		}
 		turns = append(turns, r.tr.turn()...)
 		turns = append(turns, outputs...)
-		if (r.req.maxToolCalls > 0 && r.executions >= r.req.maxToolCalls) || call+1 >= r.maxIterations() {
+		if r.executionsDone() || call+1 >= r.maxIterations() {
 			none = true
 		}
 	}
@@ -181,7 +188,7 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 		r.e.log.Warn("finding the files an execution wrote failed", zap.Error(runErr))
 		runErr = nil
 	}
-	ex := describe(res, runErr, r.ic.ExecutionTimeout, r.ic.ModelOutputLimit)
+	ex := r.charge(describe(res, runErr, r.ic.ExecutionTimeout, r.ic.ModelOutputLimit))
 	ex.model = withWrittenFiles(ex.model, written)
 	r.tr.addFiles(written.Files, true)
 	r.e.m.executions.WithLabelValues(ex.status).Inc()

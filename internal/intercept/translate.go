@@ -84,6 +84,8 @@ type translator struct {
 	files      map[string]store.ContainerFile
 	filesKnown bool
 	uncited    []store.ContainerFile
+	// maxArgs bounds the bytes of one call's arguments kept and decoded (max_code_size; 0: none).
+	maxArgs int
 
 	out [][]byte // client-visible items by output_index (nil while in progress)
 	// withOutputs holds call items with their outputs, by output_index, when the client's
@@ -121,6 +123,7 @@ type slot struct {
 	code     string
 	codeDone bool
 	parseErr error
+	tooBig   bool // the arguments are over maxArgs: nothing more of them is kept (limits.go)
 
 	// Passed messages only: their output_text parts, by content index.
 	parts []*citedPart
@@ -382,6 +385,9 @@ func (t *translator) startCall(s *slot) []Event {
 
 // feedArgs streams a chunk of the call's arguments as code deltas.
 func (t *translator) feedArgs(s *slot, chunk string) []Event {
+	if t.argsOver(s, len(chunk)) {
+		return nil
+	}
 	s.args.WriteString(chunk)
 	if d := s.dec.Write(chunk); d != "" {
 		s.streamed.WriteString(d)
@@ -403,7 +409,9 @@ func (t *translator) codeDone(s *slot, args string) []Event {
 	}
 	s.codeDone = true
 	var m map[string]any
-	if err := json.Unmarshal([]byte(args), &m); err != nil {
+	if s.parseErr = t.sizeErr(s, len(args)); s.parseErr != nil {
+		// Over max_code_size: not decoded, not run.
+	} else if err := json.Unmarshal([]byte(args), &m); err != nil {
 		s.parseErr = err
 	} else if c, ok := m["code"].(string); ok {
 		s.code = c
@@ -449,7 +457,9 @@ func (t *translator) itemDone(i int, item []byte) []Event {
 	if !it.Get("arguments").Exists() {
 		args = s.args.String()
 	}
-	return append(evs, t.codeDone(s, args)...)
+	evs = append(evs, t.codeDone(s, args)...)
+	t.dropArgs(s)
+	return evs
 }
 
 // pass forwards an upstream event with its output_index shifted.

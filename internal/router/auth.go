@@ -9,13 +9,17 @@ import (
 	"strings"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
 type ctxKeyCaller struct{}
 
-// auth requires general_settings.master_key, when set, as "Authorization: Bearer <key>" or
-// "x-api-key: <key>". It also derives the caller id from whatever key was presented (see Caller),
-// with or without a master key, so containers stay bound to the key that created them.
+// auth requires a key when the proxy has one (general_settings.master_key or client_keys), as
+// "Authorization: Bearer <key>" or "x-api-key: <key>", and names the caller (see Caller): a client
+// key's entry name, or for the master key (and for any key of an open proxy) an id derived from
+// the key, so containers, files and responses stay bound to the key that created them. It also
+// puts the caller's container quotas in the context (sandbox.WithLimits).
 func auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cfg := configFrom(r.Context())
@@ -24,16 +28,18 @@ func auth(next http.Handler) http.Handler {
 			return
 		}
 		key := presentedKey(r.Header)
-		if want := cfg.General.MasterKey; want != "" {
-			// Comparing digests keeps the comparison constant-time regardless of the key's length.
-			got, exp := sha256.Sum256([]byte(key)), sha256.Sum256([]byte(want))
-			if key == "" || subtle.ConstantTimeCompare(got[:], exp[:]) != 1 {
+		g := &cfg.General
+		who := caller{id: callerID(key), quotas: g.Quotas}
+		if !g.Open() {
+			if ck, ok := g.ClientKeyFor(key); ok && key != "" {
+				who = caller{id: ck.Name, quotas: ck.Quotas}
+			} else if !matches(key, g.MasterKey) {
 				msg := "Incorrect API key provided."
 				switch {
-				case cfg.General.MissingEnv != "":
+				case g.MasterKey != "" && g.MissingEnv != "" && len(g.ClientKeys) == 0:
 					// The master key names an unset variable: config holds a key nobody knows, so
 					// everyone is refused; say why instead of blaming the client's key.
-					msg = "The proxy's master key is not configured: the environment variable " + cfg.General.MissingEnv + " is not set."
+					msg = "The proxy's master key is not configured: the environment variable " + g.MissingEnv + " is not set."
 				case key == "":
 					msg = "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
 				}
@@ -41,8 +47,31 @@ func auth(next http.Handler) http.Handler {
 				return
 			}
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKeyCaller{}, callerID(key))))
+		ctx := context.WithValue(r.Context(), ctxKeyCaller{}, who)
+		ctx = sandbox.WithLimits(ctx, sandbox.Limits{
+			MaxContainers:    who.quotas.MaxContainers,
+			MaxPerOwner:      who.quotas.MaxContainersPerKey,
+			CreatesPerMinute: who.quotas.ContainerCreatesPerMinute,
+			CreateBurst:      who.quotas.ContainerCreateBurst,
+		})
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// caller is who made a request and the quotas that apply to it.
+type caller struct {
+	id     string
+	quotas config.Quotas
+}
+
+// matches reports whether key is want (not empty), in constant time: comparing digests keeps the
+// comparison constant-time regardless of the key's length.
+func matches(key, want string) bool {
+	if key == "" || want == "" {
+		return false
+	}
+	got, exp := sha256.Sum256([]byte(key)), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(got[:], exp[:]) == 1
 }
 
 // presentedKey returns the bearer token of the Authorization header, or else the x-api-key header.
@@ -66,11 +95,19 @@ func callerID(key string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// Caller returns the caller id of an authenticated request: the hex SHA-256 prefix of the key the
-// client presented, "" when it presented none.
+// Caller returns the owner of what an authenticated request creates: the name of its client key
+// (general_settings.client_keys), or else the hex SHA-256 prefix of the key the client presented
+// (the master key, or any key of an open proxy: callers that share a key share an owner), "" when
+// it presented none.
 func Caller(ctx context.Context) string {
-	c, _ := ctx.Value(ctxKeyCaller{}).(string)
-	return c
+	c, _ := ctx.Value(ctxKeyCaller{}).(caller)
+	return c.id
+}
+
+// callerQuotas returns the quotas of an authenticated request's caller.
+func callerQuotas(ctx context.Context) config.Quotas {
+	c, _ := ctx.Value(ctxKeyCaller{}).(caller)
+	return c.quotas
 }
 
 // notReady is the answer while no configuration is loaded.

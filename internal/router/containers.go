@@ -323,7 +323,7 @@ func (s *server) createContainer(w http.ResponseWriter, r *http.Request) error {
 	}
 	c, err := s.containers.Create(ctx, cfg.Interception.SandboxToolName, owner, sandbox.CreateOptions{Name: nc.name, MemoryLimit: nc.memory}, idle)
 	if err != nil {
-		return containerError(err, "", "", "")
+		return quotaError(containerError(err, "", "", ""))
 	}
 	if _, err := c.PlaceFiles(ctx, nc.fileIDs, lim); err != nil {
 		s.containers.Discard(ctx, c)

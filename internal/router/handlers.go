@@ -103,7 +103,12 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 		ir.Upstream, ir.Stateless = upstream.NewChatAPI(target, upstream.ChatOptionsFor(deps[0])), true
 	}
 	if s.interceptor.Handles(ir) {
-		return s.interceptor.ServeResponses(w, r, ir)
+		done, err := s.inflight.admit(r.Context())
+		if err != nil {
+			return err
+		}
+		defer done()
+		return quotaError(s.interceptor.ServeResponses(w, r, ir))
 	}
 	target.Proxy(w, r, req.body)
 	return nil

@@ -87,6 +87,7 @@ type server struct {
 	bodyTimeout time.Duration
 	now         func() time.Time
 	started     time.Time
+	inflight    *inflight // intercepted requests in progress (quota.go)
 }
 
 // New returns the proxy's HTTP handler. Every route is served both with and without the /v1 prefix.
@@ -106,6 +107,7 @@ func New(opts Options) http.Handler {
 		ready:       opts.Ready,
 		bodyTimeout: opts.BodyReadTimeout,
 		now:         opts.Now,
+		inflight:    &inflight{},
 	}
 	if s.log == nil {
 		s.log = zap.NewNop()

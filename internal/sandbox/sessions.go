@@ -140,6 +140,7 @@ type Sessions struct {
 	mu     sync.Mutex
 	live   map[string]*Container // by container id
 	dying  map[string]bool       // containers this process is deleting
+	quota  quotaBook             // containers by owner, creation buckets (quota.go)
 	closed bool
 
 	deletes  sync.WaitGroup // in-flight deletions and creations
@@ -160,6 +161,7 @@ type Container struct {
 	hostBound bool
 	created   time.Time
 	runMu     chan struct{} // one run at a time: Jupyter kernels run one cell at a time
+	slot      *quotaSlot    // its place in the quotas; nil for a container opened from its record
 
 	// Guarded by s.mu.
 	users        int // Create/Open calls not yet Released
@@ -304,6 +306,16 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	if closed {
 		return nil, fmt.Errorf("%w: shutting down", ErrUnavailable)
 	}
+	slot, err := s.admit(ctx, s.registry(ctx), owner)
+	if err != nil {
+		return nil, err
+	}
+	kept := false
+	defer func() {
+		if !kept {
+			slot.free()
+		}
+	}()
 	ent, ok := s.registry(ctx).entry(tool)
 	if !ok {
 		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", ErrUnavailable, tool)
@@ -344,7 +356,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	now := s.now()
 	c := &Container{
 		s: s, id: id, owner: owner, name: opts.Name, memory: opts.MemoryLimit, h: h, ent: ent,
-		hostBound: ent.HostBound, created: now, runMu: make(chan struct{}, 1),
+		hostBound: ent.HostBound, created: now, runMu: make(chan struct{}, 1), slot: slot,
 		users: 1, idle: idle, lastUse: now, backendUntil: now.Add(opts.Lifetime),
 		baseline: map[string]fileStamp{}, // a new sandbox's /mnt/data is empty
 	}
@@ -378,6 +390,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 		return nil, fmt.Errorf("sandbox tool %q: %w: recording the container: %w", tool, ErrUnavailable, err)
 	}
 	s.log.Debug("container created", zap.String("container", id), zap.String("tool", tool), zap.String("sandbox", h.ID))
+	kept = true
 	return c, nil
 }
 
@@ -733,6 +746,7 @@ func (s *Sessions) deleteSandbox(ctx context.Context, c *Container, why string) 
 	delete(s.dying, c.id)
 	s.mu.Unlock()
 	s.m.live.Dec()
+	c.slot.free()
 	s.releaseEntry(ctx, c.ent, h.Tool)
 	return !already
 }

@@ -122,6 +122,10 @@ func DefaultOptions() Options {
 		MaxProcesses: DefaultMaxProcesses,
 		PoolSize:     DefaultPoolSize,
 		ExecTimeout:  DefaultExecTimeout,
+		CPULimit:     DefaultCPULimit,
+		MaxOpenFiles: DefaultMaxOpenFiles,
+		UIDBase:      DefaultUIDBase,
+		UIDCount:     DefaultUIDCount,
 	}
 }
 

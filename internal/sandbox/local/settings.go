@@ -3,7 +3,10 @@ package local
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -13,7 +16,7 @@ import (
 
 // Keys are the litellm_params keys of a local sandbox tool (besides sandbox_provider).
 func Keys() []string {
-	return []string{"python", "memory_limit", "max_memory", "max_processes", "max_file_size", "max_disk_size", "pool_size", "work_dir"}
+	return []string{"python", "memory_limit", "max_memory", "max_processes", "max_file_size", "max_disk_size", "pool_size", "work_dir", "cpu_limit", "max_open_files", "uid_base", "uid_count"}
 }
 
 // DecodeSettings reads a local sandbox tool's litellm_params from p: every key it does not set keeps
@@ -48,6 +51,25 @@ func DecodeSettings(p *settings.Map) Options {
 		} else {
 			o.WorkDir = filepath.Clean(v.S)
 		}
+	}
+	if v := p.String("cpu_limit"); v.Present {
+		cpus, err := strconv.ParseFloat(strings.TrimSpace(v.S), 64)
+		if err != nil || cpus <= 0 || cpus > 1024 || math.IsNaN(cpus) {
+			p.Errorf(p.ValueLine("cpu_limit"), "%s: %s is not a number of CPUs above 0 (1 is one core, 0.5 half of one)", p.Key("cpu_limit"), v.Shown())
+		} else {
+			o.CPULimit = cpus
+		}
+	}
+	o.MaxOpenFiles = p.Int("max_open_files", o.MaxOpenFiles, 16)
+	if base := p.Int("uid_base", int(o.UIDBase), 1); base > math.MaxUint32 {
+		p.Errorf(p.ValueLine("uid_base"), "%s: must be at most %d", p.Key("uid_base"), uint32(math.MaxUint32))
+	} else {
+		o.UIDBase = uint32(base)
+	}
+	if count := p.Int("uid_count", int(o.UIDCount), uidBlock); uint64(o.UIDBase)+uint64(count) > math.MaxUint32 {
+		p.Errorf(p.ValueLine("uid_count"), "%s: uid_base + uid_count must be at most %d", p.Key("uid_count"), uint32(math.MaxUint32))
+	} else {
+		o.UIDCount = uint32(count)
 	}
 	return o
 }

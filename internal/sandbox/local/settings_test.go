@@ -1,6 +1,7 @@
 package local
 
 import (
+	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
@@ -43,5 +44,24 @@ func TestDecodeSettingsErrors(t *testing.T) {
 	const want = "c.yaml:1: p: memory_limit (1g) is larger than max_memory (512m)"
 	if err == nil || err.Error() != want {
 		t.Errorf("DecodeSettings(max_memory below the default memory_limit) error = %v; want %q", err, want)
+	}
+}
+
+func TestDecodeSettingsLimits(t *testing.T) {
+	o, err := decode(t, "{cpu_limit: 0.5, max_open_files: 64, uid_base: 200000, uid_count: 8192}")
+	if err != nil || o.CPULimit != 0.5 || o.MaxOpenFiles != 64 || o.UIDBase != 200000 || o.UIDCount != 8192 {
+		t.Errorf("DecodeSettings = %+v, %v", o, err)
+	}
+	for _, tc := range []struct{ src, want string }{
+		{"cpu_limit: 0", "c.yaml:1: p.cpu_limit"},
+		{"cpu_limit: many", "not a number of CPUs"},
+		{"max_open_files: 3", "must be at least 16"},
+		{"uid_base: 0", "must be at least 1"},
+		{"uid_count: 10", "must be at least 4096"},
+		{"{uid_base: 4294967000, uid_count: 4096}", "uid_base + uid_count must be at most"},
+	} {
+		if _, err := decode(t, tc.src); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("DecodeSettings(%s) error = %v; want %q", tc.src, err, tc.want)
+		}
 	}
 }
