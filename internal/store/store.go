@@ -105,35 +105,37 @@ type Responses interface {
 	DeleteResponse(ctx context.Context, id string) error
 }
 
-// Response is what a client-visible response id maps to.
+// Response is what a client-visible response id maps to. Its JSON form is how every
+// implementation persists it; the JSON the client received (Body, Input) is kept as it is.
 type Response struct {
-	ID    string
-	Owner string
+	ID    string `json:"id"`
+	Owner string `json:"owner"`
 	// UpstreamID is the id of the last upstream response of the loop.
-	UpstreamID string
+	UpstreamID string `json:"upstream_id,omitempty"`
 	// ContainerID is the cntr_ id of the container the response used ("" if none).
-	ContainerID string
+	ContainerID string `json:"container_id,omitempty"`
 	// Pending holds function_call_output items owed to the upstream when the conversation
 	// continues from UpstreamID.
-	Pending []json.RawMessage
+	Pending []json.RawMessage `json:"pending,omitempty"`
 	// Body is the final Response as the client received it (store: true); nil when not kept.
-	Body json.RawMessage
+	Body json.RawMessage `json:"body,omitempty"`
 	// Input is the JSON array of the response's input items, for input_items; nil when not kept.
-	Input     json.RawMessage
-	CreatedAt time.Time
+	Input     json.RawMessage `json:"input,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
 	// ExpiresAt is when the response is forgotten; zero means never.
-	ExpiresAt time.Time
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
 
-// Call is what the upstream saw of one code execution.
+// Call is what the upstream saw of one code execution. Its JSON form is how every implementation
+// persists it.
 type Call struct {
-	ID     string // the code_interpreter_call item id
-	Owner  string
-	CallID string // the upstream's call_id
-	Code   string
-	Output string // the function_call_output text the model was given
+	ID     string `json:"id"` // the code_interpreter_call item id
+	Owner  string `json:"owner"`
+	CallID string `json:"call_id"` // the upstream's call_id
+	Code   string `json:"code"`
+	Output string `json:"output"` // the function_call_output text the model was given
 	// ExpiresAt is when the call is forgotten; zero means never.
-	ExpiresAt time.Time
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
 
 // Containers is the container registry: what a cntr_ id stands for.

@@ -15,30 +15,6 @@ import (
 // noExpiry is the modification time of a record that never expires: later than any sweep.
 var noExpiry = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// responseRecord is responses/<id>.json. The JSON the client received is kept as it is, not
-// re-encoded.
-type responseRecord struct {
-	ID          string            `json:"id"`
-	Owner       string            `json:"owner"`
-	UpstreamID  string            `json:"upstream_id,omitempty"`
-	ContainerID string            `json:"container_id,omitempty"`
-	Pending     []json.RawMessage `json:"pending,omitempty"`
-	Body        json.RawMessage   `json:"body,omitempty"`
-	Input       json.RawMessage   `json:"input,omitempty"`
-	CreatedAt   time.Time         `json:"created_at"`
-	ExpiresAt   time.Time         `json:"expires_at,omitzero"`
-}
-
-// callRecord is calls/<id>.json.
-type callRecord struct {
-	ID        string    `json:"id"`
-	Owner     string    `json:"owner"`
-	CallID    string    `json:"call_id"`
-	Code      string    `json:"code"`
-	Output    string    `json:"output"`
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
-}
-
 func expired(at, now time.Time) bool { return !at.IsZero() && !now.Before(at) }
 
 func mtimeFor(at time.Time) time.Time {
@@ -71,17 +47,14 @@ func (s *Store) PutResponse(ctx context.Context, r store.Response, calls []store
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		rec := callRecord{ID: c.ID, Owner: c.Owner, CallID: c.CallID, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}
-		if err := s.writeRecord(dirCalls, c.ID, rec, cached, mtimeFor(c.ExpiresAt)); err != nil {
+		if err := s.writeRecord(dirCalls, c.ID, c, cached, mtimeFor(c.ExpiresAt)); err != nil {
 			return err
 		}
 	}
 	if r.CreatedAt.IsZero() {
 		r.CreatedAt = s.now()
 	}
-	rec := responseRecord{ID: r.ID, Owner: r.Owner, UpstreamID: r.UpstreamID, ContainerID: r.ContainerID, Pending: r.Pending,
-		Body: r.Body, Input: r.Input, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt}
-	return s.writeRecord(dirResponses, r.ID, rec, cached, mtimeFor(r.ExpiresAt))
+	return s.writeRecord(dirResponses, r.ID, r, cached, mtimeFor(r.ExpiresAt))
 }
 
 func (s *Store) openCheck() error {
@@ -107,21 +80,20 @@ func (s *Store) readTimed(dir, id string, v any, expiresAt func() time.Time) err
 
 // Response implements [store.Responses.Response].
 func (s *Store) Response(_ context.Context, id string) (store.Response, error) {
-	var r responseRecord
+	var r store.Response
 	if err := s.readTimed(dirResponses, id, &r, func() time.Time { return r.ExpiresAt }); err != nil {
 		return store.Response{}, err
 	}
-	return store.Response{ID: r.ID, Owner: r.Owner, UpstreamID: r.UpstreamID, ContainerID: r.ContainerID, Pending: r.Pending,
-		Body: r.Body, Input: r.Input, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt}, nil
+	return r, nil
 }
 
 // Call implements [store.Responses.Call].
 func (s *Store) Call(_ context.Context, id string) (store.Call, error) {
-	var c callRecord
+	var c store.Call
 	if err := s.readTimed(dirCalls, id, &c, func() time.Time { return c.ExpiresAt }); err != nil {
 		return store.Call{}, err
 	}
-	return store.Call{ID: c.ID, Owner: c.Owner, CallID: c.CallID, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}, nil
+	return c, nil
 }
 
 // DeleteResponse implements [store.Responses.DeleteResponse].

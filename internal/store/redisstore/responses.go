@@ -6,35 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ciproxy/ciproxy/internal/store"
 )
-
-// responseRecord is resp:<id>. The JSON the client received is kept as it is, not re-encoded.
-type responseRecord struct {
-	ID          string            `json:"id"`
-	Owner       string            `json:"owner"`
-	UpstreamID  string            `json:"upstream_id,omitempty"`
-	ContainerID string            `json:"container_id,omitempty"`
-	Pending     []json.RawMessage `json:"pending,omitempty"`
-	Body        json.RawMessage   `json:"body,omitempty"`
-	Input       json.RawMessage   `json:"input,omitempty"`
-	CreatedAt   time.Time         `json:"created_at"`
-	ExpiresAt   time.Time         `json:"expires_at,omitzero"`
-}
-
-// callRecord is call:<id>.
-type callRecord struct {
-	ID        string    `json:"id"`
-	Owner     string    `json:"owner"`
-	CallID    string    `json:"call_id"`
-	Code      string    `json:"code"`
-	Output    string    `json:"output"`
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
-}
 
 // safeNameRE is the shape of a response or call id: 1 to 128 letters, digits, '_' or '-' (the
 // embedded store's rule, so that both accept the same ids).
@@ -65,14 +41,13 @@ func (s *Store) PutResponse(ctx context.Context, r store.Response, calls []store
 	if r.CreatedAt.IsZero() {
 		r.CreatedAt = s.now().Round(0)
 	}
-	rb, err := json.Marshal(responseRecord{ID: r.ID, Owner: r.Owner, UpstreamID: r.UpstreamID, ContainerID: r.ContainerID,
-		Pending: r.Pending, Body: r.Body, Input: r.Input, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt})
+	rb, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("%w: encoding response %s: %w", store.ErrInvalid, r.ID, err)
 	}
 	cbs := make([][]byte, len(calls))
 	for i, c := range calls {
-		if cbs[i], err = json.Marshal(callRecord{ID: c.ID, Owner: c.Owner, CallID: c.CallID, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}); err != nil {
+		if cbs[i], err = json.Marshal(c); err != nil {
 			return fmt.Errorf("%w: encoding call %s: %w", store.ErrInvalid, c.ID, err)
 		}
 	}
@@ -109,7 +84,7 @@ func (s *Store) Response(ctx context.Context, id string) (store.Response, error)
 	if err := s.checkOpen(); err != nil {
 		return store.Response{}, err
 	}
-	var r responseRecord
+	var r store.Response
 	if !safeName(id) {
 		return store.Response{}, fmt.Errorf("response %q: %w", id, store.ErrNotFound)
 	}
@@ -119,8 +94,7 @@ func (s *Store) Response(ctx context.Context, id string) (store.Response, error)
 	if expiredMs(atMs(r.ExpiresAt), s.nowMs()) {
 		return store.Response{}, fmt.Errorf("response %s: %w", id, store.ErrNotFound)
 	}
-	return store.Response{ID: r.ID, Owner: r.Owner, UpstreamID: r.UpstreamID, ContainerID: r.ContainerID, Pending: r.Pending,
-		Body: r.Body, Input: r.Input, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt}, nil
+	return r, nil
 }
 
 // Call implements [store.Responses.Call].
@@ -128,7 +102,7 @@ func (s *Store) Call(ctx context.Context, id string) (store.Call, error) {
 	if err := s.checkOpen(); err != nil {
 		return store.Call{}, err
 	}
-	var c callRecord
+	var c store.Call
 	if !safeName(id) {
 		return store.Call{}, fmt.Errorf("call %q: %w", id, store.ErrNotFound)
 	}
@@ -138,7 +112,7 @@ func (s *Store) Call(ctx context.Context, id string) (store.Call, error) {
 	if expiredMs(atMs(c.ExpiresAt), s.nowMs()) {
 		return store.Call{}, fmt.Errorf("call %s: %w", id, store.ErrNotFound)
 	}
-	return store.Call{ID: c.ID, Owner: c.Owner, CallID: c.CallID, Code: c.Code, Output: c.Output, ExpiresAt: c.ExpiresAt}, nil
+	return c, nil
 }
 
 // DeleteResponse implements [store.Responses.DeleteResponse].
