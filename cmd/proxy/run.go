@@ -234,7 +234,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		_ = store.Close(context.Background())
 		return err
 	}
-	engine := intercept.New(intercept.Options{Sessions: sessions, Logger: log, Metrics: reg})
+	engine := intercept.New(intercept.Options{Sessions: sessions, Files: state, Logger: log, Metrics: reg})
 	client := upstream.NewClient(upstream.ClientOptions{Logger: log, Metrics: upstream.NewMetrics(reg)})
 
 	var draining atomic.Bool
