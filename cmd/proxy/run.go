@@ -293,6 +293,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	engine := intercept.New(intercept.Options{
 		Sessions: sessions,
 		Store:    intercept.OnStore(state, 0, nil),
+		Files:    state,
 		Logger:   log,
 		Metrics:  reg,
 	})

@@ -1,22 +1,65 @@
 package intercept
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 // containers is what the loop needs of sandbox.Sessions: containers by owner, created, opened and
-// released. Tests that run no code fake it.
+// released, and the files of a held container. Tests that run no code fake it.
 type containers interface {
 	Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, idle time.Duration) (runner, error)
 	Open(ctx context.Context, id, owner string) (runner, error)
 	Release(ctx context.Context, c runner, idle time.Duration)
+
+	// PlaceFiles puts files into owner's container c's /mnt/data, each under its name made
+	// unique against the files already there, records them as container files (source "user")
+	// and returns the records in the order of files. A file placed in c before from the same
+	// Files API id, or the same inline bytes and name, and still there, is not placed again: its
+	// record is returned. An error about one of the files is a *placeError naming it, wrapping
+	// the sandbox's reason (sandbox.ErrFileTooLarge, ErrContainerFull, ErrTooManyFiles,
+	// ErrNotFound for a Files API file gone meanwhile, ...).
+	PlaceFiles(ctx context.Context, c runner, owner string, files []placement, lim sandbox.ContainerLimits) ([]store.ContainerFile, error)
+	// Execute runs code in c, then records the regular files the execution created or changed
+	// under /mnt/data as container files (source "assistant"). res and err are the run's, except
+	// that an execution whose files alone could not be collected returns its result and an
+	// error wrapping errCollect.
+	Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim sandbox.ContainerLimits) (res sandbox.Result, written sandbox.Outputs, err error)
+	// ContainerFiles returns the files recorded for owner's container c.
+	ContainerFiles(ctx context.Context, c runner, owner string) ([]store.ContainerFile, error)
+}
+
+// errCollect: an execution ran, but the files it wrote could not be collected.
+var errCollect = errors.New("collecting the files an execution wrote")
+
+// placeError is PlaceFiles' error about one of its files: files[Index].
+type placeError struct {
+	Index int
+	Err   error
+}
+
+func (e *placeError) Error() string { return fmt.Sprintf("file %d: %v", e.Index, e.Err) }
+func (e *placeError) Unwrap() error { return e.Err }
+
+// placement is one file a request puts into its container before code runs: a Files API file
+// of the caller, or bytes the input carried inline.
+type placement struct {
+	Name   string // the file's name, one safe path element (filename.Clean)
+	FileID string // the caller's Files API file; "" for inline bytes
+	Data   []byte // the inline bytes (FileID "")
 }
 
 // runner is one held container.
@@ -26,7 +69,12 @@ type runner interface {
 }
 
 // sessions adapts *sandbox.Sessions to containers.
-type sessions struct{ s *sandbox.Sessions }
+type sessions struct {
+	s      *sandbox.Sessions
+	placed *placedFiles
+}
+
+func adaptSessions(s *sandbox.Sessions) sessions { return sessions{s: s, placed: newPlacedFiles()} }
 
 // created is a container this engine's request created: released with idle 0 (its id never
 // reached anyone), it is discarded, whatever idle timeout it was created with. Any other
@@ -63,6 +111,138 @@ func (a sessions) Release(ctx context.Context, c runner, idle time.Duration) {
 	}
 }
 
+// held returns the sandbox container behind a runner this adapter returned.
+func held(c runner) *sandbox.Container {
+	switch c := c.(type) {
+	case created:
+		return c.Container
+	case *sandbox.Container:
+		return c
+	}
+	return nil
+}
+
+func (a sessions) PlaceFiles(ctx context.Context, c runner, owner string, files []placement, lim sandbox.ContainerLimits) ([]store.ContainerFile, error) {
+	sc := held(c)
+	if sc == nil {
+		return nil, fmt.Errorf("%w: not a sandbox container", sandbox.ErrUnavailable)
+	}
+	out := make([]store.ContainerFile, len(files))
+	keys := make([]string, len(files))
+	var ids []string
+	var idAt []int
+	for i, p := range files {
+		keys[i] = placedKey(sc.ID(), p)
+		if id, ok := a.placed.get(keys[i]); ok {
+			if rec, err := a.s.File(ctx, owner, sc.ID(), id); err == nil {
+				out[i] = rec
+				continue
+			}
+		}
+		if p.FileID != "" {
+			ids = append(ids, p.FileID)
+			idAt = append(idAt, i)
+		}
+	}
+	if len(ids) > 0 {
+		recs, err := sc.PlaceFiles(ctx, ids, lim)
+		var fe *sandbox.FileError
+		switch {
+		case errors.As(err, &fe) && fe.Index >= 0 && fe.Index < len(idAt):
+			return nil, &placeError{Index: idAt[fe.Index], Err: fe.Err}
+		case err != nil:
+			return nil, err
+		case len(recs) != len(ids):
+			return nil, fmt.Errorf("%w: %d files placed for %d ids", sandbox.ErrUnavailable, len(recs), len(ids))
+		}
+		for j, rec := range recs {
+			out[idAt[j]] = rec
+			a.placed.put(keys[idAt[j]], rec.ID)
+		}
+	}
+	for i, p := range files {
+		if p.FileID != "" || out[i].ID != "" {
+			continue
+		}
+		rec, err := sc.AddFile(ctx, p.Name, bytes.NewReader(p.Data), lim)
+		if err != nil {
+			return nil, &placeError{Index: i, Err: err}
+		}
+		out[i] = rec
+		a.placed.put(keys[i], rec.ID)
+	}
+	return out, nil
+}
+
+func (a sessions) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim sandbox.ContainerLimits) (sandbox.Result, sandbox.Outputs, error) {
+	sc := held(c)
+	if sc == nil {
+		res, err := c.Run(ctx, code, opts)
+		return res, sandbox.Outputs{}, err
+	}
+	res, out, err := sc.Execute(ctx, code, opts, lim)
+	if errors.Is(err, sandbox.ErrCollect) {
+		err = fmt.Errorf("%w: %w", errCollect, err)
+	}
+	return res, out, err
+}
+
+func (a sessions) ContainerFiles(ctx context.Context, c runner, owner string) ([]store.ContainerFile, error) {
+	l, err := a.s.Files(ctx, owner, c.ID(), store.ContainerFileQuery{Page: store.Page{Order: store.Asc}})
+	if err != nil {
+		return nil, err
+	}
+	return l.Items, nil
+}
+
+// placedFiles remembers which container file each placement became, so that a file placed again
+// in the same container (a stateless client resending its input_file, a tool resending its
+// file_ids each turn) is not copied again under another name. It is this process's memory,
+// bounded: a file placed by another replica, or before a restart, is placed again.
+type placedFiles struct {
+	mu    sync.Mutex
+	ids   map[string]string // placedKey → cfile id
+	order []string          // keys, oldest first
+}
+
+// maxPlacedMemory bounds placedFiles.
+const maxPlacedMemory = 1 << 16
+
+func newPlacedFiles() *placedFiles { return &placedFiles{ids: map[string]string{}} }
+
+// placedKey names a placement in a container: its Files API id, or a digest of its name and
+// inline bytes.
+func placedKey(container string, p placement) string {
+	if p.FileID != "" {
+		return container + "\x00id\x00" + p.FileID
+	}
+	h := sha256.New()
+	h.Write([]byte(p.Name))
+	h.Write([]byte{0})
+	h.Write(p.Data)
+	return container + "\x00data\x00" + hex.EncodeToString(h.Sum(nil))
+}
+
+func (m *placedFiles) get(key string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id, ok := m.ids[key]
+	return id, ok
+}
+
+func (m *placedFiles) put(key, id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.ids[key]; !ok {
+		m.order = append(m.order, key)
+	}
+	m.ids[key] = id
+	for len(m.order) > maxPlacedMemory {
+		delete(m.ids, m.order[0])
+		m.order = m.order[1:]
+	}
+}
+
 // noSessions is the containers of an Engine without Sessions: nothing can be created.
 type noSessions struct{}
 
@@ -75,6 +255,18 @@ func (noSessions) Open(context.Context, string, string) (runner, error) {
 }
 
 func (noSessions) Release(context.Context, runner, time.Duration) {}
+
+func (noSessions) PlaceFiles(context.Context, runner, string, []placement, sandbox.ContainerLimits) ([]store.ContainerFile, error) {
+	return nil, sandbox.ErrNotFound
+}
+
+func (noSessions) Execute(context.Context, runner, string, sandbox.RunOptions, sandbox.ContainerLimits) (sandbox.Result, sandbox.Outputs, error) {
+	return sandbox.Result{}, sandbox.Outputs{}, sandbox.ErrNotFound
+}
+
+func (noSessions) ContainerFiles(context.Context, runner, string) ([]store.ContainerFile, error) {
+	return nil, nil
+}
 
 // containerFuture is the request's container, opened or being created.
 type containerFuture struct {
@@ -136,9 +328,11 @@ func (r *run) startContainer(ctx context.Context) *apierror.Error {
 	f.cancel = cancel
 	go func() {
 		defer close(f.done)
-		if prev := r.req.prevContainer; prev != "" {
-			// A conversation keeps its container while it lives.
-			if c, err := r.e.sessions.Open(cctx, prev, r.caller); err == nil {
+		// A conversation keeps its container while it lives: the latest one its context used
+		// (through previous_response_id or the call items sent back) that is still there.
+		ctxs := r.req.contextContainers
+		for i := len(ctxs) - 1; i >= 0 && i >= len(ctxs)-maxReuseTries; i-- {
+			if c, err := r.e.sessions.Open(cctx, ctxs[i], r.caller); err == nil {
 				f.c = c
 				return
 			}
@@ -161,6 +355,32 @@ func (r *run) handContainer(ctx context.Context) error {
 		return sandboxUnavailable(err)
 	}
 	r.tr.setContainer(c.ID())
+	if r.cont.created {
+		r.tr.setAllFiles(nil) // a new container holds only what this request placed and collects
+	}
+	return nil
+}
+
+// handFiles gives the translator every file of the container, when a message links a file the
+// request has not seen (one written in an earlier turn). Without a container there is none.
+func (r *run) handFiles(ctx context.Context) error {
+	c, err := r.cont.get(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.tr.setAllFiles(nil)
+		return nil
+	}
+	files, err := r.e.sessions.ContainerFiles(ctx, c, r.caller)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.e.m.sandboxErr.WithLabelValues("files").Inc()
+		r.e.log.Warn("listing the container's files failed; its links are not cited", zap.Error(err))
+	}
+	r.tr.setAllFiles(files)
 	return nil
 }
 
@@ -185,6 +405,10 @@ func (r *run) releaseContainer(ctx context.Context) {
 		r.e.sessions.Release(rctx, f.c, idle)
 	}
 }
+
+// maxReuseTries bounds how many of the context's containers an auto container tries to reopen
+// (each try may ask the backend) before it creates one.
+const maxReuseTries = 4
 
 // errNoContainer is the container of a request without a code_interpreter tool.
 var errNoContainer = errors.New("the request has no code_interpreter tool")

@@ -21,7 +21,7 @@ func TestSessionsAdapterRelease(t *testing.T) {
 	}
 	sess := newSessions(t, reg)
 	defer sess.Close(context.Background())
-	a := sessions{sess}
+	a := adaptSessions(sess)
 	ctx := context.Background()
 
 	made, err := a.Create(ctx, "local", "alice", sandbox.CreateOptions{}, 20*time.Minute)

@@ -2,16 +2,18 @@
 // function calling. A request travels one pipeline, each stage in its own file:
 //
 //	request.go     the client's body, parsed once into a value (tools, tool_choice, include,
-//	               input, container) without I/O, then resolved against the store (what a
+//	               input, container, files) without I/O, then resolved against the store (what a
 //	               previous_response_id or a replayed call stands for); rewrite.go builds each
-//	               upstream body from it
+//	               upstream body from it; files.go checks the files it names and places them
+//	               in the container before the first upstream call
 //	loop.go        the agentic loop, which with resolve is the only I/O: the upstream, through
 //	               the Responses seam (upstream.ResponsesAPI); the container (containers.go,
 //	               execution.go); the response store (store.go)
 //	translate.go   the pure translator: upstream events in, client events out, each call
 //	               ending with a typed outcome; response.go assembles the client's Response,
 //	               errors.go the error details, usage.go the summed usage, wire.go the
-//	               objects the proxy mints
+//	               objects the proxy mints, citations.go the container_file_citation
+//	               annotations of the assistant's text
 //	render_*.go    one event stream, rendered as server-sent events or as one JSON Response
 //
 // Both renderings consume the same events, so a stream's response.completed carries the Response
@@ -75,6 +77,9 @@ type Options struct {
 	// Store maps the response ids the engine mints to what continuing them needs; nil: a
 	// MemoryStore with its default TTL.
 	Store Store
+	// Files are the Files API's files, which container.file_ids and input_file parts name;
+	// nil: none exist.
+	Files FileStore
 }
 
 // Engine serves intercepted /v1/responses requests. It is safe for concurrent use; each request
@@ -85,11 +90,12 @@ type Engine struct {
 	m        *metrics
 	now      func() time.Time
 	store    Store
+	files    FileStore
 }
 
 // New returns an Engine.
 func New(opts Options) *Engine {
-	e := &Engine{log: opts.Logger, now: opts.Now, store: opts.Store, m: newMetrics(opts.Metrics)}
+	e := &Engine{log: opts.Logger, now: opts.Now, store: opts.Store, files: opts.Files, m: newMetrics(opts.Metrics)}
 	if e.log == nil {
 		e.log = zap.NewNop()
 	}
@@ -100,7 +106,7 @@ func New(opts Options) *Engine {
 		e.store = NewMemoryStore(0, e.now)
 	}
 	if opts.Sessions != nil {
-		e.sessions = sessions{opts.Sessions}
+		e.sessions = adaptSessions(opts.Sessions)
 	} else {
 		e.sessions = noSessions{}
 	}
@@ -165,6 +171,10 @@ func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Req
 		e.m.requests.WithLabelValues(result).Inc()
 		return aerr
 	}
+	if err := req.findFiles(ctx, e.files, caller); err != nil {
+		e.m.requests.WithLabelValues("client_error").Inc()
+		return err
+	}
 	var rend renderer
 	if req.stream {
 		rend = newSSERenderer(w, e.log)
@@ -173,6 +183,7 @@ func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Req
 	}
 	r := e.newRun(ic, ic.SandboxToolName, in.Upstream, caller, upstreamHeader(hr.Header, req.stream), req, rend.emit, nil)
 	r.stateless = in.Stateless
+	r.lim = containerLimits(in.Config)
 
 	result := "completed"
 	defer func() {

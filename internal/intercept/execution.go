@@ -103,6 +103,37 @@ func describe(res sandbox.Result, runErr error, timeout time.Duration, limit int
 	return ex
 }
 
+// maxWrittenLines bounds the files an execution's output lists for the model.
+const maxWrittenLines = 20
+
+// withWrittenFiles appends to what the model is told of an execution the files it created or
+// changed under /mnt/data, with the link that cites each, and those the container could not keep.
+func withWrittenFiles(model string, out sandbox.Outputs) string {
+	files := out.Files
+	if len(files) == 0 && len(out.Skipped) == 0 {
+		return model
+	}
+	lines := make([]string, 0, min(len(files), maxWrittenLines)+2)
+	for i, f := range files {
+		if i == maxWrittenLines {
+			lines = append(lines, fmt.Sprintf("[%d more files written under /mnt/data]", len(files)-i))
+			break
+		}
+		lines = append(lines, fmt.Sprintf("[file written: %s (%d bytes); link it as sandbox:%s]", f.Path, f.Bytes, f.Path))
+	}
+	for i, p := range out.Skipped {
+		if i == maxWrittenLines {
+			lines = append(lines, fmt.Sprintf("[%d more files over the container's limits]", len(out.Skipped)-i))
+			break
+		}
+		lines = append(lines, "[file over the container's limits, not available to the user: "+sandbox.DataDir+"/"+p+"]")
+	}
+	if model == "[no output]" {
+		model = ""
+	}
+	return joinLines(append([]string{model}, lines...)...)
+}
+
 // runFailure is the client- and model-visible reason for a failed Run: never the internal error.
 func runFailure(err error) string {
 	switch {

@@ -2,12 +2,18 @@ package intercept
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"path"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 // fakeContainers is containers without a sandbox, for the tests whose subject is the engine, not
@@ -23,16 +29,28 @@ type fakeContainers struct {
 	codes []string // every code run, in order
 	// run answers an execution; nil: nothing printed, nothing returned.
 	run func(ctx context.Context, code string) (sandbox.Result, error)
+	// writes returns the files an execution writes; nil: none.
+	writes  func(code string) map[string]string
+	stored  map[string]string // Files API file id → content, for PlaceFiles
+	maxFile int64             // the largest file PlaceFiles takes; 0: any
+	nfiles  int
+	placed  int
 }
 
 type fakeBox struct {
 	f     *fakeContainers
 	id    string
 	owner string
+
+	// Guarded by f.mu. fs is /mnt/data; seen what the last collection (or placement) saw of
+	// each file; origins the file placed from each origin.
+	fs      map[string]*fakeFile
+	seen    map[string]string
+	origins map[string]string
 }
 
 func newFakeContainers(tool string) *fakeContainers {
-	return &fakeContainers{tool: tool, boxes: map[string]*fakeBox{}}
+	return &fakeContainers{tool: tool, boxes: map[string]*fakeBox{}, stored: map[string]string{}}
 }
 
 func (f *fakeContainers) Create(ctx context.Context, tool, owner string, _ sandbox.CreateOptions, _ time.Duration) (runner, error) {
@@ -104,6 +122,17 @@ func (b *fakeBox) Run(ctx context.Context, code string, _ sandbox.RunOptions) (s
 	f.mu.Lock()
 	f.codes = append(f.codes, code)
 	run := f.run
+	if f.writes != nil {
+		if _, err := f.box(b); err == nil {
+			for rel, data := range f.writes(code) {
+				if ff, ok := b.fs[rel]; ok {
+					ff.data = []byte(data)
+				} else {
+					b.fs[rel] = &fakeFile{data: []byte(data)}
+				}
+			}
+		}
+	}
 	f.mu.Unlock()
 	if run == nil {
 		return sandbox.Result{ExecutionCount: 1}, nil
@@ -112,3 +141,178 @@ func (b *fakeBox) Run(ctx context.Context, code string, _ sandbox.RunOptions) (s
 }
 
 var _ containers = (*fakeContainers)(nil)
+
+// The fake's files: each box keeps a /mnt/data in memory, placed files are recorded as the
+// Sessions' contract says (names made unique, a file placed again from the same origin not
+// written again), and CollectFiles finds what changed since the last collection.
+
+type fakeFile struct {
+	data []byte
+	rec  store.ContainerFile
+}
+
+// setWrites makes every execution from now on write the files writes returns (path relative to
+// /mnt/data → content), as code that saves files would.
+func (f *fakeContainers) setWrites(writes func(code string) map[string]string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.writes = writes
+}
+
+// fileData returns the content of a file in container id, as the code would read it.
+func (f *fakeContainers) fileData(id, rel string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.boxes[id]
+	if !ok {
+		return "", false
+	}
+	ff, ok := b.fs[rel]
+	return string(ff.data), ok
+}
+
+// onlyBox returns the id of the one live container ("" unless there is exactly one).
+func (f *fakeContainers) onlyBox() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.boxes) != 1 {
+		return ""
+	}
+	for id := range f.boxes {
+		return id
+	}
+	return ""
+}
+
+// placements returns how many files were written by PlaceFiles.
+func (f *fakeContainers) placements() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.placed
+}
+
+func (f *fakeContainers) box(c runner) (*fakeBox, error) {
+	b, ok := f.boxes[c.ID()]
+	if !ok {
+		return nil, fmt.Errorf("%w: container %s", sandbox.ErrNotFound, c.ID())
+	}
+	if b.fs == nil {
+		b.fs = map[string]*fakeFile{}
+		b.origins = map[string]string{}
+		b.seen = map[string]string{}
+	}
+	return b, nil
+}
+
+func (f *fakeContainers) newFileID() string {
+	f.nfiles++
+	return fmt.Sprintf("cfile_fake%d", f.nfiles)
+}
+
+func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, _ string, files []placement, _ sandbox.ContainerLimits) ([]store.ContainerFile, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, err := f.box(c)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]store.ContainerFile, 0, len(files))
+	for _, p := range files {
+		data := p.Data
+		origin := "file:" + p.FileID
+		if p.FileID != "" {
+			d, ok := f.stored[p.FileID]
+			if !ok {
+				return nil, fmt.Errorf("%w: no file %s", store.ErrNotFound, p.FileID)
+			}
+			data = []byte(d)
+		} else {
+			sum := sha256.Sum256(append([]byte(p.Name+"\x00"), data...))
+			origin = "data:" + hex.EncodeToString(sum[:])
+		}
+		if int64(len(data)) > f.maxFile && f.maxFile > 0 {
+			return nil, &placeError{Index: len(out), Err: fmt.Errorf("%w: %s", sandbox.ErrFileTooLarge, p.Name)}
+		}
+		if rel, ok := b.origins[origin]; ok {
+			out = append(out, b.fs[rel].rec)
+			continue
+		}
+		rel := p.Name
+		ext := path.Ext(rel)
+		for n := 1; b.fs[rel] != nil; n++ {
+			rel = fmt.Sprintf("%s (%d)%s", strings.TrimSuffix(p.Name, ext), n, ext)
+		}
+		rec := store.ContainerFile{ID: f.newFileID(), ContainerID: b.id, Owner: b.owner, Path: sandbox.DataDir + "/" + rel, Bytes: int64(len(data)), Source: "user"}
+		b.fs[rel] = &fakeFile{data: data, rec: rec}
+		b.origins[origin] = rel
+		b.seen[rel] = string(data)
+		f.placed++
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+func (f *fakeContainers) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, _ sandbox.ContainerLimits) (sandbox.Result, sandbox.Outputs, error) {
+	res, err := c.Run(ctx, code, opts)
+	if err != nil {
+		return res, sandbox.Outputs{}, err
+	}
+	written, err := f.collect(c)
+	if err != nil {
+		return res, sandbox.Outputs{}, fmt.Errorf("%w: %w", errCollect, err)
+	}
+	return res, sandbox.Outputs{Files: written}, nil
+}
+
+// collect finds what changed in c's /mnt/data since the last collection or placement.
+func (f *fakeContainers) collect(c runner) ([]store.ContainerFile, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, err := f.box(c)
+	if err != nil {
+		return nil, err
+	}
+	var rels []string
+	for rel, ff := range b.fs {
+		if old, ok := b.seen[rel]; !ok || old != string(ff.data) {
+			rels = append(rels, rel)
+		}
+	}
+	sort.Strings(rels)
+	out := make([]store.ContainerFile, 0, len(rels))
+	for _, rel := range rels {
+		ff := b.fs[rel]
+		ff.rec = store.ContainerFile{ID: f.newFileID(), ContainerID: b.id, Owner: b.owner, Path: sandbox.DataDir + "/" + rel, Bytes: int64(len(ff.data)), Source: "assistant"}
+		b.seen[rel] = string(ff.data)
+		out = append(out, ff.rec)
+	}
+	return out, nil
+}
+
+func (f *fakeContainers) ContainerFiles(_ context.Context, c runner, _ string) ([]store.ContainerFile, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, err := f.box(c)
+	if err != nil {
+		return nil, err
+	}
+	var out []store.ContainerFile
+	for rel, ff := range b.fs {
+		if _, ok := b.seen[rel]; ok {
+			out = append(out, ff.rec)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, nil
+}
+
+// fakeFiles is a FileStore of caller → file id → name.
+type fakeFiles map[string]map[string]store.File
+
+func (ff fakeFiles) File(_ context.Context, owner, id string) (store.File, error) {
+	f, ok := ff[owner][id]
+	if !ok {
+		return store.File{}, store.ErrNotFound
+	}
+	return f, nil
+}

@@ -43,6 +43,7 @@ type harness struct {
 	cfg   *config.Config
 	eng   *Engine
 	sess  *sandbox.Sessions // real sessions (withLocal, withE2B); nil with the fake
+	state *embedded.Store   // their store, which holds the Files API's files too
 	fake  *fakeContainers   // the fake containers; nil with real sessions
 	srv   *httptest.Server
 	store *MemoryStore
@@ -144,8 +145,9 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h.sess = newSessions(t, reg)
-		h.eng = New(Options{Sessions: h.sess, Store: h.store, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
+		h.state = newState(t)
+		h.sess = sessionsOn(t, reg, h.state)
+		h.eng = New(Options{Sessions: h.sess, Store: h.store, Files: h.state, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
 	default:
 		h.fake = newFakeContainers("local")
 		h.eng = New(Options{Store: h.store, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
@@ -182,11 +184,23 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 // at the end of the test (after the Sessions, whose Close the caller arranges first).
 func newSessions(tb testing.TB, reg *sandbox.Registry) *sandbox.Sessions {
 	tb.Helper()
+	return sessionsOn(tb, reg, newState(tb))
+}
+
+// newState is an embedded store in a temporary directory, closed at the end of the test.
+func newState(tb testing.TB) *embedded.Store {
+	tb.Helper()
 	st, err := embedded.Open(embedded.Options{Dir: tb.TempDir(), SweepEvery: -1})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+// sessionsOn is Sessions on reg over st.
+func sessionsOn(tb testing.TB, reg *sandbox.Registry, st *embedded.Store) *sandbox.Sessions {
+	tb.Helper()
 	s, err := sandbox.NewSessions(context.Background(), sandbox.SessionOptions{Store: st, Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
 	if err != nil {
 		tb.Fatal(err)

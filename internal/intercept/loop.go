@@ -32,8 +32,9 @@ type run struct {
 	emit   func(Event) error
 
 	cont        *containerFuture
-	encrypted   bool // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
-	stateless   bool // the upstream keeps nothing: the stored response keeps the conversation
+	lim         sandbox.ContainerLimits // what the container's files may take
+	encrypted   bool                    // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
+	stateless   bool                    // the upstream keeps nothing: the stored response keeps the conversation
 	executions  int
 	iterations  int
 	outputUsed  int64 // bytes of execution output so far (limits.go)
@@ -60,6 +61,9 @@ func (e *Engine) newRun(ic config.Interception, tool string, api upstream.Respon
 // every call in the container, and emits the client events as it goes. The terminal event is
 // emitted here; an error return means none was (the caller renders the error).
 func (r *run) loop(ctx context.Context) error {
+	if err := r.placeFiles(ctx); err != nil {
+		return err
+	}
 	var turns [][]byte
 	none := false
 	for call := 0; ; call++ {
@@ -105,7 +109,7 @@ func (r *run) loop(ctx context.Context) error {
 				return err
 			}
 			outputs = append(outputs, functionOutput(c.callID, ex.model))
-			r.stored[c.ciID] = StoredCall{Owner: r.caller, CallID: c.callID, Code: c.code, Output: ex.model}
+			r.stored[c.ciID] = StoredCall{Owner: r.caller, ContainerID: r.tr.container, CallID: c.callID, Code: c.code, Output: ex.model}
 		}
 		if stop || r.tr.clientCalls() {
 			// The client's own function is the client's to run: return with its call; ours are
@@ -143,7 +147,7 @@ func (r *run) complete(ctx context.Context, turns, pending [][]byte) error {
 		r.cont.stored = true
 	}
 	if r.req.store {
-		sr.Body = ev.Response
+		sr.Body = r.tr.storedResponse(ev.Response)
 		sr.Input = inputList(r.req.raw, r.tr.mint)
 	}
 	if r.stateless {
@@ -177,11 +181,20 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 	}
 	r.executions++
 	start := r.e.now()
-	res, runErr := box.Run(ctx, c.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout})
+	// What the code writes in /mnt/data becomes container files, which the model is told of so
+	// it can link them, and the citations know.
+	res, written, runErr := r.e.sessions.Execute(ctx, box, c.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout}, r.lim)
 	if ctx.Err() != nil {
 		return execution{}, ctx.Err()
 	}
+	if errors.Is(runErr, errCollect) {
+		r.e.m.sandboxErr.WithLabelValues("files").Inc()
+		r.e.log.Warn("finding the files an execution wrote failed", zap.Error(runErr))
+		runErr = nil
+	}
 	ex := r.charge(describe(res, runErr, r.ic.ExecutionTimeout, r.ic.ModelOutputLimit))
+	ex.model = withWrittenFiles(ex.model, written)
+	r.tr.addFiles(written.Files, true)
 	r.e.m.executions.WithLabelValues(ex.status).Inc()
 	r.e.m.execTime.WithLabelValues(ex.status).Observe(r.e.now().Sub(start).Seconds())
 	if runErr != nil && !errors.Is(runErr, sandbox.ErrTimeout) {
@@ -229,6 +242,12 @@ func (r *run) callUpstream(ctx context.Context, body []byte) error {
 		evs, err := r.tr.event(data)
 		if errors.Is(err, errNeedContainer) {
 			if err := r.handContainer(ctx); err != nil {
+				return err
+			}
+			evs, err = r.tr.event(data)
+		}
+		if errors.Is(err, errNeedFiles) {
+			if err := r.handFiles(ctx); err != nil {
 				return err
 			}
 			evs, err = r.tr.event(data)

@@ -55,7 +55,7 @@ func (s *onStore) Call(ctx context.Context, id string) (StoredCall, bool, error)
 	case err != nil:
 		return StoredCall{}, false, err
 	}
-	return StoredCall{Owner: c.Owner, CallID: c.CallID, Code: c.Code, Output: c.Output}, true, nil
+	return StoredCall{Owner: c.Owner, ContainerID: c.ContainerID, CallID: c.CallID, Code: c.Code, Output: c.Output}, true, nil
 }
 
 func (s *onStore) Put(ctx context.Context, id string, r StoredResponse, calls map[string]StoredCall) error {
@@ -67,7 +67,11 @@ func (s *onStore) Put(ctx context.Context, id string, r StoredResponse, calls ma
 	}
 	recs := make([]store.Call, 0, len(calls))
 	for cid, c := range calls {
-		recs = append(recs, store.Call{ID: cid, Owner: c.Owner, CallID: c.CallID, ContainerID: r.ContainerID,
+		container := c.ContainerID
+		if container == "" {
+			container = r.ContainerID
+		}
+		recs = append(recs, store.Call{ID: cid, Owner: c.Owner, CallID: c.CallID, ContainerID: container,
 			Code: c.Code, Output: c.Output, ExpiresAt: exp})
 	}
 	return s.rs.PutResponse(ctx, rec, recs)

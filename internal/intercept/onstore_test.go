@@ -29,7 +29,7 @@ func TestOnStore(t *testing.T) {
 	sr := StoredResponse{Owner: "alice", UpstreamID: "up_1", ContainerID: "cntr_1",
 		Pending: [][]byte{[]byte(`{"type":"function_call_output","call_id":"c","output":"1"}`)}, Body: []byte(`{"id":"resp_1"}`),
 		Input: []byte(`[{"id":"msg_1","type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}]`)}
-	calls := map[string]StoredCall{"ci_1": {Owner: "alice", CallID: "call_1", Code: "1+1", Output: "2"}}
+	calls := map[string]StoredCall{"ci_1": {Owner: "alice", ContainerID: "cntr_1", CallID: "call_1", Code: "1+1", Output: "2"}}
 	if err := s.Put(ctx, "resp_1", sr, calls); err != nil {
 		t.Fatal(err)
 	}

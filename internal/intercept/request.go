@@ -3,6 +3,7 @@ package intercept
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -22,7 +23,8 @@ const (
 
 // parsedRequest is one intercepted /v1/responses request, parsed once: the client's bytes, kept
 // unmodified, and what the loop derives from them. Every upstream body is built from base, itself
-// built from raw (rewrite.go). parseRequest and resolve build it; nothing changes it after.
+// built from raw (rewrite.go). parseRequest, resolve and findFiles build it, and placed completes
+// it with where its files went before the first upstream call; nothing changes it after.
 type parsedRequest struct {
 	raw  []byte // the client's body; never modified
 	base []byte // raw with tools, include and previous_response_id rewritten
@@ -48,8 +50,15 @@ type parsedRequest struct {
 	// its calls shown, never run.
 	noCode bool
 
-	container     containerSpec
-	prevContainer string // container of the previous response in a chain, reused while it lives
+	container containerSpec
+	// contextContainers are the containers the conversation used so far, oldest first: the
+	// previous response's, then those of the code_interpreter_call items in the input. An auto
+	// container reuses the latest one still live.
+	contextContainers []string
+	// files are what the request puts into its container before code runs: the tool's
+	// container.file_ids, then the input's input_file parts (files.go).
+	files        []wantedFile
+	standInIndex int // the stand-in function's index in base's tools; -1 without one
 
 	// Client values echoed in the Response (raw JSON; nil when absent).
 	model, tools, toolChoice, previousID, maxToolCallsRaw []byte
@@ -131,11 +140,12 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 		return nil, apierror.BadRequest("The request body must be a JSON object.", "", "")
 	}
 	r := &parsedRequest{
-		raw:    body,
-		fn:     fn,
-		code:   code && wants(body),
-		stream: root.Get("stream").Bool(),
-		store:  root.Get("store").Type != gjson.False,
+		raw:          body,
+		fn:           fn,
+		code:         code && wants(body),
+		stream:       root.Get("stream").Bool(),
+		store:        root.Get("store").Type != gjson.False,
+		standInIndex: -1,
 	}
 	if r.code && root.Get("background").Bool() {
 		return nil, apierror.BadRequest("Background mode is not supported together with the code_interpreter tool.", "background", "")
@@ -158,6 +168,7 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 	tools := make([]byte, 0, len(r.tools)+1024)
 	tools = append(tools, '[')
 	seen := false
+	n := 0 // tools written so far
 	var bad *apierror.Error
 	root.Get("tools").ForEach(func(k, t gjson.Result) bool {
 		switch typ := t.Get("type").String(); {
@@ -183,10 +194,14 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 					bad = apierror.BadRequest("Invalid value for '"+param+".memory_limit': expected one of '1g', '4g', '16g', '64g'.", param+".memory_limit", "invalid_value")
 					return false
 				}
+				if r.files, bad = parseFileIDs(c.Get("file_ids"), param+".file_ids"); bad != nil {
+					return false
+				}
 			default:
 				bad = apierror.BadRequest("Invalid value for '"+param+"': expected a container id or {\"type\": \"auto\"}.", param, "invalid_value")
 				return false
 			}
+			r.standInIndex = n
 			tools = appendElem(tools, standInTool(fn))
 		case r.code && (typ == "function" || typ == "custom") && t.Get("name").String() == fn:
 			bad = apierror.BadRequest("The tool name '"+fn+"' is reserved for code_interpreter on this server; rename the function.", "tools", "")
@@ -194,12 +209,24 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 		default:
 			tools = appendElem(tools, []byte(t.Raw))
 		}
+		n++
 		return true
 	})
 	if bad != nil {
 		return nil, bad
 	}
 	tools = append(tools, ']')
+	if r.code {
+		// Files of the input go to the container too, as OpenAI's do.
+		in, bad := parseInputFiles(root.Get("input"))
+		if bad != nil {
+			return nil, bad
+		}
+		r.files = append(r.files, in...)
+		if len(r.files) > maxPlacedFiles {
+			return nil, apierror.BadRequest(fmt.Sprintf("Too many files for the code interpreter's container: %d, at most %d per request.", len(r.files), maxPlacedFiles), "input", "")
+		}
+	}
 
 	if r.code {
 		r.toolChoiceFirst, r.toolChoiceLater = rewriteToolChoice(root.Get("tool_choice"), fn)
@@ -292,7 +319,7 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 			return apierror.BadRequest("Previous response with id '"+prev+"' not found.", "previous_response_id", "previous_response_not_found")
 		}
 		if known {
-			r.prevContainer = sr.ContainerID
+			r.useContainer(sr.ContainerID)
 			pending = sr.Pending
 		}
 	} else if lk.stateless && prevRaw.Exists() {
@@ -306,8 +333,17 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 		r.input = append(append([][]byte(nil), pending...), userMessageOf(in))
 	default:
 		r.input = append(r.input, pending...)
+		k := 0
 		in.ForEach(func(_, it gjson.Result) bool {
-			r.input = append(r.input, translateInputItem(it, r.fn, lk)...)
+			for i := range r.files {
+				if r.files[i].item == k {
+					r.files[i].at = len(r.input)
+				}
+			}
+			items, container := translateInputItem(it, r.fn, lk)
+			r.input = append(r.input, items...)
+			r.useContainer(container)
+			k++
 			return true
 		})
 	}
@@ -334,6 +370,17 @@ func itemsByID(items [][]byte) map[string][]byte {
 	return m
 }
 
+// useContainer adds a container the conversation used to the context.
+func (r *parsedRequest) useContainer(id string) {
+	if id == "" {
+		return
+	}
+	if i := slices.Index(r.contextContainers, id); i >= 0 {
+		r.contextContainers = slices.Delete(r.contextContainers, i, i+1)
+	}
+	r.contextContainers = append(r.contextContainers, id)
+}
+
 // excludesCode reports whether tool_choice rules code_interpreter out: "none", or an allowed_tools
 // list without it.
 func excludesCode(tc gjson.Result) bool {
@@ -352,8 +399,9 @@ func excludesCode(tc gjson.Result) bool {
 }
 
 // translateInputItem turns replayed code_interpreter_call items (and references to ones this
-// proxy minted) into the function_call + function_call_output pair the upstream saw.
-func translateInputItem(it gjson.Result, fn string, lk lookup) [][]byte {
+// proxy minted) into the function_call + function_call_output pair the upstream saw, and
+// returns the container such an item ran in ("" for any other item).
+func translateInputItem(it gjson.Result, fn string, lk lookup) ([][]byte, string) {
 	switch it.Get("type").String() {
 	case "code_interpreter_call":
 		id := it.Get("id").String()
@@ -370,19 +418,23 @@ func translateInputItem(it gjson.Result, fn string, lk lookup) [][]byte {
 		if callID == "" {
 			callID = "call_" + strings.TrimPrefix(id, "ci_")
 		}
-		return callPair(fn, callID, code, output)
+		container := it.Get("container_id").String()
+		if container == "" {
+			container = sc.ContainerID
+		}
+		return callPair(fn, callID, code, output), container
 	case "item_reference":
 		id := it.Get("id").String()
 		if strings.HasPrefix(id, "ci_") {
 			if sc, ok := storedCall(lk, id); ok {
-				return callPair(fn, sc.CallID, sc.Code, sc.Output)
+				return callPair(fn, sc.CallID, sc.Code, sc.Output), sc.ContainerID
 			}
 		}
 		if item, ok := lk.items[id]; ok {
-			return [][]byte{item}
+			return [][]byte{item}, ""
 		}
 	}
-	return [][]byte{[]byte(it.Raw)}
+	return [][]byte{[]byte(it.Raw)}, ""
 }
 
 func storedCall(lk lookup, id string) (StoredCall, bool) {

@@ -60,6 +60,41 @@ func (t *translator) failed(detail []byte) Event {
 	return newResponseEvent(outcomeFailed.eventType(), resp)
 }
 
+// storedResponse returns the final Response resp as it is stored: with every call's outputs,
+// which a GET shows only when it includes code_interpreter_call.outputs.
+func (t *translator) storedResponse(resp []byte) []byte {
+	if len(t.withOutputs) == 0 {
+		return resp
+	}
+	k := 0
+	for i, it := range t.out {
+		if it == nil {
+			continue
+		}
+		if full, ok := t.withOutputs[i]; ok {
+			if out, err := sjson.SetRawBytes(resp, "output."+strconv.Itoa(k), full); err == nil {
+				resp = out
+			}
+		}
+		k++
+	}
+	return resp
+}
+
+// withoutOutputs returns a stored Response with the outputs of its calls null, as a GET that
+// does not include code_interpreter_call.outputs shows it.
+func withoutOutputs(resp []byte) []byte {
+	gjson.GetBytes(resp, "output").ForEach(func(k, it gjson.Result) bool {
+		if it.Get("type").String() == "code_interpreter_call" && it.Get("outputs").IsArray() {
+			if out, err := sjson.SetRawBytes(resp, "output."+k.String()+".outputs", []byte("null")); err == nil {
+				resp = out
+			}
+		}
+		return true
+	})
+	return resp
+}
+
 // output renders the client-visible output list. Items still in progress (a failure cut them
 // short) are left out.
 func (t *translator) output() []byte {

@@ -10,7 +10,8 @@ const functionDescription = "Run Python code in a stateful Jupyter-like kernel. 
 	"persist between calls in this conversation. The value of the last expression is shown, as in a notebook " +
 	"cell, together with anything printed to stdout or stderr and the traceback of an exception. matplotlib " +
 	"figures are rendered and returned to the user as images (plt.show() or leaving the figure as the last " +
-	"expression). Files are read from and written to /mnt/data. There is no internet access. Use it for " +
+	"expression). Files are read from and written to /mnt/data; to give the user a file, save it there and " +
+	"link it in your answer, e.g. [sales.csv](sandbox:/mnt/data/sales.csv). There is no internet access. Use it for " +
 	"calculations, data analysis, charts and files."
 
 const codeDescription = "The Python code to run in the kernel."
@@ -38,8 +39,11 @@ type codeParameters struct {
 }
 
 // standInTool returns the function tool that replaces code_interpreter upstream.
-func standInTool(name string) []byte {
-	t := functionTool{Type: "function", Name: name, Description: functionDescription, Strict: true}
+func standInTool(name string) []byte { return standInToolWith(name, "") }
+
+// standInToolWith is standInTool with more description (the files the container holds).
+func standInToolWith(name, more string) []byte {
+	t := functionTool{Type: "function", Name: name, Description: functionDescription + more, Strict: true}
 	t.Parameters.Type = "object"
 	t.Parameters.Properties.Code.Type = "string"
 	t.Parameters.Properties.Code.Description = codeDescription

@@ -65,10 +65,11 @@ func (r StoredResponse) size() int {
 
 // StoredCall is what the upstream saw of one code execution.
 type StoredCall struct {
-	Owner  string
-	CallID string // the upstream's call_id
-	Code   string
-	Output string // the function_call_output text the model was given
+	Owner       string
+	ContainerID string // the container the code ran in
+	CallID      string // the upstream's call_id
+	Code        string
+	Output      string // the function_call_output text the model was given
 }
 
 // MemoryStore is the default Store: entries in memory, dropped after a TTL. Response bodies (the

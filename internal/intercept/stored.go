@@ -24,9 +24,11 @@ func (e *Engine) Minted(ctx context.Context, id string) (bool, error) {
 
 // ServeStored answers GET and DELETE /v1/responses/{id} for a response this proxy minted, as
 // OpenAI answers for its stored responses: GET returns the Response the client received (kept
-// when the request had store true), DELETE forgets it. A response minted for another caller, one
-// not kept, or one deleted, is a 404, as if it did not exist. An error means nothing was written;
-// the caller writes it.
+// when the request had store true), with the calls' outputs when the query includes
+// code_interpreter_call.outputs (include[]= or include=) and null otherwise, whatever the
+// request included; DELETE forgets it. A response minted for another caller, one not kept, or
+// one deleted, is a 404, as if it did not exist. An error means nothing was written; the caller
+// writes it.
 func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error {
 	notFound := apierror.NotFound("Response with id '"+id+"' not found.", "")
 	sr, ok, err := e.store.Response(r.Context(), id)
@@ -41,7 +43,12 @@ func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller 
 		if sr.Body == nil {
 			return notFound
 		}
-		writeJSON(w, sr.Body)
+		q := r.URL.Query()
+		if slices.Contains(q["include[]"], includeOutputs) || slices.Contains(q["include"], includeOutputs) {
+			writeJSON(w, sr.Body)
+		} else {
+			writeJSON(w, withoutOutputs(sr.Body))
+		}
 	case http.MethodDelete:
 		if sr.Body == nil {
 			return notFound // not stored, or deleted already

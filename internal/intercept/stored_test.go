@@ -2,12 +2,15 @@ package intercept
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
 // TestStoredResponses: GET /v1/responses/{id} returns the Response an intercepted request got,
@@ -62,6 +65,43 @@ func testStoredResponses(t *testing.T, api upstreamAPI) {
 	_, resp = h.post(bodyIn(cid, `"store":false`), "alice")
 	if ok, code, _ := serve(http.MethodGet, gjson.GetBytes(resp, "id").String(), "alice"); !ok || code != http.StatusNotFound {
 		t.Errorf("GET a store:false response = %v %d; want 404", ok, code)
+	}
+}
+
+// TestStoredResponseHonoursInclude: a GET shows the calls' outputs when it includes
+// code_interpreter_call.outputs, whatever the request included, and null otherwise.
+func TestStoredResponseHonoursInclude(t *testing.T) {
+	for _, requestIncluded := range []bool{false, true} {
+		h := newHarness(t)
+		h.fake.setRun(func(context.Context, string) (sandbox.Result, error) { return sandbox.Result{Stdout: "42\n"}, nil })
+		h.up.Enqueue(calls("print(42)"), text("42."))
+		extra := ""
+		if requestIncluded {
+			extra = `"include":["code_interpreter_call.outputs"]`
+		}
+		_, resp := h.post(body(extra), "alice")
+		id := gjson.GetBytes(resp, "id").String()
+		get := func(query string) []byte {
+			rec := httptest.NewRecorder()
+			r := httptest.NewRequest(http.MethodGet, "/v1/responses/"+id+query, nil)
+			serveLikeRouter(rec, r, func() error { return h.eng.ServeStored(rec, r, id, "alice") })
+			if rec.Code != http.StatusOK {
+				t.Fatalf("GET %s: %d %s", query, rec.Code, rec.Body)
+			}
+			return rec.Body.Bytes()
+		}
+		for _, q := range []string{"?include[]=code_interpreter_call.outputs", "?include=code_interpreter_call.outputs"} {
+			if got := gjson.GetBytes(get(q), "output.0.outputs").Raw; got != `[{"type":"logs","logs":"42\n"}]` {
+				t.Errorf("request included %v: GET%s outputs = %s", requestIncluded, q, got)
+			}
+		}
+		plain := get("")
+		if got := gjson.GetBytes(plain, "output.0.outputs").Raw; got != "null" {
+			t.Errorf("request included %v: GET outputs = %s, want null", requestIncluded, got)
+		}
+		if !requestIncluded && !bytes.Equal(bytes.TrimSpace(plain), bytes.TrimSpace(resp)) {
+			t.Errorf("GET without include differs from what the client received:\n%s\n%s", plain, resp)
+		}
 	}
 }
 

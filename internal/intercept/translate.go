@@ -11,6 +11,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/intercept/argstream"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -78,14 +79,22 @@ type translator struct {
 	mint func(prefix string) string
 	// container is the cntr_ id shown in call items; "" until the loop hands it over.
 	container string
+	// The container's files as far as known, by path, for citations (citations.go); filesKnown:
+	// they are all of them. uncited are images the code wrote that no message cited yet.
+	files      map[string]store.ContainerFile
+	filesKnown bool
+	uncited    []store.ContainerFile
 	// maxArgs bounds the bytes of one call's arguments kept and decoded (max_code_size; 0: none).
 	maxArgs int
 
-	out       [][]byte // client-visible items by output_index (nil while in progress)
-	announced bool     // response.created and response.in_progress were sent
-	skeleton  []byte   // the latest upstream Response object (fields other than ours come from it)
-	usage     usage
-	started   int // stand-in calls started over the request
+	out [][]byte // client-visible items by output_index (nil while in progress)
+	// withOutputs holds call items with their outputs, by output_index, when the client's
+	// items have none (outputs not included), for the stored Response.
+	withOutputs map[int][]byte
+	announced   bool   // response.created and response.in_progress were sent
+	skeleton    []byte // the latest upstream Response object (fields other than ours come from it)
+	usage       usage
+	started     int // stand-in calls started over the request
 
 	// The current upstream call.
 	base      int              // output_index of the call's first item
@@ -115,6 +124,9 @@ type slot struct {
 	codeDone bool
 	parseErr error
 	tooBig   bool // the arguments are over maxArgs: nothing more of them is kept (limits.go)
+
+	// Passed messages only: their output_text parts, by content index.
+	parts []*citedPart
 }
 
 // standIn is one stand-in call of the current upstream call, as the loop runs it.
@@ -130,7 +142,8 @@ func newTranslator(req *parsedRequest, id string, createdAt int64, mint func(str
 	if mint == nil {
 		mint = newID
 	}
-	return &translator{req: req, id: id, createdAt: createdAt, mint: mint, byID: map[string]*slot{}}
+	// Without a code_interpreter tool there is no container, and no file to cite.
+	return &translator{req: req, id: id, createdAt: createdAt, mint: mint, byID: map[string]*slot{}, filesKnown: !req.code}
 }
 
 // begin starts the next upstream call. stripEncrypted: the call asks for reasoning's encrypted
@@ -203,6 +216,9 @@ func (t *translator) event(data []byte) ([]Event, error) {
 	if t.needsContainer(typ, data) {
 		return nil, errNeedContainer
 	}
+	if t.needsFiles(typ, data) {
+		return nil, errNeedFiles
+	}
 	if o, ok := terminalOutcome(typ); ok {
 		return t.terminal(o, data)
 	}
@@ -228,6 +244,10 @@ func (t *translator) event(data []byte) ([]Event, error) {
 				return t.feedArgs(s, gjson.GetBytes(data, "delta").String()), nil
 			}
 			return t.codeDone(s, gjson.GetBytes(data, "arguments").String()), nil
+		}
+	case "response.output_text.done", "response.content_part.done", evAnnotationAdded:
+		if evs, ok := t.textEvent(typ, data); ok {
+			return evs, nil
 		}
 	case "error":
 		t.errDetail = errorEventDetail(data)
@@ -413,8 +433,15 @@ func (t *translator) itemDone(i int, item []byte) []Event {
 	s.upItem = item
 	if !t.isOurs(it) {
 		client := item
-		if t.strip && it.Get("type").String() == "reasoning" {
-			client = stripEncrypted(item)
+		switch it.Get("type").String() {
+		case "reasoning":
+			if t.strip {
+				client = stripEncrypted(item)
+			}
+		case "message":
+			var cited []Event
+			client, cited = t.citeMessage(s, item)
+			evs = append(evs, cited...)
 		}
 		t.out[s.index] = client
 		return append(evs, newItemEvent(evItemDone, s.index, client))
@@ -524,6 +551,13 @@ func (t *translator) executed(ref int, ex execution) []Event {
 	s := t.slots[ref]
 	item := ciItem(s.ciID, ex.status, s.code, t.container, &ex, t.req.includeOutputs)
 	t.out[s.index] = item
+	if !t.req.includeOutputs {
+		// Kept for a GET of the stored response that includes code_interpreter_call.outputs.
+		if t.withOutputs == nil {
+			t.withOutputs = map[int][]byte{}
+		}
+		t.withOutputs[s.index] = ciItem(s.ciID, ex.status, s.code, t.container, &ex, true)
+	}
 	return []Event{
 		newCallEvent(evCallCompleted, s.index, s.ciID),
 		newItemEvent(evItemDone, s.index, item),

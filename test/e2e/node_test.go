@@ -95,3 +95,37 @@ func TestNodeOpenAIClient(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeFilesRoundTrip runs test/node/files.test.mjs with the openai npm package on each
+// backend: the Files API upload, the code that reads the CSV and writes a CSV and a PNG
+// (filesModel), the citations, and the downloads through the Containers API.
+func TestNodeFilesRoundTrip(t *testing.T) {
+	if os.Getenv("CIPROXY_CLIENT_TESTS") != "1" {
+		t.Skip("the Node client test runs with CIPROXY_CLIENT_TESTS=1 (make test), after scripts/deps.sh installed test/node")
+	}
+	t.Parallel()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("CIPROXY_CLIENT_TESTS=1 but node is not installed (scripts/deps.sh installs it): %v", err)
+	}
+	dir := filepath.Join(repoRoot, "test", "node")
+	for _, tool := range sandboxTools {
+		t.Run(tool, func(t *testing.T) {
+			t.Parallel()
+			up := upstreamtest.New(t)
+			up.Script(filesModel)
+			emu, _ := newEmulator(t)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: workDir(t), MasterKey: "sk-node-files"}.yaml())
+			c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(c, node, "--test", "--test-reporter=spec", "files.test.mjs")
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "CIPROXY_BASE_URL="+p.URL+"/v1", "CIPROXY_MODEL="+clientModel, "CIPROXY_API_KEY=sk-node-files")
+			out, err := cmd.CombinedOutput()
+			t.Logf("node --test files.test.mjs:\n%s", out)
+			if err != nil {
+				t.Fatalf("the Node files test failed: %v", err)
+			}
+		})
+	}
+}

@@ -28,7 +28,9 @@
 //     → code_interpreter_call.completed → output_item.done (same code and container_id, outputs
 //     null or logs/image entries);
 //   - text and refusal deltas join to their .done text, which content_part.done and the item's
-//     content repeat; function_call_arguments deltas join to .done's arguments and the item's;
+//     content repeat; output_text.annotation.added events come before the part's .done, number
+//     annotation_index from 0, and content_part.done and the item's content carry exactly those
+//     annotations; function_call_arguments deltas join to .done's arguments and the item's;
 //     reasoning summary deltas join to their .done text;
 //   - a completed response has every item done; the terminal response's output equals the items of
 //     the output_item.done events, in output_index order (compared as JSON values).
@@ -145,6 +147,8 @@ type payload struct {
 	Arguments      *string         `json:"arguments"`
 	Item           json.RawMessage `json:"item"`
 	Part           json.RawMessage `json:"part"`
+	AnnotationIdx  *int            `json:"annotation_index"`
+	Annotation     json.RawMessage `json:"annotation"`
 	Response       json.RawMessage `json:"response"`
 	Error          json.RawMessage `json:"error"`
 }
@@ -169,9 +173,10 @@ type outItem struct {
 }
 
 type part struct {
-	Type    string  `json:"type"`
-	Text    *string `json:"text"`
-	Refusal *string `json:"refusal"`
+	Type        string            `json:"type"`
+	Text        *string           `json:"text"`
+	Refusal     *string           `json:"refusal"`
+	Annotations []json.RawMessage `json:"annotations"`
 }
 
 // code_interpreter_call stages, in order.
@@ -192,6 +197,7 @@ type partState struct {
 	deltas   strings.Builder
 	doneText *string
 	done     bool
+	anns     []json.RawMessage // announced by output_text.annotation.added
 }
 
 type itemState struct {
@@ -520,6 +526,9 @@ func (c *checker) itemDone(st *itemState) error {
 			if got := partText(pt); pt.Type != ps.typ || got == nil || *got != *ps.doneText {
 				return c.errf("item content[%d] %s %s, want %s %q", k, pt.Type, quoteOrNone(got), ps.typ, *ps.doneText)
 			}
+			if !sameJSONList(pt.Annotations, ps.anns) {
+				return c.errf("item content[%d] annotations %s, want those announced: %s", k, pt.Annotations, ps.anns)
+			}
 		}
 	}
 	st.done = true
@@ -620,6 +629,20 @@ func (c *checker) functionCall(it *itemState) error {
 	return nil
 }
 
+// sameJSONList reports whether two lists hold the same JSON values (a missing list is empty).
+func sameJSONList(a, b []json.RawMessage) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		var x, y any
+		if json.Unmarshal(a[i], &x) != nil || json.Unmarshal(b[i], &y) != nil || !reflect.DeepEqual(x, y) {
+			return false
+		}
+	}
+	return true
+}
+
 func partText(pt part) *string {
 	if pt.Type == "refusal" {
 		return pt.Refusal
@@ -674,6 +697,14 @@ func (c *checker) message(it *itemState) error {
 		if ps.typ != "output_text" || ps.doneText != nil {
 			return c.errf("annotation outside an open output_text part")
 		}
+		if p.AnnotationIdx == nil || *p.AnnotationIdx != len(ps.anns) {
+			return c.errf("annotation_index %s, want %d", intOrNone(p.AnnotationIdx), len(ps.anns))
+		}
+		var a struct{ Type string }
+		if json.Unmarshal(p.Annotation, &a) != nil || a.Type == "" {
+			return c.errf("no annotation object with a type")
+		}
+		ps.anns = append(ps.anns, slices.Clone(p.Annotation))
 	case "response.output_text.done", "response.refusal.done":
 		if ps.typ != kind {
 			return c.errf("in a %s part", ps.typ)
@@ -697,6 +728,9 @@ func (c *checker) message(it *itemState) error {
 		_ = json.Unmarshal(p.Part, &pt)
 		if got := partText(pt); pt.Type != ps.typ || got == nil || *got != *ps.doneText {
 			return c.errf("part %s %s, want %s %q", pt.Type, quoteOrNone(got), ps.typ, *ps.doneText)
+		}
+		if !sameJSONList(pt.Annotations, ps.anns) {
+			return c.errf("part annotations %s, want those announced: %s", pt.Annotations, ps.anns)
 		}
 		ps.done = true
 	default:

@@ -73,6 +73,22 @@ func good() []m {
 	}
 }
 
+var citation = m{"type": "container_file_citation", "container_id": cntrID, "end_index": 5, "file_id": "cfile_1", "filename": "a.csv", "start_index": 0}
+
+// annotated is good with one annotation on the message's text: announced before
+// output_text.done, repeated by content_part.done, the item and the terminal response.
+func annotated() []m {
+	evs := good()
+	part := textPart("Hello")
+	part["annotations"] = []any{citation}
+	msg := msgItem("completed", []any{part})
+	evs[15]["part"] = part
+	evs[16]["item"] = msg
+	evs[22]["response"].(m)["output"].([]any)[1] = msg
+	added := m{"type": "response.output_text.annotation.added", "item_id": msgID, "output_index": 1, "content_index": 0, "annotation_index": 0, "annotation": citation}
+	return append(evs[:14:14], append([]m{added}, evs[14:]...)...)
+}
+
 // render writes events as SSE, numbering them unless an event already has a sequence_number.
 func render(evs []m) []byte {
 	var b bytes.Buffer
@@ -111,6 +127,7 @@ func TestCheckValid(t *testing.T) {
 		raw  func() []byte
 	}{
 		{"complete stream", func() []byte { return render(good()) }},
+		{"an annotation", func() []byte { return render(annotated()) }},
 		{"CRLF line ends and comments", func() []byte {
 			raw := bytes.ReplaceAll(render(good()), []byte("\n"), []byte("\r\n"))
 			return append([]byte(": keepalive\r\n\r\n"), raw...)
@@ -306,5 +323,37 @@ func TestValidateEmpty(t *testing.T) {
 func TestMust(t *testing.T) {
 	if rep := Must(t, render(good())); rep.ResponseID != respID {
 		t.Errorf("Must() = %+v", rep)
+	}
+}
+
+func TestCheckAnnotations(t *testing.T) {
+	withAnns := func(anns ...any) m {
+		p := textPart("Hello")
+		p["annotations"] = anns
+		return p
+	}
+	tests := []struct {
+		name   string
+		mutate func([]m) []m
+		want   string
+	}{
+		{"index not from 0", func(evs []m) []m { evs[14]["annotation_index"] = 1; return evs }, "event 14 (response.output_text.annotation.added): annotation_index 1, want 0"},
+		{"no annotation", func(evs []m) []m { delete(evs[14], "annotation"); return evs }, "no annotation object with a type"},
+		{"after the text's done", func(evs []m) []m { evs[14], evs[15] = evs[15], evs[14]; return evs }, "event 15 (response.output_text.annotation.added): annotation outside an open output_text part"},
+		{"part done without it", func(evs []m) []m { evs[16]["part"] = withAnns(); return evs }, "event 16 (response.content_part.done): part annotations [], want those announced"},
+		{"item without it", func(evs []m) []m { evs[17]["item"] = msgItem("completed", []any{withAnns()}); return evs }, "event 17 (response.output_item.done): item content[0] annotations [], want those announced"},
+		{"part done with one more", func(evs []m) []m { evs[16]["part"] = withAnns(citation, citation); return evs }, "part annotations"},
+		{"not announced", func(evs []m) []m { return append(evs[:14:14], evs[15:]...) }, "event 15 (response.content_part.done): part annotations"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Check(render(tt.mutate(annotated())))
+			if err == nil {
+				t.Fatalf("Check() = nil; want an error containing %q", tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Check() = %q; want it to contain %q", err, tt.want)
+			}
+		})
 	}
 }

@@ -1,0 +1,307 @@
+package intercept
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/filename"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store"
+)
+
+// This file is the way files go into a request's container: the tool's container.file_ids and
+// the input_file parts of the input (by this proxy's file_id, or inline file_data), found when
+// the request is parsed, checked against the caller's Files API files before anything runs, and
+// placed in /mnt/data before the first upstream call, so the model is told their real paths.
+// What goes upstream never names a file id: the stand-in function's description lists the
+// tool's files, and each input_file part becomes a text part naming its path (docs/files.md).
+
+// MaxFileIDs is the most file ids container.file_ids may hold, as OpenAI's.
+const MaxFileIDs = 50
+
+// maxPlacedFiles bounds the files one request places: the tool's file ids and the input's files.
+const maxPlacedFiles = 2 * MaxFileIDs
+
+// FileStore is what the engine needs of the Files API's store: the caller's files by id. The
+// embedded store implements it.
+type FileStore interface {
+	File(ctx context.Context, owner, id string) (store.File, error)
+}
+
+// wantedFile is one file the request puts into its container.
+type wantedFile struct {
+	placement
+	param string // where the request names it, for errors
+	item  int    // the client's input item holding it; -1: container.file_ids
+	part  int    // the content part of that item
+	at    int    // where that item is in parsedRequest.input (resolve sets it)
+}
+
+// parseFileIDs reads the auto container's file_ids (param names it, for errors).
+func parseFileIDs(ids gjson.Result, param string) ([]wantedFile, *apierror.Error) {
+	switch {
+	case !ids.Exists(), ids.Type == gjson.Null:
+		return nil, nil
+	case !ids.IsArray():
+		return nil, apierror.BadRequest("Invalid type for '"+param+"': expected an array of file ids.", param, "invalid_type")
+	}
+	arr := ids.Array()
+	if len(arr) > MaxFileIDs {
+		return nil, apierror.BadRequest(fmt.Sprintf("Invalid '%s': array too long. Expected an array with maximum length %d, but got an array with length %d instead.", param, MaxFileIDs, len(arr)), param, "array_above_max_length")
+	}
+	var out []wantedFile
+	seen := map[string]bool{}
+	for j, id := range arr {
+		if id.Type != gjson.String || id.String() == "" {
+			p := param + "[" + strconv.Itoa(j) + "]"
+			return nil, apierror.BadRequest("Invalid type for '"+p+"': expected a file id.", p, "invalid_type")
+		}
+		if seen[id.String()] {
+			continue
+		}
+		seen[id.String()] = true
+		out = append(out, wantedFile{placement: placement{FileID: id.String()}, param: param, item: -1})
+	}
+	return out, nil
+}
+
+// parseInputFiles finds the input_file parts of the input's messages that carry a file: a
+// file_id, or file_data with its filename. Parts by file_url are left alone.
+func parseInputFiles(input gjson.Result) ([]wantedFile, *apierror.Error) {
+	var out []wantedFile
+	var bad *apierror.Error
+	k := -1
+	input.ForEach(func(_, it gjson.Result) bool {
+		k++
+		if typ := it.Get("type").String(); typ != "message" && (typ != "" || !it.Get("role").Exists()) {
+			return true
+		}
+		j := -1
+		it.Get("content").ForEach(func(_, p gjson.Result) bool {
+			j++
+			if p.Get("type").String() != "input_file" {
+				return true
+			}
+			pp := "input[" + strconv.Itoa(k) + "].content[" + strconv.Itoa(j) + "]"
+			w := wantedFile{param: pp, item: k, part: j, at: -1}
+			switch id, data := p.Get("file_id"), p.Get("file_data"); {
+			case id.Type == gjson.String && id.String() != "":
+				w.FileID = id.String()
+				w.param = pp + ".file_id"
+			case data.Type == gjson.String:
+				w.Data, bad = decodeFileData(data.String(), pp+".file_data")
+				if bad != nil {
+					return false
+				}
+				fn := p.Get("filename")
+				if fn.Type != gjson.String {
+					bad = apierror.BadRequest("Missing required parameter: '"+pp+".filename'.", pp+".filename", "missing_required_parameter")
+					return false
+				}
+				name, err := filename.Clean(fn.String())
+				if err != nil {
+					bad = apierror.BadRequest("Invalid '"+pp+".filename': "+err.Error()+".", pp+".filename", "invalid_filename")
+					return false
+				}
+				w.Name = name
+			default:
+				return true
+			}
+			out = append(out, w)
+			return true
+		})
+		return bad == nil
+	})
+	return out, bad
+}
+
+// decodeFileData decodes an input_file's file_data: a data URL ("data:text/csv;base64,...") or
+// bare base64.
+func decodeFileData(s, param string) ([]byte, *apierror.Error) {
+	if rest, ok := strings.CutPrefix(s, "data:"); ok {
+		meta, payload, found := strings.Cut(rest, ",")
+		if !found || !strings.HasSuffix(meta, ";base64") {
+			return nil, apierror.BadRequest("Invalid '"+param+"': expected a base64 data URL (data:<type>;base64,...).", param, "invalid_value")
+		}
+		s = payload
+	}
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return nil, apierror.BadRequest("Invalid '"+param+"': the file data is not valid base64.", param, "invalid_value")
+	}
+	return b, nil
+}
+
+// findFiles completes the request's files from the caller's Files API files: their names, and a
+// 404 naming the parameter for an id the caller has no file for. It runs before the container
+// is touched, so a wrong id runs no code.
+func (r *parsedRequest) findFiles(ctx context.Context, files FileStore, caller string) error {
+	for i := range r.files {
+		w := &r.files[i]
+		if w.FileID == "" {
+			continue
+		}
+		var f store.File
+		err := store.ErrNotFound
+		if files != nil {
+			f, err = files.File(ctx, caller, w.FileID)
+		}
+		switch {
+		case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrInvalid):
+			return apierror.NotFound("No such File object: "+w.FileID, w.param)
+		case err != nil:
+			return fmt.Errorf("reading file %s: %w", w.FileID, err)
+		}
+		w.Name = f.Filename
+	}
+	return nil
+}
+
+// uniquePlacements returns the distinct files to place, and for each wanted file the index of
+// its placement: a file id named twice (in the tool and in the input) is placed once.
+func (r *parsedRequest) uniquePlacements() ([]placement, []int) {
+	var out []placement
+	at := make([]int, len(r.files))
+	byID := map[string]int{}
+	for i, w := range r.files {
+		if w.FileID != "" {
+			if j, ok := byID[w.FileID]; ok {
+				at[i] = j
+				continue
+			}
+			byID[w.FileID] = len(out)
+		}
+		at[i] = len(out)
+		out = append(out, w.placement)
+	}
+	return out, at
+}
+
+// placed completes the request with where its files are: the stand-in function's description
+// lists the tool's files, and each input_file part the upstream would have seen becomes a text
+// part naming its path. records[i] is the record of r.files[i]. It is the last change to the
+// request; the loop makes it before the first upstream call.
+func (r *parsedRequest) placed(records []store.ContainerFile) {
+	var listed []store.ContainerFile
+	for i, w := range r.files {
+		rec := records[i]
+		if w.item < 0 {
+			listed = append(listed, rec)
+			continue
+		}
+		if w.at < 0 || w.at >= len(r.input) {
+			continue
+		}
+		note := marshal(inputText{Type: "input_text", Text: inputFileNote(rec, r.fn)})
+		if out, err := sjson.SetRawBytes(r.input[w.at], "content."+strconv.Itoa(w.part), note); err == nil {
+			r.input[w.at] = out
+		}
+	}
+	if len(listed) > 0 && r.standInIndex >= 0 {
+		tool := standInToolWith(r.fn, toolFilesNote(listed))
+		if out, err := sjson.SetRawBytes(r.base, "tools."+strconv.Itoa(r.standInIndex), tool); err == nil {
+			r.base = out
+		}
+	}
+}
+
+// inputText is an input_text content part.
+type inputText struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// inputFileNote is what the upstream reads in place of a file the user attached.
+func inputFileNote(f store.ContainerFile, fn string) string {
+	return fmt.Sprintf("[File attached by the user, available to the %s tool at %s (%d bytes).]", fn, f.Path, f.Bytes)
+}
+
+// toolFilesNote is appended to the stand-in function's description: the files of the tool's
+// container.file_ids.
+func toolFilesNote(files []store.ContainerFile) string {
+	var b strings.Builder
+	b.WriteString(" The user's files are in /mnt/data:")
+	for _, f := range files {
+		fmt.Fprintf(&b, " %s (%d bytes);", f.Path, f.Bytes)
+	}
+	s := b.String()
+	return s[:len(s)-1] + "."
+}
+
+// containerLimits are what a container's files may take under cfg: one file as large as an
+// upload may be, all of them what one key's files may take, and sandbox's count.
+func containerLimits(cfg *config.Config) sandbox.ContainerLimits {
+	lim := sandbox.ContainerLimits{FileBytes: cfg.General.MaxFileUploadSize, TotalBytes: cfg.General.MaxFileStoragePerKey, Files: sandbox.DefaultMaxContainerFiles}
+	if lim.FileBytes <= 0 {
+		lim.FileBytes = config.DefaultMaxFileUploadSize
+	}
+	return lim
+}
+
+// placeFiles puts the request's files into its container, waiting for the container, and
+// completes the request with their paths. A file the container cannot take is the client's
+// error; anything else is the sandbox's.
+func (r *run) placeFiles(ctx context.Context) error {
+	if len(r.req.files) == 0 {
+		return nil
+	}
+	box, err := r.cont.get(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.e.m.sandboxErr.WithLabelValues("create").Inc()
+		return sandboxUnavailable(err)
+	}
+	todo, at := r.req.uniquePlacements()
+	recs, err := r.e.sessions.PlaceFiles(ctx, box, r.caller, todo, r.lim)
+	param := r.req.files[0].param
+	var pe *placeError
+	if errors.As(err, &pe) {
+		if i := slices.Index(at, pe.Index); i >= 0 {
+			param = r.req.files[i].param
+		}
+		err = pe.Err
+	}
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, sandbox.ErrFileTooLarge):
+		return apierror.BadRequest("The file is larger than the limit for one file in a container.", param, "file_too_large")
+	case errors.Is(err, sandbox.ErrContainerFull):
+		return apierror.BadRequest("The container's files would take more than its storage limit.", param, "storage_limit_exceeded")
+	case errors.Is(err, sandbox.ErrTooManyFiles):
+		return apierror.BadRequest(fmt.Sprintf("The container would hold more than %d files.", r.lim.Files), param, "too_many_files")
+	case errors.Is(err, sandbox.ErrInvalidFilename):
+		return apierror.BadRequest("Invalid filename for '"+param+"'.", param, "invalid_filename")
+	case pe != nil && pe.Index >= 0 && pe.Index < len(todo) && todo[pe.Index].FileID != "" && errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, sandbox.ErrExpired):
+		// Deleted since the request was checked.
+		return apierror.NotFound("No such File object: "+todo[pe.Index].FileID, param)
+	case err != nil:
+		r.e.m.sandboxErr.WithLabelValues("files").Inc()
+		return sandboxUnavailable(err)
+	case len(recs) != len(todo):
+		return sandboxUnavailable(fmt.Errorf("placing %d files returned %d records", len(todo), len(recs)))
+	}
+	byFile := make([]store.ContainerFile, len(r.req.files))
+	for i := range r.req.files {
+		byFile[i] = recs[at[i]]
+	}
+	r.req.placed(byFile)
+	r.tr.setContainer(box.ID())
+	r.tr.addFiles(recs, false)
+	if r.cont.created {
+		r.tr.setAllFiles(nil) // a new container holds only what this request placed and collects
+	}
+	return nil
+}

@@ -1,0 +1,262 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/responses"
+	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
+)
+
+// The data work of the files round trip: a CSV goes in, a summary CSV and a chart come out.
+const (
+	salesCSV = "region,amount\nnorth,3\nsouth,7\nnorth,2\n"
+	// summaryCSV is what the scripted model's code writes for salesCSV (csv.writer ends rows
+	// with \r\n).
+	summaryCSV = "region,total\r\nnorth,5\r\nsouth,7\r\n"
+)
+
+// analysisCode reads the CSV at path, writes /mnt/data/summary.csv and /mnt/data/chart.png, and
+// prints each file's SHA-256, so the test can compare what it downloads with what the code wrote.
+func analysisCode(path string) string {
+	return `import csv, hashlib
+import matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt
+totals = {}
+for row in csv.DictReader(open(` + fmt.Sprintf("%q", path) + `)):
+    totals[row['region']] = totals.get(row['region'], 0) + int(row['amount'])
+with open('/mnt/data/summary.csv', 'w', newline='') as f:
+    w = csv.writer(f)
+    w.writerow(['region', 'total'])
+    for k in sorted(totals):
+        w.writerow([k, totals[k]])
+plt.bar(sorted(totals), [totals[k] for k in sorted(totals)])
+plt.savefig('/mnt/data/chart.png')
+for name in ('summary.csv', 'chart.png'):
+    print(name, hashlib.sha256(open('/mnt/data/' + name, 'rb').read()).hexdigest())
+`
+}
+
+var (
+	csvInDescription = regexp.MustCompile(`/mnt/data/[^ ;]+\.csv`)
+	writtenLink      = regexp.MustCompile(`link it as (sandbox:/mnt/data/[^\]]+)\]`)
+)
+
+// filesModel is the scripted model of the round trip: told by the stand-in's description where
+// the user's CSV is, it runs analysisCode on it; told by the function output which files the code
+// wrote, it answers linking each of them.
+func filesModel(req upstreamtest.Request) upstreamtest.Turn {
+	if n := len(req.History); n > 0 && itemType(req.History[n-1]) == "function_call_output" {
+		out := gjson.GetBytes(req.History[n-1], "output").String()
+		var links []string
+		for _, m := range writtenLink.FindAllStringSubmatch(out, -1) {
+			name := strings.TrimPrefix(m[1], "sandbox:/mnt/data/")
+			links = append(links, "["+name+"]("+m[1]+")")
+		}
+		return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("Voilà 📊 the totals: " + strings.Join(links, " and ") + ".")}, Usage: answerUsage}
+	}
+	desc := gjson.GetBytes(req.Tool("python"), "description").String()
+	path := csvInDescription.FindString(desc)
+	if path == "" {
+		return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("I was given no CSV.")}, Usage: answerUsage}
+	}
+	args, _ := json.Marshal(map[string]string{"code": analysisCode(path)})
+	return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", string(args))}, Usage: callUsage}
+}
+
+// filesParams asks for the analysis of the uploaded file fileID.
+func filesParams(fileID string) responses.ResponseNewParams {
+	return responses.ResponseNewParams{
+		Model: clientModel,
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Sum the amounts per region and chart them.")},
+		Tools: []responses.ToolUnionParam{{OfCodeInterpreter: &responses.ToolCodeInterpreterParam{Container: responses.ToolCodeInterpreterContainerUnionParam{
+			OfCodeInterpreterToolAuto: &responses.ToolCodeInterpreterContainerCodeInterpreterContainerAutoParam{FileIDs: []string{fileID}},
+		}}}},
+		Include: []responses.ResponseIncludable{responses.ResponseIncludableCodeInterpreterCallOutputs},
+	}
+}
+
+// TestFilesRoundTripOpenAIGo is the data workflow with openai-go on each backend, JSON and
+// streaming: upload a CSV with the Files API, have the code read it and write a CSV and a PNG,
+// get an answer citing both with container_file_citation, download both with the Containers
+// API, and compare the bytes with what the code wrote.
+func TestFilesRoundTripOpenAIGo(t *testing.T) {
+	t.Parallel()
+	for _, tool := range sandboxTools {
+		t.Run(tool, func(t *testing.T) {
+			t.Parallel()
+			up := upstreamtest.New(t)
+			up.Script(filesModel)
+			emu, _ := newEmulator(t)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: workDir(t)}.yaml())
+			client := sdk(p, "sk-files")
+
+			f, err := client.Files.New(ctx(t, 30*time.Second), openai.FileNewParams{
+				File:    openai.File(strings.NewReader(salesCSV), "sales.csv", "text/csv"),
+				Purpose: openai.FilePurposeUserData,
+			})
+			if err != nil {
+				t.Fatalf("Files.New: %v", err)
+			}
+
+			var created *responses.Response
+			t.Run("json", func(t *testing.T) {
+				r, err := client.Responses.New(ctx(t, 120*time.Second), filesParams(f.ID))
+				if err != nil {
+					t.Fatalf("Responses.New: %v", err)
+				}
+				checkFilesAnswer(t, client, r)
+				created = r
+			})
+			t.Run("stream", func(t *testing.T) {
+				stream := client.Responses.NewStreaming(ctx(t, 120*time.Second), filesParams(f.ID))
+				var final *responses.Response
+				var announced []responses.ResponseOutputTextAnnotationAddedEvent
+				sawDone := false
+				for stream.Next() {
+					switch e := stream.Current().AsAny().(type) {
+					case responses.ResponseOutputTextAnnotationAddedEvent:
+						if sawDone {
+							t.Error("an annotation after output_text.done")
+						}
+						announced = append(announced, e)
+					case responses.ResponseTextDoneEvent:
+						sawDone = true
+					case responses.ResponseCompletedEvent:
+						final = &e.Response
+					}
+				}
+				if err := stream.Err(); err != nil {
+					t.Fatalf("stream: %v", err)
+				}
+				if final == nil {
+					t.Fatal("no response.completed")
+				}
+				cites := checkFilesAnswer(t, client, final)
+				if len(announced) != len(cites) {
+					t.Fatalf("%d annotation.added events, want %d", len(announced), len(cites))
+				}
+				for i, e := range announced {
+					c := e.Annotation.AsContainerFileCitation()
+					if e.AnnotationIndex != int64(i) || c.FileID != cites[i].FileID || c.StartIndex != cites[i].StartIndex || c.EndIndex != cites[i].EndIndex {
+						t.Errorf("annotation.added %d: %s, want index %d and %s", i, e.RawJSON(), i, cites[i].RawJSON())
+					}
+				}
+				if created != nil {
+					// The same answer, but another container with its own file ids: blank those too.
+					a, b := normalizedFiles(t, created.RawJSON()), normalizedFiles(t, final.RawJSON())
+					if !reflect.DeepEqual(a, b) {
+						t.Errorf("the streamed response differs from the JSON one:\njson:   %s\nstream: %s", mustJSON(a), mustJSON(b))
+					}
+				}
+			})
+		})
+	}
+}
+
+var cfileID = regexp.MustCompile(`cfile_[A-Za-z0-9]+`)
+
+func normalizedFiles(t *testing.T, raw string) any {
+	return normalized(t, cfileID.ReplaceAllString(raw, "cfile_X"))
+}
+
+// checkFilesAnswer asserts the answer of the round trip: the code's outputs, one citation per
+// file linked, and the bytes of each file as the Containers API serves them. It returns the
+// citations.
+func checkFilesAnswer(t *testing.T, client openai.Client, r *responses.Response) []responses.ResponseOutputTextAnnotationContainerFileCitation {
+	t.Helper()
+	call := ciCall(t, r)
+	if call.Status != responses.ResponseCodeInterpreterToolCallStatusCompleted {
+		t.Fatalf("call status %q; outputs %s", call.Status, mustJSON(call.Outputs))
+	}
+	sums := map[string]string{}
+	images := 0
+	for _, o := range call.Outputs {
+		switch o.Type {
+		case "logs":
+			for _, line := range strings.Split(strings.TrimSpace(o.AsLogs().Logs), "\n") {
+				if name, sum, ok := strings.Cut(line, " "); ok {
+					sums[name] = sum
+				}
+			}
+		case "image":
+			images++ // the figure is still shown as an output image
+		}
+	}
+	if len(sums) != 2 || images != 1 {
+		t.Fatalf("outputs %s; want two checksums and one image", mustJSON(call.Outputs))
+	}
+
+	var msg *responses.ResponseOutputMessageContentUnion
+	for _, it := range r.Output {
+		if m := it.AsMessage(); it.Type == "message" && len(m.Content) > 0 {
+			msg = &m.Content[0]
+		}
+	}
+	if msg == nil {
+		t.Fatalf("no message: %s", r.RawJSON())
+	}
+	var cites []responses.ResponseOutputTextAnnotationContainerFileCitation
+	for _, a := range msg.Annotations {
+		if a.Type != "container_file_citation" {
+			t.Errorf("annotation %s", a.RawJSON())
+			continue
+		}
+		cites = append(cites, a.AsContainerFileCitation())
+	}
+	if len(cites) != 2 {
+		t.Fatalf("%d citations, want 2 (the CSV and the PNG): %s", len(cites), msg.Text)
+	}
+	runes := []rune(msg.Text)
+	for _, c := range cites {
+		if c.ContainerID != call.ContainerID || !strings.HasPrefix(c.FileID, "cfile_") {
+			t.Errorf("citation %s: want container %s and a cfile_ id", c.RawJSON(), call.ContainerID)
+		}
+		if c.StartIndex < 0 || c.EndIndex > int64(len(runes)) || string(runes[c.StartIndex:c.EndIndex]) != "sandbox:/mnt/data/"+c.Filename {
+			t.Errorf("citation %s does not span its link in %q", c.RawJSON(), msg.Text)
+		}
+		want, ok := sums[c.Filename]
+		if !ok {
+			t.Errorf("citation of %q, which the code did not write", c.Filename)
+			continue
+		}
+		resp, err := client.Containers.Files.Content.Get(ctx(t, 30*time.Second), c.ContainerID, c.FileID)
+		if err != nil {
+			t.Fatalf("Containers.Files.Content.Get(%s): %v", c.FileID, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("downloading %s: %d %v", c.Filename, resp.StatusCode, err)
+		}
+		sum := sha256.Sum256(b)
+		if hex.EncodeToString(sum[:]) != want {
+			t.Errorf("%s: downloaded %d bytes whose SHA-256 is not the one the code printed", c.Filename, len(b))
+		}
+		switch c.Filename {
+		case "summary.csv":
+			if string(b) != summaryCSV {
+				t.Errorf("summary.csv = %q, want %q", b, summaryCSV)
+			}
+		case "chart.png":
+			if !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+				t.Errorf("chart.png does not start with the PNG signature: %q", b[:min(8, len(b))])
+			}
+		}
+	}
+	return cites
+}
