@@ -262,6 +262,16 @@ func testReplicas(t *testing.T, tool string) {
 	if a := send(ctx(t, 30*time.Second), r[0], http.MethodGet, "/v1/containers/"+first.container+"/files/"+cfileID+"/content", "", nil); a.status != http.StatusOK || string(a.body) != "a,b\n1,2\n" {
 		t.Errorf("container file content on a third replica = %d %q", a.status, a.body)
 	}
+	// A file the code writes becomes a container file, listed and downloaded anywhere.
+	c.run(t, r[1], "_ = open('/mnt/data/out.txt', 'w').write('written in the container')\nprint('w')", first.container, "")
+	list = send(ctx(t, 30*time.Second), r[2], http.MethodGet, "/v1/containers/"+first.container+"/files", "", nil)
+	outID := gjson.GetBytes(list.body, `data.#(path=="/mnt/data/out.txt").id`).String()
+	if list.status != http.StatusOK || outID == "" {
+		t.Fatalf("the code's file listed on another replica = %d %s", list.status, list.body)
+	}
+	if a := send(ctx(t, 30*time.Second), r[0], http.MethodGet, "/v1/containers/"+first.container+"/files/"+outID+"/content", "", nil); a.status != http.StatusOK || string(a.body) != "written in the container" {
+		t.Errorf("the code's file downloaded on a third replica = %d %q", a.status, a.body)
+	}
 	if a := send(ctx(t, 30*time.Second), r[2], http.MethodGet, "/v1/containers/"+first.container, "", nil); a.status != http.StatusOK || gjson.GetBytes(a.body, "status").String() != "running" {
 		t.Errorf("the container on another replica = %d %s", a.status, a.body)
 	}
