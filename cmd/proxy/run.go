@@ -21,12 +21,12 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/intercept"
+	"github.com/ciproxy/ciproxy/internal/peer"
 	"github.com/ciproxy/ciproxy/internal/router"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
-	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -46,6 +46,8 @@ type flags struct {
 	port      int
 	logFormat string
 	dataDir   string
+	advertise string
+	sweep     time.Duration
 	check     bool
 	version   bool
 }
@@ -59,6 +61,8 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.IntVar(&f.port, "port", 4000, "port to listen on (0: any free port)")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or console")
 	fs.StringVar(&f.dataDir, "data-dir", "", "directory of the proxy's own state (files, containers, stored responses); overrides general_settings.data_dir")
+	fs.StringVar(&f.advertise, "advertise-url", "", "the URL other replicas reach this one at (http://host:port); overrides general_settings.advertise_url")
+	fs.DurationVar(&f.sweep, "sweep-interval", defaultSweepInterval, "how often one replica looks for the containers of replicas that are gone and for orphaned sandboxes")
 	fs.BoolVar(&f.check, "check", false, "validate the configuration file and exit")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -75,6 +79,13 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 		return f, fmt.Errorf("--log-format must be json or console, not %q", f.logFormat)
 	case f.port < 0 || f.port > 65535:
 		return f, fmt.Errorf("--port %d is out of range", f.port)
+	case f.sweep <= 0:
+		return f, fmt.Errorf("--sweep-interval must be positive, not %s", f.sweep)
+	}
+	if f.advertise != "" {
+		if err := config.CheckAdvertiseURL(f.advertise); err != nil {
+			return f, fmt.Errorf("--advertise-url: %w", err)
+		}
 	}
 	return f, nil
 }
@@ -200,6 +211,23 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := router.NewMetrics(reg)
 
+	// The state store first: without it (Redis unreachable) the proxy does not start, before any
+	// sandbox backend is provisioned.
+	state, err := openState(ctx, f, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := state.Close(); err != nil {
+			log.Error("closing the state store", zap.Error(err))
+		}
+	}()
+	shared := cfg.Router.Redis.Configured()
+	if shared && cfg.General.ContainerSecret == "" {
+		return errors.New("router_settings.redis_* is set, so replicas share state: general_settings.container_secret must be set too, " +
+			"the same on every replica (it authenticates the requests they forward to each other)")
+	}
+
 	// The configuration and the sandbox registry provisioned from it are published together, and
 	// replaced together by each reload; a container keeps the provider it was created with.
 	store, err := snapshot.New(ctx, cfg, snapshot.Options{
@@ -212,29 +240,63 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		return err
 	}
 
-	state, err := openState(f, cfg, log)
+	// Listening comes before the rest of the wiring: a replica's advertised address may be its
+	// listen address, known once bound (--port 0).
+	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
 	if err != nil {
-		_ = store.Close(context.Background())
+		_ = store.Close(context.WithoutCancel(ctx))
+		return fmt.Errorf("listen: %w", err)
+	}
+	fail := func(err error) error {
+		_ = ln.Close()
+		_ = store.Close(context.WithoutCancel(ctx))
 		return err
 	}
-	defer func() {
-		if err := state.Close(); err != nil {
-			log.Error("closing the data directory", zap.Error(err))
+	var self string
+	if shared {
+		if self, err = advertiseURL(f, cfg, ln.Addr()); err != nil {
+			return fail(err)
 		}
-	}()
-	// The containers live in the data directory: an e2b container outlives a restart, a local one
-	// is expired at start (its sandbox died with the previous process).
-	sessions, err := sandbox.NewSessions(ctx, sandbox.SessionOptions{
-		Store:    state,
-		Registry: func() *sandbox.Registry { return store.Load().Sandboxes },
+	}
+	// The containers live in the state store: an e2b container outlives a restart, a local one is
+	// expired at start (its sandbox died with the previous process). With Redis, a local container
+	// is recorded with this replica's address, and the sandboxes carry the deployment's tag.
+	sopts := sandbox.SessionOptions{
+		Store:         state,
+		Host:          self,
+		Registry:      func() *sandbox.Registry { return store.Load().Sandboxes },
+		SweepInterval: f.sweep,
+		Logger:        log,
+		Metrics:       reg,
+	}
+	if shared {
+		sopts.Metadata = map[string]string{sandbox.MetadataDeployment: deploymentTag(cfg.General.ContainerSecret)}
+	}
+	sessions, err := sandbox.NewSessions(ctx, sopts)
+	if err != nil {
+		return fail(err)
+	}
+	var replicas *peer.Peers
+	if shared {
+		replicas, err = peer.New(peer.Options{Store: state, Self: self, Expire: sessions.Expire, Logger: log.Named("replicas"),
+			Secret: func() string { return store.Load().Config.General.ContainerSecret }})
+		if err == nil {
+			err = replicas.Register(ctx)
+		}
+		if err != nil {
+			_ = ln.Close()
+			closeSandboxes(log, sessions, store)
+			return err
+		}
+		log.Info("replica registered", zap.String("advertise_url", self))
+	}
+	engine := intercept.New(intercept.Options{
+		Sessions: sessions,
+		Store:    intercept.OnStore(state, 0, nil),
+		Files:    state,
 		Logger:   log,
 		Metrics:  reg,
 	})
-	if err != nil {
-		_ = store.Close(context.Background())
-		return err
-	}
-	engine := intercept.New(intercept.Options{Sessions: sessions, Files: state, Logger: log, Metrics: reg})
 	client := upstream.NewClient(upstream.ClientOptions{Logger: log, Metrics: upstream.NewMetrics(reg)})
 
 	var draining atomic.Bool
@@ -245,17 +307,13 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		Interceptor: engine,
 		Files:       state,
 		Containers:  sessions,
+		Replicas:    replicas,
 		Logger:      log,
 		Registry:    reg,
 		Metrics:     metrics,
-		Ready:       func() bool { return !draining.Load() },
+		Ready:       readiness(&draining, state),
 	})
 
-	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
-	if err != nil {
-		closeSandboxes(log, sessions, store)
-		return fmt.Errorf("listen: %w", err)
-	}
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -264,7 +322,16 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	}
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
+	replicaCtx, stopReplica := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
+	if replicas != nil {
+		// The lease is renewed until the server has drained (stopReplica), then ended.
+		wg.Go(func() { replicas.Run(replicaCtx) })
+		wg.Go(func() {
+			sweepReplicas(watchCtx, f.sweep, replicas, state, func() *sandbox.Registry { return store.Load().Sandboxes },
+				deploymentTag(cfg.General.ContainerSecret), log.Named("replicas"))
+		})
+	}
 	wg.Go(func() {
 		reload := func(ctx context.Context) { _ = store.Reload(ctx) } // Reload logs and counts its outcome
 		if err := config.Watch(watchCtx, f.config, reload, config.WatchOptions{Logger: log}); err != nil && watchCtx.Err() == nil {
@@ -296,6 +363,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		_ = srv.Close()
 	}
 	cancel()
+	stopReplica()
 	stopWatch()
 	wg.Wait()
 	client.CloseIdleConnections()
@@ -305,27 +373,6 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	}
 	log.Info("stopped")
 	return nil
-}
-
-// openState opens the proxy's own state in --data-dir, else general_settings.data_dir, else the
-// default directory. It is read once: a data_dir changed by a reload applies at the next start.
-func openState(f flags, cfg *config.Config, log *zap.Logger) (*embedded.Store, error) {
-	dir := f.dataDir
-	if dir == "" {
-		dir = cfg.General.DataDir
-	}
-	if dir == "" {
-		var err error
-		if dir, err = embedded.DefaultDir(); err != nil {
-			return nil, err
-		}
-	}
-	st, err := embedded.Open(embedded.Options{Dir: dir, Logger: log})
-	if err != nil {
-		return nil, fmt.Errorf("data directory: %w", err)
-	}
-	log.Info("data directory", zap.String("dir", st.Dir()))
-	return st, nil
 }
 
 func closeSandboxes(log *zap.Logger, sessions *sandbox.Sessions, store *snapshot.Store) {

@@ -243,9 +243,12 @@ type General struct {
 	// When master_key names an os.environ variable that is not set, MasterKey holds a random key that
 	// nobody knows (so every request is refused rather than let through) and MissingEnv names the
 	// variable.
-	MasterKey          string
-	MissingEnv         string
-	ContainerSecret    string        // seals cntr_ ids (sandbox.KeyFromSecret); "" means a random key per process
+	MasterKey  string
+	MissingEnv string
+	// ContainerSecret is the secret the replicas of one deployment share: it authenticates the
+	// requests they forward to each other and tags their sandboxes; "" means a random key per
+	// process (one replica).
+	ContainerSecret    string
 	MaxRequestBodySize int64         // default 32 MiB
 	ShutdownGrace      time.Duration // default 30s
 	// DataDir holds the proxy's own state (Files API files, the container registry, stored
@@ -260,6 +263,10 @@ type General struct {
 	// ClientKeys are general_settings.client_keys: keys accepted besides MasterKey, each the owner
 	// named by its Name. Only digests of the keys are kept.
 	ClientKeys []ClientKey
+	// AdvertiseURL is the base URL (http or https, host and port, no path) at which the other
+	// replicas reach this one, for the requests they forward to it; "" means derived from the
+	// listen address when that is a specific one. Read once at start.
+	AdvertiseURL string
 }
 
 // ProviderEnabled reports whether interception applies to deployments of provider: EnabledProviders

@@ -3,7 +3,9 @@ package config
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -419,7 +421,7 @@ func (d *decoder) general(n *yaml.Node) General {
 	cs := p.String("container_secret")
 	g.ContainerSecret = cs.S
 	if cs.Env != "" && !cs.Present {
-		d.AmendWarning(": container ids are sealed with a random key per process")
+		d.AmendWarning(": replicas that share Redis need it, and do not start without it")
 	}
 	g.MaxRequestBodySize, _ = p.Size("max_request_body_size", DefaultMaxRequestBodySize)
 	// LiteLLM's max_request_size_mb, in MiB, applies when this proxy's own key is absent.
@@ -438,9 +440,36 @@ func (d *decoder) general(n *yaml.Node) General {
 	g.MaxFileStoragePerKey, _ = p.Size("max_file_storage_per_key", DefaultMaxFileStoragePerKey)
 	g.Quotas = d.quotas(p)
 	g.ClientKeys = d.clientKeys(p.Node("client_keys"), g.Quotas, g.MasterKey)
+	if v := p.String("advertise_url"); v.Present && strings.TrimSpace(v.S) != "" {
+		if err := CheckAdvertiseURL(strings.TrimSpace(v.S)); err != nil {
+			d.Errorf(p.ValueLine("advertise_url"), "%s: %v%s", p.Key("advertise_url"), err, v.FromEnv())
+		} else {
+			g.AdvertiseURL = strings.TrimRight(strings.TrimSpace(v.S), "/")
+		}
+	}
 	return g
 }
 
 func randomKey() string {
 	return "unset-" + rand.Text() + rand.Text()
+}
+
+// CheckAdvertiseURL reports what is wrong with u as an advertised address (general_settings'
+// advertise_url, the --advertise-url flag): it must be an http or https URL with a host and a
+// port, and nothing else (no credentials, path, query or fragment).
+func CheckAdvertiseURL(u string) error {
+	parsed, err := url.Parse(u)
+	switch {
+	case err != nil:
+		return errors.New("not a URL")
+	case parsed.Scheme != "http" && parsed.Scheme != "https":
+		return errors.New("must be an http:// or https:// URL")
+	case parsed.Hostname() == "" || parsed.Port() == "":
+		return errors.New("must name a host and a port (http://10.0.0.5:4000)")
+	case parsed.User != nil:
+		return errors.New("must not hold credentials")
+	case strings.Trim(parsed.Path, "/") != "" || parsed.RawQuery != "" || parsed.Fragment != "":
+		return errors.New("must have no path, query or fragment")
+	}
+	return nil
 }

@@ -413,3 +413,41 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("Defaults() = %+v; want the empty file's configuration %+v", c, parsed)
 	}
 }
+
+func TestAdvertiseURL(t *testing.T) {
+	cases := []struct {
+		value string
+		want  string // "" when it is an error
+	}{
+		{"http://10.0.0.5:4000", "http://10.0.0.5:4000"},
+		{"https://proxy-0.proxy.svc:4000/", "https://proxy-0.proxy.svc:4000"},
+		{"http://[fd00::5]:4000", "http://[fd00::5]:4000"},
+		{"10.0.0.5:4000", ""},
+		{"http://10.0.0.5", ""},
+		{"http://u:p@10.0.0.5:4000", ""},
+		{"http://10.0.0.5:4000/v1", ""},
+		{"ftp://10.0.0.5:21", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.value, func(t *testing.T) {
+			cfg, err := ParseWith([]byte("general_settings:\n  master_key: k\n  advertise_url: \""+tc.value+"\"\n"), "c.yaml", ParseOptions{})
+			if tc.want == "" {
+				if err == nil || !strings.Contains(err.Error(), "advertise_url") || !strings.Contains(err.Error(), "c.yaml:3:") {
+					t.Errorf("Parse = %v; want an error naming advertise_url and its line", err)
+				}
+				return
+			}
+			if err != nil || cfg.General.AdvertiseURL != tc.want {
+				t.Errorf("Parse = %q, %v; want %q", cfg.General.AdvertiseURL, err, tc.want)
+			}
+		})
+	}
+	// os.environ/ works as for every value: POD_IP through the downward API.
+	env := func(name string) (string, bool) {
+		return map[string]string{"ADVERTISE": "http://10.1.2.3:4000"}[name], name == "ADVERTISE"
+	}
+	cfg, err := ParseWith([]byte("general_settings:\n  master_key: k\n  advertise_url: os.environ/ADVERTISE\n"), "c.yaml", ParseOptions{LookupEnv: env})
+	if err != nil || cfg.General.AdvertiseURL != "http://10.1.2.3:4000" {
+		t.Errorf("from the environment = %q, %v", cfg.General.AdvertiseURL, err)
+	}
+}

@@ -359,6 +359,7 @@ var vocabulary = map[string][]vocabKey{
 		{"container_create_burst", read, ""},          // ciproxy's own
 		{"max_concurrent_requests", read, ""},         // ciproxy's own
 		{"max_concurrent_requests_per_key", read, ""}, // ciproxy's own
+		{"advertise_url", read, ""},                   // ciproxy's own: where the other replicas reach this one
 		{"max_request_size_mb", read, ""},
 		{"completion_model", ignore, whyDefaults},
 		{"image_generation_model", ignore, whyDefaults},

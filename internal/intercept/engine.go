@@ -164,7 +164,11 @@ func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Req
 		aerr = req.resolve(lookup{ctx: ctx, store: e.store, caller: caller, stateless: in.Stateless})
 	}
 	if aerr != nil {
-		e.m.requests.WithLabelValues("client_error").Inc()
+		result := "client_error"
+		if aerr.Status >= 500 {
+			result = "error" // the store could not answer
+		}
+		e.m.requests.WithLabelValues(result).Inc()
 		return aerr
 	}
 	if err := req.findFiles(ctx, e.files, caller); err != nil {

@@ -265,7 +265,7 @@ func testWithoutCodeInterpreter(t *testing.T, api upstreamAPI) {
 			if n := len(h.up.Requests()); n != 1 {
 				t.Errorf("upstream calls = %d; want 1", n)
 			}
-			if !h.eng.Minted(r.Context(), id) {
+			if ok, _ := h.eng.Minted(r.Context(), id); !ok {
 				t.Error("the response id was not stored")
 			}
 			if h.fake.Created() != 0 || len(h.fake.Codes()) != 0 {

@@ -73,22 +73,22 @@ func TestMemoryStoreExpires(t *testing.T) {
 	now := time.Unix(1000, 0)
 	s := NewMemoryStore(time.Minute, func() time.Time { return now })
 	ctx := context.Background()
-	s.Put(ctx, "resp_1", StoredResponse{Owner: "a", UpstreamID: "up_1"}, map[string]StoredCall{"ci_1": {Owner: "a", CallID: "call_1"}})
-	if r, ok := s.Response(ctx, "resp_1"); !ok || r.UpstreamID != "up_1" {
+	_ = s.Put(ctx, "resp_1", StoredResponse{Owner: "a", UpstreamID: "up_1"}, map[string]StoredCall{"ci_1": {Owner: "a", CallID: "call_1"}})
+	if r, ok, _ := s.Response(ctx, "resp_1"); !ok || r.UpstreamID != "up_1" {
 		t.Fatalf("Response = %v, %v", r, ok)
 	}
-	if c, ok := s.Call(ctx, "ci_1"); !ok || c.CallID != "call_1" {
+	if c, ok, _ := s.Call(ctx, "ci_1"); !ok || c.CallID != "call_1" {
 		t.Fatalf("Call = %v, %v", c, ok)
 	}
 	now = now.Add(time.Minute)
-	if _, ok := s.Response(ctx, "resp_1"); ok {
+	if _, ok, _ := s.Response(ctx, "resp_1"); ok {
 		t.Error("Response found after its TTL")
 	}
-	if _, ok := s.Call(ctx, "ci_1"); ok {
+	if _, ok, _ := s.Call(ctx, "ci_1"); ok {
 		t.Error("Call found after its TTL")
 	}
 	for i := range 256 {
-		s.Put(ctx, fmt.Sprint("r", i), StoredResponse{}, nil)
+		_ = s.Put(ctx, fmt.Sprint("r", i), StoredResponse{}, nil)
 	}
 	if r, c := s.Len(); r != 256 || c != 0 {
 		t.Errorf("after a sweep: %d responses, %d calls; want 256, 0", r, c)

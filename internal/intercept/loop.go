@@ -158,7 +158,11 @@ func (r *run) complete(ctx context.Context, turns, pending [][]byte) error {
 			sr.Pending = r.req.conversation(turns, r.tr.turn(), pending)
 		}
 	}
-	r.e.store.Put(ctx, r.id, sr, r.stored)
+	if err := r.e.store.Put(ctx, r.id, sr, r.stored); err != nil {
+		// The client must not get a response id that cannot be continued.
+		r.cont.stored = false
+		return fmt.Errorf("intercept: storing the response: %w", err)
+	}
 	return r.emit(ev)
 }
 

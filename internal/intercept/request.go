@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 
@@ -97,6 +98,15 @@ type lookup struct {
 	// items are the items of the conversation previous_response_id stands for when the proxy
 	// kept it, by id, for item_reference items.
 	items map[string][]byte
+	// err receives the first error of the store (resolve sets it up and returns it).
+	err *error
+}
+
+// fail records the store's first error.
+func (lk lookup) fail(err error) {
+	if lk.err != nil && *lk.err == nil {
+		*lk.err = err
+	}
 }
 
 // wants reports whether a request is one the engine intercepts: the tools list holds a
@@ -276,20 +286,26 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 // calls; code_interpreter_call items (and references to them) sent back as input become the
 // function_call and function_call_output pairs the upstream saw, and references to items of a
 // kept conversation become those items. Records of another caller are not used. A nil lk.store
-// resolves nothing.
+// resolves nothing. A store that cannot answer is a 503 (store_unavailable): the request cannot be
+// resolved.
 //
 // For a stateless upstream previous_response_id never goes upstream: one whose conversation the
 // proxy did not keep (unknown, another caller's, store false, or continued upstream) is the 400
 // previous_response_not_found OpenAI answers for an unknown id. For any other upstream an id the
 // proxy did not mint passes through, for the upstream to resolve.
 func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
+	var failed error
+	lk.err = &failed
 	var pending [][]byte
 	prevRaw := gjson.GetBytes(r.raw, "previous_response_id")
 	if prev := prevRaw.String(); prev != "" {
 		var sr StoredResponse
 		known := false
 		if lk.store != nil {
-			sr, known = lk.store.Response(lk.ctx, prev)
+			var err error
+			if sr, known, err = lk.store.Response(lk.ctx, prev); err != nil {
+				return storeUnavailable(err)
+			}
 			known = known && sr.Owner == lk.caller
 		}
 		kept := known && sr.UpstreamID == "" && len(sr.Pending) > 0 // the proxy kept the conversation
@@ -331,7 +347,16 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 			return true
 		})
 	}
+	if failed != nil {
+		return storeUnavailable(failed)
+	}
 	return nil
+}
+
+// storeUnavailable is the error of a request that needs a record the store cannot read now.
+func storeUnavailable(err error) *apierror.Error {
+	return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "store_unavailable",
+		Message: "The service's state store is unavailable; please try again shortly.", Err: err}
 }
 
 // itemsByID indexes the items of a kept conversation by id.
@@ -416,7 +441,8 @@ func storedCall(lk lookup, id string) (StoredCall, bool) {
 	if lk.store == nil || id == "" {
 		return StoredCall{}, false
 	}
-	sc, ok := lk.store.Call(lk.ctx, id)
+	sc, ok, err := lk.store.Call(lk.ctx, id)
+	lk.fail(err)
 	if !ok || sc.Owner != lk.caller {
 		return StoredCall{}, false
 	}

@@ -9,19 +9,24 @@ import (
 // Store remembers what the proxy needs to continue a conversation that it intercepted: which
 // upstream response a client-visible response id stands for, which container it used, and the
 // code_interpreter_call items it minted. Implementations are safe for concurrent use. The
-// in-memory store is the default; a shared store lets several replicas serve one conversation.
+// in-memory store is the default; OnStore puts the records in a store.Responses (the embedded
+// store, or the shared one that lets several replicas serve one conversation).
+//
+// A record that does not exist is found false with a nil error; an error means the store could
+// not answer (errors.Is(err, store.ErrUnavailable) when it cannot be reached), and the request
+// fails with it rather than go on as if the record did not exist.
 type Store interface {
 	// Response returns the record stored under a response id minted by this proxy.
-	Response(ctx context.Context, id string) (StoredResponse, bool)
+	Response(ctx context.Context, id string) (StoredResponse, bool, error)
 	// Call returns the record of a code_interpreter_call item ("ci_...") minted by this proxy.
-	Call(ctx context.Context, id string) (StoredCall, bool)
+	Call(ctx context.Context, id string) (StoredCall, bool, error)
 	// Put stores one finished response and its calls.
-	Put(ctx context.Context, id string, r StoredResponse, calls map[string]StoredCall)
+	Put(ctx context.Context, id string, r StoredResponse, calls map[string]StoredCall) error
 	// Delete forgets what a response held (DELETE /v1/responses/{id}): its id stays known, with
 	// its owner only, until it expires, so later requests naming it are answered as for a deleted
 	// response rather than passed to an upstream that never heard of it. Its calls stay for
 	// stateless replay.
-	Delete(ctx context.Context, id string)
+	Delete(ctx context.Context, id string) error
 }
 
 // StoredResponse is what a client-visible response id maps to.
@@ -106,30 +111,30 @@ const MaxBodyBytes = 256 << 20
 var _ Store = (*MemoryStore)(nil)
 
 // Response implements [Store.Response].
-func (s *MemoryStore) Response(_ context.Context, id string) (StoredResponse, bool) {
+func (s *MemoryStore) Response(_ context.Context, id string) (StoredResponse, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.responses[id]
 	if !ok || !s.now().Before(e.expires) {
-		return StoredResponse{}, false
+		return StoredResponse{}, false, nil
 	}
-	return e.v, true
+	return e.v, true, nil
 }
 
 // Call implements [Store.Call].
-func (s *MemoryStore) Call(_ context.Context, id string) (StoredCall, bool) {
+func (s *MemoryStore) Call(_ context.Context, id string) (StoredCall, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.calls[id]
 	if !ok || !s.now().Before(e.expires) {
-		return StoredCall{}, false
+		return StoredCall{}, false, nil
 	}
-	return e.v, true
+	return e.v, true, nil
 }
 
 // Put implements [Store.Put]. Every 256 puts it sweeps expired entries, so memory stays bounded
 // by the traffic of one TTL.
-func (s *MemoryStore) Put(_ context.Context, id string, r StoredResponse, calls map[string]StoredCall) {
+func (s *MemoryStore) Put(_ context.Context, id string, r StoredResponse, calls map[string]StoredCall) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -153,18 +158,20 @@ func (s *MemoryStore) Put(_ context.Context, id string, r StoredResponse, calls 
 	if s.puts%256 == 0 {
 		s.sweepLocked(now)
 	}
+	return nil
 }
 
 // Delete implements [Store.Delete].
-func (s *MemoryStore) Delete(_ context.Context, id string) {
+func (s *MemoryStore) Delete(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.responses[id]
 	if !ok {
-		return
+		return nil
 	}
 	s.forgetLocked(id)
 	s.responses[id] = storedEntry[StoredResponse]{v: StoredResponse{Owner: e.v.Owner}, expires: e.expires}
+	return nil
 }
 
 // forgetLocked drops a response and gives its body's bytes back to the budget.

@@ -15,10 +15,11 @@ import (
 
 // Minted reports whether id is a response id this proxy minted and still remembers, whoever its
 // owner: GET and DELETE /v1/responses/{id} for it are ServeStored's, since the upstream has never
-// heard of it. Any other id passes through to the upstream.
-func (e *Engine) Minted(ctx context.Context, id string) bool {
-	_, ok := e.store.Response(ctx, id)
-	return ok
+// heard of it. Any other id passes through to the upstream. An error means the store could not
+// answer, so nobody can tell.
+func (e *Engine) Minted(ctx context.Context, id string) (bool, error) {
+	_, ok, err := e.store.Response(ctx, id)
+	return ok, err
 }
 
 // ServeStored answers GET and DELETE /v1/responses/{id} for a response this proxy minted, as
@@ -30,7 +31,10 @@ func (e *Engine) Minted(ctx context.Context, id string) bool {
 // writes it.
 func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error {
 	notFound := apierror.NotFound("Response with id '"+id+"' not found.", "")
-	sr, ok := e.store.Response(r.Context(), id)
+	sr, ok, err := e.store.Response(r.Context(), id)
+	if err != nil {
+		return err
+	}
 	if !ok || sr.Owner != caller {
 		return notFound
 	}
@@ -49,7 +53,9 @@ func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller 
 		if sr.Body == nil {
 			return notFound // not stored, or deleted already
 		}
-		e.store.Delete(r.Context(), id)
+		if err := e.store.Delete(r.Context(), id); err != nil {
+			return err
+		}
 		writeJSON(w, marshal(deletedResponse{ID: id, Object: "response", Deleted: true}))
 	default:
 		return &apierror.Error{Status: http.StatusMethodNotAllowed, Message: "Method " + r.Method + " is not allowed for " + r.URL.Path + ".", Type: "invalid_request_error"}
@@ -73,7 +79,10 @@ func writeJSON(w http.ResponseWriter, body []byte) {
 // message.input_image.image_url. A response another caller minted, or one stored without its
 // input (store false), is a 404. An error means nothing was written; the caller writes it.
 func (e *Engine) ServeInputItems(w http.ResponseWriter, r *http.Request, id, caller string) error {
-	sr, ok := e.store.Response(r.Context(), id)
+	sr, ok, err := e.store.Response(r.Context(), id)
+	if err != nil {
+		return err
+	}
 	if !ok || sr.Owner != caller || sr.Input == nil {
 		return apierror.NotFound("Response with id '"+id+"' not found.", "")
 	}

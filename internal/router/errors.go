@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -16,8 +17,10 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 
 // handle adapts h to http.Handler. A returned error is written in one place: an upstream's own
 // error answer (*upstream.StatusError, as the interceptor returns it) is sent as it came, as
-// pass-through would have sent it; an *apierror.Error in the chain is sent as it is (its cause
-// only logged); anything else becomes a generic 500 whose details reach the log only. When the
+// pass-through would have sent it; a failure of the state store to answer (store.ErrUnavailable
+// anywhere in the chain, even under a sandbox error) is a 503 the client may retry; an
+// *apierror.Error in the chain is sent as it is (its cause only logged); anything else becomes a
+// generic 500 whose details reach the log only. When the
 // response has already started, nothing more can be sent honestly, so the error is logged
 // instead. A request whose client went away is not an error.
 func (s *server) handle(h handlerFunc) http.HandlerFunc {
@@ -40,6 +43,9 @@ func (s *server) handle(h handlerFunc) http.HandlerFunc {
 			return
 		}
 		e := apierror.From(err)
+		if errors.Is(err, store.ErrUnavailable) {
+			e = storeUnavailable(err)
+		}
 		fields := []zap.Field{
 			zap.String("request_id", RequestID(r.Context())),
 			zap.String("path", r.URL.Path),
@@ -54,6 +60,13 @@ func (s *server) handle(h handlerFunc) http.HandlerFunc {
 		}
 		apierror.Write(ww, e)
 	}
+}
+
+// storeUnavailable is the answer when the state store (Redis, for replicas) cannot be reached:
+// what needs it fails until it is back, and the client may retry.
+func storeUnavailable(cause error) *apierror.Error {
+	return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "store_unavailable",
+		Message: "The service's state store is unavailable; please try again shortly.", Err: cause}
 }
 
 // notFound answers an unknown path in OpenAI's shape.

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 func TestHandleErrors(t *testing.T) {
@@ -46,6 +47,15 @@ func TestHandleErrors(t *testing.T) {
 				return fmt.Errorf("calling: %w", apierror.BadGateway("The upstream request failed.", "upstream_error", secret))
 			},
 			wantStatus: http.StatusBadGateway, wantBody: "The upstream request failed.", notInBody: "secret-internal-detail",
+			wantLog: "request failed",
+		},
+		{
+			name: "an unreachable store is a 503, even under a sandbox error",
+			h: func(w http.ResponseWriter, r *http.Request) error {
+				cause := fmt.Errorf("%w: redis: %w", store.ErrUnavailable, secret)
+				return apierror.BadGateway("The code interpreter sandbox is unavailable.", "sandbox_unavailable", cause)
+			},
+			wantStatus: http.StatusServiceUnavailable, wantBody: `"code":"store_unavailable"`, notInBody: "secret-internal-detail",
 			wantLog: "request failed",
 		},
 		{

@@ -23,10 +23,17 @@ func healthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 // readyz reports whether the proxy can serve: a configuration is loaded and Options.Ready agrees.
+// A 503 says why in "reason".
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
-	if configFrom(r.Context()) == nil || (s.ready != nil && !s.ready()) {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
+	if configFrom(r.Context()) == nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": "no configuration is loaded"})
 		return
+	}
+	if s.ready != nil {
+		if err := s.ready(r.Context()); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
+			return
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
@@ -103,6 +110,9 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 		ir.Upstream, ir.Stateless = upstream.NewChatAPI(target, upstream.ChatOptionsFor(deps[0])), true
 	}
 	if s.interceptor.Handles(ir) {
+		if forwarded, err := s.forwardResponses(w, r, req, ir.Caller); forwarded || err != nil {
+			return err // the replica that hosts the container admits and serves it
+		}
 		done, err := s.inflight.admit(r.Context())
 		if err != nil {
 			return err
@@ -128,8 +138,15 @@ func (s *server) modelPassthrough(w http.ResponseWriter, r *http.Request) error 
 // storedResponse serves GET and DELETE /v1/responses/{id}: the interceptor answers for the ids it
 // minted; every other id goes to byID.
 func (s *server) storedResponse(w http.ResponseWriter, r *http.Request) error {
-	if id := chi.URLParam(r, "id"); s.interceptor != nil && s.interceptor.Minted(r.Context(), id) {
-		return s.interceptor.ServeStored(w, r, id, Caller(r.Context()))
+	if s.interceptor != nil {
+		id := chi.URLParam(r, "id")
+		minted, err := s.interceptor.Minted(r.Context(), id)
+		if err != nil {
+			return err
+		}
+		if minted {
+			return s.interceptor.ServeStored(w, r, id, Caller(r.Context()))
+		}
 	}
 	return s.byID(w, r)
 }
@@ -137,8 +154,15 @@ func (s *server) storedResponse(w http.ResponseWriter, r *http.Request) error {
 // inputItems serves GET /v1/responses/{id}/input_items: the interceptor answers for the ids it
 // minted; every other id goes to byID.
 func (s *server) inputItems(w http.ResponseWriter, r *http.Request) error {
-	if id := chi.URLParam(r, "id"); s.interceptor != nil && s.interceptor.Minted(r.Context(), id) {
-		return s.interceptor.ServeInputItems(w, r, id, Caller(r.Context()))
+	if s.interceptor != nil {
+		id := chi.URLParam(r, "id")
+		minted, err := s.interceptor.Minted(r.Context(), id)
+		if err != nil {
+			return err
+		}
+		if minted {
+			return s.interceptor.ServeInputItems(w, r, id, Caller(r.Context()))
+		}
 	}
 	return s.byID(w, r)
 }

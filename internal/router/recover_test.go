@@ -18,7 +18,7 @@ type panicking struct {
 }
 
 func (panicking) Handles(*intercept.Request) bool                                      { return true }
-func (panicking) Minted(context.Context, string) bool                                  { return false }
+func (panicking) Minted(context.Context, string) (bool, error)                         { return false, nil }
 func (panicking) ServeStored(http.ResponseWriter, *http.Request, string, string) error { return nil }
 func (panicking) ServeInputItems(http.ResponseWriter, *http.Request, string, string) error {
 	return nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/intercept"
+	"github.com/ciproxy/ciproxy/internal/peer"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/store"
@@ -30,11 +31,12 @@ import (
 //
 // GET and DELETE /v1/responses/{id} go to ServeStored, and GET /v1/responses/{id}/input_items to
 // ServeInputItems, when Minted reports that the id is one the interceptor minted (the upstream
-// has never heard of it); every other id passes through. Their errors are written the same way.
+// has never heard of it); every other id passes through. An error from Minted (its store cannot
+// answer) and their errors are written the same way.
 type Interceptor interface {
 	Handles(req *intercept.Request) bool
 	ServeResponses(w http.ResponseWriter, r *http.Request, req *intercept.Request) error
-	Minted(ctx context.Context, id string) bool
+	Minted(ctx context.Context, id string) (bool, error)
 	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error
 	ServeInputItems(w http.ResponseWriter, r *http.Request, id, caller string) error
 }
@@ -54,6 +56,9 @@ type Options struct {
 	Interceptor Interceptor
 	// Files stores the Files API's files (/v1/files). Nil: the Files API is not served.
 	Files store.Files
+	// Replicas are the other replicas sharing the store: requests for a container that one of them
+	// hosts are forwarded to it (see forward.go). Nil: one replica, nothing is forwarded.
+	Replicas *peer.Peers
 	// Containers are the containers the code_interpreter tool runs in, served by the Containers
 	// API (/v1/containers). Nil: the Containers API is not served.
 	Containers *sandbox.Sessions
@@ -65,8 +70,9 @@ type Options struct {
 	// Metrics, when set, is used instead of creating the router's metrics on Registry, so that the
 	// caller can count config reloads on the same collectors (see NewMetrics).
 	Metrics *Metrics
-	// Ready reports whether the proxy can serve (/readyz). Nil: ready once a config is loaded.
-	Ready func() bool
+	// Ready reports whether the proxy can serve (/readyz): nil, or why not (shown in the answer, so
+	// it must hold no secret). Nil: ready once a config is loaded.
+	Ready func(ctx context.Context) error
 	// BodyReadTimeout bounds how long reading a request body may take. Zero: 60s.
 	BodyReadTimeout time.Duration
 	// Now is the clock. Nil: time.Now.
@@ -80,10 +86,11 @@ type server struct {
 	balancer    *upstream.Balancer
 	interceptor Interceptor
 	files       store.Files
+	replicas    *peer.Peers
 	containers  *sandbox.Sessions
 	log         *zap.Logger
 	metrics     *Metrics
-	ready       func() bool
+	ready       func(context.Context) error
 	bodyTimeout time.Duration
 	now         func() time.Time
 	started     time.Time
@@ -101,6 +108,7 @@ func New(opts Options) http.Handler {
 		balancer:    opts.Balancer,
 		interceptor: opts.Interceptor,
 		files:       opts.Files,
+		replicas:    opts.Replicas,
 		containers:  opts.Containers,
 		log:         opts.Logger,
 		metrics:     opts.Metrics,
@@ -128,7 +136,7 @@ func New(opts Options) http.Handler {
 	s.started = s.now()
 
 	r := chi.NewRouter()
-	r.Use(requestID, accessLog(s.log), s.metrics.middleware, recoverer(s.log), s.snapshot)
+	r.Use(requestID, accessLog(s.log), s.metrics.middleware, recoverer(s.log), s.snapshot, s.peerCheck)
 	r.NotFound(s.handle(notFound))
 	r.MethodNotAllowed(s.handle(methodNotAllowed))
 
@@ -146,18 +154,18 @@ func New(opts Options) http.Handler {
 	}
 	if s.containers != nil {
 		// Container file uploads likewise: bounded by max_file_upload_size, streamed to the sandbox.
-		r.With(auth).Post("/v1/containers/{id}/files", s.handle(s.createContainerFile))
-		r.With(auth).Post("/containers/{id}/files", s.handle(s.createContainerFile))
+		r.With(auth, s.forwardContainers).Post("/v1/containers/{id}/files", s.handle(s.createContainerFile))
+		r.With(auth, s.forwardContainers).Post("/containers/{id}/files", s.handle(s.createContainerFile))
 	}
 
 	r.Route("/v1", func(v chi.Router) {
-		v.Use(auth, bodyLimit)
+		v.Use(auth, s.forwardContainers, bodyLimit)
 		v.NotFound(s.handle(notFound))
 		v.MethodNotAllowed(s.handle(methodNotAllowed))
 		s.api(v)
 	})
 	r.Group(func(g chi.Router) {
-		g.Use(auth, bodyLimit)
+		g.Use(auth, s.forwardContainers, bodyLimit)
 		s.api(g)
 	})
 	return r

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -292,7 +293,14 @@ func TestUpstreamErrors(t *testing.T) {
 
 func TestReadiness(t *testing.T) {
 	var ready atomic.Bool
-	p := newProxy(t, testConfig("http://127.0.0.1:1/v1"), func(o *Options) { o.Ready = ready.Load })
+	p := newProxy(t, testConfig("http://127.0.0.1:1/v1"), func(o *Options) {
+		o.Ready = func(context.Context) error {
+			if !ready.Load() {
+				return errors.New("the state store is unavailable")
+			}
+			return nil
+		}
+	})
 	empty := newProxy(t, nil)
 	cases := []struct {
 		name  string
@@ -310,8 +318,12 @@ func TestReadiness(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ready.Store(tc.ready)
-			if status, _, body := tc.p.do(t, http.MethodGet, tc.path, ""); status != tc.want {
+			status, _, body := tc.p.do(t, http.MethodGet, tc.path, "")
+			if status != tc.want {
 				t.Errorf("GET %s = %d %s; want %d", tc.path, status, body, tc.want)
+			}
+			if tc.p == p && tc.path == "/readyz" && !tc.ready && !strings.Contains(string(body), "the state store is unavailable") {
+				t.Errorf("GET /readyz = %s; want the reason", body)
 			}
 		})
 	}
@@ -360,7 +372,9 @@ func (ri *recordingInterceptor) ServeResponses(w http.ResponseWriter, r *http.Re
 }
 
 // Minted claims the id "resp_ours" and lets every other id pass through.
-func (ri *recordingInterceptor) Minted(_ context.Context, id string) bool { return id == "resp_ours" }
+func (ri *recordingInterceptor) Minted(_ context.Context, id string) (bool, error) {
+	return id == "resp_ours", nil
+}
 
 func (ri *recordingInterceptor) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error {
 	w.Header().Set("Content-Type", "application/json")

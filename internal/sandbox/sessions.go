@@ -110,6 +110,10 @@ type SessionOptions struct {
 	// Retention is how long an expired container stays visible (status "expired", its files still
 	// listed) before the store forgets it (default DefaultRetention).
 	Retention time.Duration
+	// Metadata is added to the metadata of every sandbox created (where the backend keeps it):
+	// the deployment's tag (MetadataDeployment), so that an orphan sweep tells this deployment's
+	// sandboxes from another's (SweepOrphans).
+	Metadata map[string]string
 }
 
 // Sessions are the containers: "cntr_" ids minted by the store, one store record per container
@@ -276,6 +280,14 @@ func (s *Sessions) claimRecord(ctx context.Context, rec store.Container) (bool, 
 	return false, err
 }
 
+// Expire marks rec expired, unless another writer changed it since it was read: for a container
+// whose sandbox is known to be gone with the replica that hosted it (peer.Options.Expire). It does
+// not delete the sandbox.
+func (s *Sessions) Expire(ctx context.Context, rec store.Container) error {
+	_, err := s.claimRecord(ctx, rec)
+	return err
+}
+
 // errClaimed stops a Modify of a record that another process has expired.
 var errClaimed = errors.New("container claimed as expired")
 
@@ -334,7 +346,20 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	if opts.Metadata == nil {
 		opts.Metadata = map[string]string{}
 	}
+	maps.Copy(opts.Metadata, s.opts.Metadata)
 	opts.Metadata[MetadataContainerID] = id
+	// From before the sandbox exists until its record does (or it is deleted), the id is claimed
+	// as being created, so that no orphan sweep takes the new sandbox for one.
+	creating := CreatingClaim(id)
+	if _, err := s.st.Claim(ctx, creating, s.host, createTimeout+keepAliveMargin); err != nil {
+		s.releaseEntry(ctx, ent, tool)
+		return nil, fmt.Errorf("sandbox tool %q: %w: %w", tool, ErrUnavailable, err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
+		defer cancel()
+		_ = s.st.Release(rctx, creating, s.host) // else it runs out
+	}()
 
 	start := time.Now()
 	h, settled, err := s.createDetached(ctx, ent, opts)
@@ -591,8 +616,11 @@ func (s *Sessions) touch(ctx context.Context, c *Container) error {
 		return nil
 	})
 	switch {
-	case errors.Is(err, errClaimed), errors.Is(err, store.ErrNotFound):
-		s.forget(c)
+	case errors.Is(err, errClaimed):
+		s.forget(c) // the process that claimed it deletes the sandbox
+		return errExpired
+	case errors.Is(err, store.ErrNotFound):
+		s.dropLost(ctx, c)
 		return errExpired
 	case err != nil:
 		return fmt.Errorf("%w: recording the container's use: %w", ErrUnavailable, err)
@@ -610,6 +638,38 @@ func (s *Sessions) touch(ctx context.Context, c *Container) error {
 
 // forget drops c from this process without deleting its sandbox: another process expired or
 // deleted its record and deletes the sandbox.
+// refresh brings what this process knows of c's expiry up to its record: a later expiry (another
+// replica used it), a claim by another process (which deletes the sandbox), or no record at all.
+func (s *Sessions) refresh(ctx context.Context, c *Container) {
+	rec, err := s.st.Container(ctx, c.owner, c.id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		s.dropLost(ctx, c)
+	case err != nil:
+		s.log.Warn("reading the record of an idle container", zap.String("container", c.id), zap.Error(err))
+	case rec.Status == StatusExpired:
+		s.forget(c)
+	default:
+		s.mu.Lock()
+		c.expiresAt = rec.ExpiresAt
+		s.mu.Unlock()
+	}
+}
+
+// dropLost deletes the sandbox of a container whose record is gone (a store that lost its keys, as
+// a Redis restarted empty): nobody can name it any more, and nobody else will delete it. A
+// container still held is deleted by the touch of its last release.
+func (s *Sessions) dropLost(ctx context.Context, c *Container) {
+	s.mu.Lock()
+	if c.deleting || c.users > 0 || c.busy > 0 {
+		s.mu.Unlock()
+		return
+	}
+	s.markDeletingLocked(c)
+	s.mu.Unlock()
+	s.deleteNow(ctx, c, "record lost")
+}
+
 func (s *Sessions) forget(c *Container) {
 	s.mu.Lock()
 	if c.deleting {
@@ -778,6 +838,23 @@ func (s *Sessions) Sweep(ctx context.Context) int {
 	}
 	var doomed []*Container
 	var orphans []store.Container
+	listed := make(map[string]bool, len(due))
+	for _, rec := range due {
+		listed[rec.ID] = true
+	}
+	// A container this process holds in memory, idle past its expiry, that the store does not list
+	// as due: its record was extended by another replica, claimed, or lost (see refresh).
+	var stale []*Container
+	s.mu.Lock()
+	for id, c := range s.live {
+		if !listed[id] && !c.deleting && c.users == 0 && c.busy == 0 && !c.expiresAt.IsZero() && !now.Before(c.expiresAt) {
+			stale = append(stale, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range stale {
+		s.refresh(ctx, c)
+	}
 	s.mu.Lock()
 	for _, rec := range due {
 		if s.opts.Host != "" && rec.Host != "" && rec.Host != s.host {

@@ -132,8 +132,10 @@ type Call struct {
 	ID     string `json:"id"` // the code_interpreter_call item id
 	Owner  string `json:"owner"`
 	CallID string `json:"call_id"` // the upstream's call_id
-	Code   string `json:"code"`
-	Output string `json:"output"` // the function_call_output text the model was given
+	// ContainerID is the cntr_ id of the container the code ran in ("" if unknown).
+	ContainerID string `json:"container_id,omitempty"`
+	Code        string `json:"code"`
+	Output      string `json:"output"` // the function_call_output text the model was given
 	// ExpiresAt is when the call is forgotten; zero means never.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
@@ -297,4 +299,6 @@ type Claims interface {
 	Claim(ctx context.Context, key, holder string, ttl time.Duration) (bool, error)
 	// Release ends holder's claim on key. A claim held by someone else is left alone.
 	Release(ctx context.Context, key, holder string) error
+	// Holder returns who holds key now, "" when no one does. It changes nothing.
+	Holder(ctx context.Context, key string) (string, error)
 }

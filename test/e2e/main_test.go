@@ -87,11 +87,17 @@ type proxy struct {
 // exit status 0 required) by t.Cleanup unless the test stops it first.
 func startProxy(t *testing.T, cfg string, env ...string) *proxy {
 	t.Helper()
+	return startProxyArgs(t, cfg, nil, env...)
+}
+
+// startProxyArgs is startProxy with more command-line arguments.
+func startProxyArgs(t *testing.T, cfg string, args []string, env ...string) *proxy {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(proxyBin, "--config", path, "--host", "127.0.0.1", "--port", "0", "--data-dir", filepath.Join(t.TempDir(), "data"))
+	cmd := exec.Command(proxyBin, append([]string{"--config", path, "--host", "127.0.0.1", "--port", "0", "--data-dir", filepath.Join(t.TempDir(), "data")}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

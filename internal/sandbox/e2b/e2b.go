@@ -386,6 +386,12 @@ func (p *Provider) dataHeaders(req *http.Request, h sandbox.Handle, port int) {
 // control sends one control-plane request, bounded by RequestTimeout, and decodes a 2xx JSON body
 // into out (when out is non-nil).
 func (p *Provider) control(ctx context.Context, op, method, path string, body []byte, out any) error {
+	_, err := p.controlHeader(ctx, op, method, path, body, out)
+	return err
+}
+
+// controlHeader is control, returning the answer's headers too.
+func (p *Provider) controlHeader(ctx context.Context, op, method, path string, body []byte, out any) (http.Header, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
 	defer cancel()
 	var rd io.Reader
@@ -394,7 +400,7 @@ func (p *Provider) control(ctx context.Context, op, method, path string, body []
 	}
 	req, err := http.NewRequestWithContext(ctx, method, p.apiBase+path, rd)
 	if err != nil {
-		return fmt.Errorf("%w: e2b %s: %w", sandbox.ErrUnavailable, op, err)
+		return nil, fmt.Errorf("%w: e2b %s: %w", sandbox.ErrUnavailable, op, err)
 	}
 	req.Header.Set("X-API-Key", p.opts.APIKey)
 	req.Header.Set("User-Agent", userAgent)
@@ -404,20 +410,20 @@ func (p *Provider) control(ctx context.Context, op, method, path string, body []
 	resp, err := p.client.Do(req)
 	if err != nil {
 		// The transport's error names the URL, never headers, so the key cannot leak through it.
-		return fmt.Errorf("%w: e2b %s: %w", sandbox.ErrUnavailable, op, err)
+		return nil, fmt.Errorf("%w: e2b %s: %w", sandbox.ErrUnavailable, op, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return p.controlStatusError(op, resp)
+		return nil, p.controlStatusError(op, resp)
 	}
 	if out == nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, errBodyLimit))
-		return nil
+		return resp.Header, nil
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("%w: e2b %s: decoding the response: %w", sandbox.ErrUnavailable, op, err)
+		return nil, fmt.Errorf("%w: e2b %s: decoding the response: %w", sandbox.ErrUnavailable, op, err)
 	}
-	return nil
+	return resp.Header, nil
 }
 
 // controlStatusError maps a control-plane error status to the sandbox sentinels.

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"regexp"
@@ -488,4 +489,72 @@ func TestExecuteStatusErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestList: the sandboxes tagged with given metadata, across pages, running or paused, and only
+// those; a list needs the API key like every control-plane call.
+func TestList(t *testing.T) {
+	_, srv := newEnv(t)
+	srv.SetLazyKernels(true) // only the control plane is driven
+	p := provider(t, srv)
+	ctx := context.Background()
+	want := map[string]bool{}
+	for i := range 105 {
+		meta := map[string]string{"ciproxy_container_id": fmt.Sprintf("cntr_%d", i), "deployment": "d1"}
+		if i%10 == 0 {
+			meta["deployment"] = "other"
+		}
+		h, err := p.Create(ctx, sandbox.CreateOptions{Metadata: meta})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%10 != 0 {
+			want[h.ID] = true
+		}
+	}
+	got, err := p.List(ctx, map[string]string{"deployment": "d1", "created_by": "ciproxy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("List = %d sandboxes; want %d", len(got), len(want))
+	}
+	for _, l := range got {
+		if !want[l.Handle.ID] || l.Handle.Backend != "e2b" || l.Handle.Tool != "my-e2b" || l.Handle.AccessToken != "" {
+			t.Errorf("listed %+v", l.Handle)
+		}
+		if l.Metadata["deployment"] != "d1" || !strings.HasPrefix(l.Metadata["ciproxy_container_id"], "cntr_") || l.StartedAt.IsZero() {
+			t.Errorf("listed metadata %v, started %v", l.Metadata, l.StartedAt)
+		}
+		delete(want, l.Handle.ID)
+	}
+	// A listed handle is enough to delete the sandbox.
+	if err := p.Delete(ctx, got[0].Handle); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := p.List(ctx, map[string]string{"deployment": "d1"}); err != nil || len(again) != len(got)-1 {
+		t.Errorf("List after a delete = %d, %v; want %d", len(again), err, len(got)-1)
+	}
+	if r, ok := srv.LastRequest("GET /v2/sandboxes"); !ok || r.Header.Get("X-API-Key") != srv.APIKey() {
+		t.Errorf("the list request = %+v, %v; want the API key", r, ok)
+	}
+	noKey := provider(t, srv, func(o *e2b.Options) { o.APIKey = "" })
+	if _, err := noKey.List(ctx, nil); !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Errorf("List without a key = %v", err)
+	}
+	for _, l := range got[1:] {
+		_ = p.Delete(ctx, l.Handle)
+	}
+	for _, l := range mustList(t, p, map[string]string{"deployment": "other"}) {
+		_ = p.Delete(ctx, l.Handle)
+	}
+}
+
+func mustList(t *testing.T, p *e2b.Provider, meta map[string]string) []sandbox.Listed {
+	t.Helper()
+	l, err := p.List(context.Background(), meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }

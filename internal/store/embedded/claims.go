@@ -47,3 +47,16 @@ func (s *Store) Release(_ context.Context, key, holder string) error {
 }
 
 var _ store.Claims = (*Store)(nil)
+
+// Holder implements [store.Claims.Holder].
+func (s *Store) Holder(_ context.Context, key string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(); err != nil {
+		return "", err
+	}
+	if c, ok := s.claims[key]; ok && s.now().Before(c.until) {
+		return c.holder, nil
+	}
+	return "", nil
+}

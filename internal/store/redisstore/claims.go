@@ -2,8 +2,13 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ciproxy/ciproxy/internal/store"
 )
@@ -33,6 +38,30 @@ func (s *Store) Release(ctx context.Context, key, holder string) error {
 		return err
 	}
 	return s.fail(ctx, scriptRelease.Run(ctx, s.rdb, []string{s.key("claim", key)}, s.prefix, s.nowMs(), holder).Err())
+}
+
+// Holder implements [store.Claims.Holder]. A lease past its end by the store's clock is free,
+// whether or not Redis has expired its key yet.
+func (s *Store) Holder(ctx context.Context, key string) (string, error) {
+	if err := s.checkOpen(); err != nil {
+		return "", err
+	}
+	v, err := s.rdb.Get(ctx, s.key("claim", key)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", s.fail(ctx, err)
+	}
+	until, holder, ok := strings.Cut(v, ":")
+	ms, perr := strconv.ParseInt(until, 10, 64)
+	if !ok || perr != nil {
+		return "", fmt.Errorf("redis store: claim %s holds %q", key, v)
+	}
+	if s.nowMs() >= ms {
+		return "", nil
+	}
+	return holder, nil
 }
 
 var _ store.Claims = (*Store)(nil)

@@ -850,7 +850,7 @@ func testResponses(t *testing.T, f Factory) {
 		ExpiresAt: now.Add(24 * time.Hour)}
 	calls := []store.Call{
 		{ID: "ci_1", Owner: "alice", CallID: "call_1", Code: "1+1", Output: "2", ExpiresAt: now.Add(24 * time.Hour)},
-		{ID: "ci_2", Owner: "alice", CallID: "call_2", Code: "print('x')", Output: "x\n", ExpiresAt: now.Add(48 * time.Hour)},
+		{ID: "ci_2", Owner: "alice", CallID: "call_2", ContainerID: "cntr_1", Code: "print('x')", Output: "x\n", ExpiresAt: now.Add(48 * time.Hour)},
 	}
 	if err := e.s.PutResponse(e.ctx, r, calls); err != nil {
 		t.Fatal(err)
@@ -944,11 +944,29 @@ func testClaims(t *testing.T, f Factory) {
 		}
 		return ok
 	}
+	holder := func(key string) string {
+		t.Helper()
+		h, err := e.s.Holder(e.ctx, key)
+		if err != nil {
+			t.Fatalf("Holder(%s) = %v", key, err)
+		}
+		return h
+	}
+	if h := holder("k"); h != "" {
+		t.Errorf("Holder of a key never claimed = %q", h)
+	}
 	if !claim("k", "a", time.Minute) {
 		t.Fatal("a first claim failed")
 	}
 	if claim("k", "b", time.Minute) {
 		t.Error("a second holder got a held claim")
+	}
+	if h := holder("k"); h != "a" {
+		t.Errorf("Holder = %q; want a (a failed claim changes nothing)", h)
+	}
+	// Holders may hold any string, ':' and '/' included (an address).
+	if !claim("peer:x", "http://10.0.0.1:4000", time.Minute) || holder("peer:x") != "http://10.0.0.1:4000" {
+		t.Errorf("Holder of an address = %q", holder("peer:x"))
 	}
 	if !claim("other", "b", time.Minute) {
 		t.Error("claims of different keys interfere")
@@ -974,6 +992,9 @@ func testClaims(t *testing.T, f Factory) {
 		t.Error("a released claim could not be taken")
 	}
 	e.clock.Advance(time.Minute)
+	if h := holder("k"); h != "" {
+		t.Errorf("Holder of an expired claim = %q", h)
+	}
 	if !claim("k", "c", time.Minute) {
 		t.Error("an expired claim could not be taken")
 	}
@@ -1089,6 +1110,8 @@ func testClosed(t *testing.T, f Factory) {
 	closed("PutResponse", e.s.PutResponse(e.ctx, store.Response{ID: "resp_x"}, nil))
 	_, err = e.s.Claim(e.ctx, "k", "h", time.Minute)
 	closed("Claim", err)
+	_, err = e.s.Holder(e.ctx, "k")
+	closed("Holder", err)
 	if err := e.s.Close(); err != nil {
 		t.Errorf("second Close = %v", err)
 	}

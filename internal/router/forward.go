@@ -1,0 +1,173 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"regexp"
+
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/peer"
+)
+
+// Forwarding between replicas. A local sandbox lives in the process of the replica that created
+// it; a request for its container that lands on another replica is forwarded there, streamed
+// through, so that the client sees no difference. The check happens where the request is already
+// understood, so the body is read once:
+//
+//   - POST /v1/responses, in the responses handler, after the body is resolved and only when the
+//     interceptor takes the request: the container it will use (the tool's explicit cntr_ id, else
+//     previous_response_id's, else the last one the input's code_interpreter_call items name) is
+//     looked up in the store (peer.Peers.Locate).
+//   - /v1/containers/{id} and everything under it, by the forwardContainers middleware, from the
+//     path alone, before the body is read (uploads stream through).
+//
+// A forwarded request carries peer.HeaderForwarded, signed with general_settings.container_secret
+// (checked by peerCheck for every request); one that carries a valid signature is served where it
+// arrives, never forwarded again. A replica found gone (nothing listens at its address) has its
+// container expired, and the request is served here as for any expired container.
+
+type ctxKeyForwarded struct{}
+
+// forwarded reports whether the request came from another replica.
+func forwarded(ctx context.Context) bool {
+	v, _ := ctx.Value(ctxKeyForwarded{}).(bool)
+	return v
+}
+
+// peerCheck verifies the signature of a request that says it was forwarded by another replica
+// (one that says so without a valid signature is refused), and answers another replica's probe
+// (peer.HeaderProbe) with this one's proof.
+func (s *server) peerCheck(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		secret := ""
+		if cfg := configFrom(r.Context()); cfg != nil {
+			secret = cfg.General.ContainerSecret
+		}
+		if nonce := r.Header.Get(peer.HeaderProbe); nonce != "" && len(nonce) <= 64 && secret != "" && s.replicas != nil {
+			w.Header().Set(peer.HeaderPeer, peer.ProbeAnswer(secret, s.replicas.Self(), nonce))
+		}
+		sig := r.Header.Get(peer.HeaderForwarded)
+		if sig == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if err := peer.Verify(secret, sig, r.Method, r.URL.RequestURI(), s.now()); err != nil {
+			s.log.Warn("refused a forwarded request", zap.String("request_id", RequestID(r.Context())),
+				zap.String("remote", r.RemoteAddr), zap.Error(err))
+			apierror.Write(w, &apierror.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_forwarding",
+				Message: "The request's " + peer.HeaderForwarded + " header is not valid."})
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKeyForwarded{}, true)))
+	})
+}
+
+// forwardResponses forwards an intercepted POST /v1/responses to the replica that hosts its
+// container, if that is another one. It reports whether it did (the answer is then written, or
+// the error is to be written).
+func (s *server) forwardResponses(w http.ResponseWriter, r *http.Request, req *resolved, caller string) (bool, error) {
+	if s.replicas == nil || forwarded(r.Context()) {
+		return false, nil
+	}
+	refs := refsOf(req.body)
+	for range 2 {
+		host, err := s.replicas.Locate(r.Context(), caller, refs)
+		if err != nil || host == "" {
+			return false, err
+		}
+		err = s.replicas.Forward(w, r, host, req.cfg.General.ContainerSecret, RequestID(r.Context()), req.body)
+		if !errors.Is(err, peer.ErrGone) {
+			return true, forwardError(err)
+		}
+		// Its lease is ended now: Locate expires the container, and the request is served here.
+	}
+	return false, nil
+}
+
+// containerPath matches the Containers API paths of one container.
+var containerPath = regexp.MustCompile(`^(?:/v1)?/containers/([^/]+)(?:/|$)`)
+
+// forwardContainers forwards a Containers API request for a container that another replica hosts.
+// It runs after auth (containers are scoped by caller) and before the body is read.
+func (s *server) forwardContainers(next http.Handler) http.Handler {
+	if s.replicas == nil {
+		return next
+	}
+	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
+		m := containerPath.FindStringSubmatch(r.URL.Path)
+		if m == nil || forwarded(r.Context()) {
+			next.ServeHTTP(w, r)
+			return nil
+		}
+		secret := ""
+		if cfg := configFrom(r.Context()); cfg != nil {
+			secret = cfg.General.ContainerSecret
+		}
+		for range 2 {
+			host, err := s.replicas.ContainerHost(r.Context(), Caller(r.Context()), m[1])
+			if err != nil {
+				return err
+			}
+			if host == "" {
+				break
+			}
+			err = s.replicas.Forward(w, r, host, secret, RequestID(r.Context()), nil)
+			if !errors.Is(err, peer.ErrGone) {
+				return forwardError(err)
+			}
+		}
+		next.ServeHTTP(w, r)
+		return nil
+	})
+}
+
+// forwardError is what the client sees of a forward that failed before anything was written.
+func forwardError(err error) error {
+	var ue *peer.UnreachableError
+	if errors.As(err, &ue) {
+		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "replica_unavailable",
+			Message: "The server that holds this container cannot be reached right now; please try again shortly.", Err: err}
+	}
+	return err
+}
+
+// refsOf reads what an intercepted request says about the container it will use (see
+// peer.Refs). The body is valid JSON: resolve checked it.
+func refsOf(body []byte) peer.Refs {
+	var refs peer.Refs
+	root := gjson.ParseBytes(body)
+	root.Get("tools").ForEach(func(_, t gjson.Result) bool {
+		if t.Get("type").String() != "code_interpreter" {
+			return true
+		}
+		if c := t.Get("container"); c.Type == gjson.String {
+			refs.Container = c.String()
+		}
+		return false // the first code_interpreter tool is the one the interceptor uses
+	})
+	if p := root.Get("previous_response_id"); p.Type == gjson.String {
+		refs.Response = p.String()
+	}
+	root.Get("input").ForEach(func(_, it gjson.Result) bool {
+		id := it.Get("id").String()
+		switch it.Get("type").String() {
+		case "code_interpreter_call":
+			if c := it.Get("container_id"); c.Type == gjson.String && c.String() != "" {
+				refs.Items = append(refs.Items, c.String())
+			}
+			if id != "" {
+				refs.Calls = append(refs.Calls, id)
+			}
+		case "item_reference":
+			if len(id) > 3 && id[:3] == "ci_" {
+				refs.Calls = append(refs.Calls, id)
+			}
+		}
+		return true
+	})
+	return refs
+}
