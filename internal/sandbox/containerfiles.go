@@ -1,7 +1,9 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -364,11 +366,44 @@ func (c *Container) Execute(ctx context.Context, code string, opts RunOptions, l
 	if err != nil || fsErr != nil {
 		return res, Outputs{}, err
 	}
+	c.saveFigures(ctx, fs, res, lim)
 	out, err := c.collectLocked(ctx, fs, lim)
 	if err != nil {
 		return res, out, fmt.Errorf("%w: %w", ErrCollect, err)
 	}
 	return res, out, nil
+}
+
+// saveFigures writes each image the execution displayed (a matplotlib figure, an
+// IPython.display image) into DataDir as <cfile id>.<ext>, so that it becomes a container file as
+// in OpenAI's containers, where a figure the text does not link is cited as "cfile_….png". The
+// collection that follows records it under that id. Only ids minted here are honoured: a file code
+// names cfile_….png itself gets an id of its own. A figure that cannot be written (limits, a full
+// /mnt/data) stays an image output only.
+func (c *Container) saveFigures(ctx context.Context, fs FileSystem, res Result, lim ContainerLimits) {
+	c.figures = nil
+	for _, o := range res.Results {
+		ext, data := ".png", o.PNG
+		if data == "" {
+			ext, data = ".jpeg", o.JPEG
+		}
+		if data == "" {
+			continue
+		}
+		b, err := base64.StdEncoding.DecodeString(data)
+		if err != nil || (lim.FileBytes > 0 && int64(len(b)) > lim.FileBytes) {
+			continue
+		}
+		id := c.s.st.NewID(store.ContainerFileKind)
+		name := id + ext
+		if fs.WriteFile(ctx, c.h, name, bytes.NewReader(b), int64(len(b))) != nil {
+			continue
+		}
+		if c.figures == nil {
+			c.figures = make(map[string]string)
+		}
+		c.figures[name] = id
+	}
 }
 
 // CollectFiles lists DataDir and records every regular file created or changed (size or
@@ -477,6 +512,8 @@ func (c *Container) recordChanges(ctx context.Context, changed []FileInfo, vanis
 		rec := store.ContainerFile{ContainerID: c.id, Owner: c.owner, Path: full, Bytes: f.Size, Source: SourceAssistant}
 		if had {
 			rec.ID, rec.CreatedAt = old.ID, old.CreatedAt
+		} else if id, ok := c.figures[f.Path]; ok {
+			rec.ID = id // a figure saveFigures wrote: its name is its id
 		}
 		rec, err := s.st.PutContainerFile(ctx, rec)
 		if err != nil {

@@ -179,6 +179,9 @@ type Container struct {
 	// Guarded by runMu: the files under DataDir after the last execution, placement or listing;
 	// nil when unknown (see Execute).
 	baseline map[string]fileStamp
+	// figures are the images the last execution saved into DataDir (see saveFigures): file
+	// name → the container file id minted for it. Guarded by the run lock.
+	figures map[string]string
 }
 
 // NewSessions returns Sessions over opts.Store, expires the containers whose sandboxes died with a

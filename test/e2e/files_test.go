@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -185,6 +186,7 @@ func checkFilesAnswer(t *testing.T, client openai.Client, r *responses.Response)
 	}
 	sums := map[string]string{}
 	images := 0
+	var figure []byte // the displayed figure, from its output image
 	for _, o := range call.Outputs {
 		switch o.Type {
 		case "logs":
@@ -195,6 +197,8 @@ func checkFilesAnswer(t *testing.T, client openai.Client, r *responses.Response)
 			}
 		case "image":
 			images++ // the figure is still shown as an output image
+			b64, _ := strings.CutPrefix(o.AsImage().URL, "data:image/png;base64,")
+			figure, _ = base64.StdEncoding.DecodeString(b64)
 		}
 	}
 	if len(sums) != 2 || images != 1 {
@@ -218,8 +222,10 @@ func checkFilesAnswer(t *testing.T, client openai.Client, r *responses.Response)
 		}
 		cites = append(cites, a.AsContainerFileCitation())
 	}
-	if len(cites) != 2 {
-		t.Fatalf("%d citations, want 2 (the CSV and the PNG): %s", len(cites), msg.Text)
+	// The CSV and the PNG the code saved, and the figure it displayed: a container file named by
+	// its id, as OpenAI's are.
+	if len(cites) != 3 {
+		t.Fatalf("%d citations, want 3 (the CSV, the PNG and the displayed figure): %s", len(cites), msg.Text)
 	}
 	runes := []rune(msg.Text)
 	for _, c := range cites {
@@ -230,6 +236,10 @@ func checkFilesAnswer(t *testing.T, client openai.Client, r *responses.Response)
 			t.Errorf("citation %s does not span its link in %q", c.RawJSON(), msg.Text)
 		}
 		want, ok := sums[c.Filename]
+		if c.Filename == c.FileID+".png" {
+			sum := sha256.Sum256(figure)
+			want, ok = hex.EncodeToString(sum[:]), len(figure) > 0
+		}
 		if !ok {
 			t.Errorf("citation of %q, which the code did not write", c.Filename)
 			continue

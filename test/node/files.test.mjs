@@ -44,11 +44,14 @@ async function checkAnswer(resp) {
       sums[name] = sum;
     }
   }
-  assert.equal(call.outputs.filter((o) => o.type === 'image').length, 1, 'the figure is an output image too');
+  const images = call.outputs.filter((o) => o.type === 'image');
+  assert.equal(images.length, 1, 'the figure is an output image too');
+  const figure = Buffer.from(images[0].url.replace(/^data:image\/png;base64,/, ''), 'base64');
   const msg = resp.output.find((it) => it.type === 'message');
   const part = msg.content[0];
   const cites = part.annotations.filter((a) => a.type === 'container_file_citation');
-  assert.equal(cites.length, 2, part.text);
+  // The CSV and the PNG the code saved, and the displayed figure: a container file named by its id.
+  assert.equal(cites.length, 3, part.text);
   const chars = Array.from(part.text); // indices count characters (code points)
   for (const c of cites) {
     assert.equal(c.container_id, call.container_id);
@@ -56,7 +59,8 @@ async function checkAnswer(resp) {
     assert.equal(chars.slice(c.start_index, c.end_index).join(''), `sandbox:/mnt/data/${c.filename}`);
     const content = await client.containers.files.content.retrieve(c.file_id, { container_id: c.container_id });
     const bytes = Buffer.from(await content.arrayBuffer());
-    assert.equal(createHash('sha256').update(bytes).digest('hex'), sums[c.filename], `${c.filename} as downloaded`);
+    const want = c.filename === `${c.file_id}.png` ? createHash('sha256').update(figure).digest('hex') : sums[c.filename];
+    assert.equal(createHash('sha256').update(bytes).digest('hex'), want, `${c.filename} as downloaded`);
     if (c.filename === 'summary.csv') assert.equal(bytes.toString(), summaryCSV);
     if (c.filename === 'chart.png') assert.ok(bytes.subarray(0, 8).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a])));
   }

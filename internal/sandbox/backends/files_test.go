@@ -3,6 +3,7 @@ package backends
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"path"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
 // Container files on a real backend: Files API files placed into /mnt/data, uploads, files the code
@@ -406,5 +408,53 @@ for i in range(%d):
 		if err != nil || len(out.Files) != 0 {
 			b.Fatalf("CollectFiles() = %d files, %v; want none", len(out.Files), err)
 		}
+	}
+}
+
+// TestFiguresBecomeContainerFiles: a figure the code displays is saved into /mnt/data under its
+// container file id, as OpenAI's containers do (the "cfile_….png" an unlinked image is cited by),
+// with the bytes of the image output; a file code names that way itself gets an id of its own.
+func TestFiguresBecomeContainerFiles(t *testing.T) {
+	testutil.PythonModules(t, "/usr/bin/python3", "matplotlib")
+	for _, b := range backendsUnderTest {
+		t.Run(b, func(t *testing.T) {
+			e := newFilesEnv(t, b)
+			forged := "cfile_" + strings.Repeat("ab", 16) + ".png"
+			code := `import matplotlib.pyplot as plt
+open("/mnt/data/` + forged + `", "wb").write(b"not a figure")
+plt.plot([1, 2, 3]); plt.show()`
+			res, out, err := e.c.Execute(e.ctx, code, sandbox.RunOptions{}, noLimits)
+			if err != nil || res.Error != nil {
+				t.Fatalf("Execute() = %+v, %v", res.Error, err)
+			}
+			var png string
+			for _, r := range res.Results {
+				if r.PNG != "" {
+					png = r.PNG
+				}
+			}
+			if png == "" {
+				t.Fatalf("the execution returned no image: %+v", res.Results)
+			}
+			want, _ := base64.StdEncoding.DecodeString(png)
+			var figure, other *store.ContainerFile
+			for i, f := range out.Files {
+				switch {
+				case f.Path == sandbox.DataDir+"/"+f.ID+".png":
+					figure = &out.Files[i]
+				case f.Path == sandbox.DataDir+"/"+forged:
+					other = &out.Files[i]
+				}
+			}
+			if figure == nil || figure.Source != sandbox.SourceAssistant {
+				t.Fatalf("no figure recorded under its own id among %v", paths(out.Files))
+			}
+			if got, err := e.read(figure.ID, 1<<20); err != nil || got != string(want) {
+				t.Errorf("the figure's bytes: %d bytes, %v; want the image output's %d", len(got), err, len(want))
+			}
+			if other == nil || other.ID+".png" == forged {
+				t.Errorf("a file the code named like a container file id: %+v; want it recorded under an id of its own", other)
+			}
+		})
 	}
 }

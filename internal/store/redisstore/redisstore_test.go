@@ -332,13 +332,17 @@ func TestTwoReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	var took atomic.Int32
+	var listed sync.WaitGroup // both list before either takes, so both races are real
+	listed.Add(len(replicas))
 	for _, r := range replicas {
 		wg.Go(func() {
 			due, err := r.ExpiringContainers(ctx, clock.Now().Add(-time.Hour), 0)
+			listed.Done()
 			if err != nil || len(due) != 1 || due[0].ID != c.ID {
 				t.Errorf("ExpiringContainers = %v, %v", due, err)
 				return
 			}
+			listed.Wait()
 			due[0].Status, due[0].ExpiresAt = "expired", time.Time{}
 			if _, err := r.UpdateContainer(ctx, due[0]); err == nil {
 				took.Add(1)
