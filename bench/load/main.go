@@ -15,7 +15,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -23,14 +22,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	"github.com/ciproxy/ciproxy/bench/internal/proxyproc"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
@@ -164,10 +162,10 @@ general_settings:
 	if err != nil {
 		return err
 	}
-	defer p.stop()
+	defer p.Stop()
 
 	fmt.Printf("machine: %d CPUs; proxy pid %d at %s; step %s, %d cells per session, budget %s\n\n",
-		cpus(), p.cmd.Process.Pid, p.base, o.step, o.cells, o.budget)
+		proxyproc.CPUs(), p.Cmd.Process.Pid, p.Base, o.step, o.cells, o.budget)
 	fmt.Println(header)
 	largest := map[string]int{}
 	stops := map[string]string{}
@@ -207,7 +205,7 @@ general_settings:
 	for _, tool := range o.tools {
 		fmt.Printf("largest N without errors (%s): %d (stopped: %s)\n", tool, largest[tool], stops[tool])
 	}
-	if err := p.stop(); err != nil {
+	if err := p.Stop(); err != nil {
 		return err
 	}
 	fmt.Printf("proxy stopped cleanly; peak RSS over the run %.1f MiB\n", float64(p.hwm)/1024)
@@ -229,25 +227,11 @@ type stepResult struct {
 
 func (s stepResult) row() string {
 	sec := s.elapsed.Seconds()
-	ps, pt := pcts(s.sessions), pcts(s.streams)
+	ps, pt := proxyproc.Percentiles(s.sessions), proxyproc.Percentiles(s.streams)
 	return fmt.Sprintf("%-6s %-3d | %8d  %6.1f  %6.0f  %6.0f  %6.0f | %7d  %6.1f  %6.0f  %6.0f  %6.0f | %6d | %6.1f (%6.1f) | %5.0f",
 		s.tool, s.n, len(s.sessions), float64(len(s.sessions))/sec, ps[0], ps[1], ps[2],
 		len(s.streams), float64(len(s.streams))/sec, pt[0], pt[1], pt[2], s.errors,
 		float64(s.rssKiB)/1024, float64(s.hwmKiB)/1024, s.goroutines)
-}
-
-// pcts returns p50, p90, p99 in milliseconds.
-func pcts(d []time.Duration) [3]float64 {
-	if len(d) == 0 {
-		return [3]float64{}
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	at := func(q float64) float64 {
-		i := int(q * float64(len(s)-1))
-		return float64(s[i]) / float64(time.Millisecond)
-	}
-	return [3]float64{at(.5), at(.9), at(.99)}
 }
 
 // step runs n intercepted-session workers and n pass-through workers; each starts requests
@@ -311,7 +295,7 @@ func step(p *proxy, tool string, n int, o options) stepResult {
 	st.elapsed = time.Since(start)
 	// Idle keep-alive connections each hold a server goroutine: close them so the next step
 	// starts from a quiet proxy.
-	p.client.CloseIdleConnections()
+	p.Client.CloseIdleConnections()
 	close(stopSampling)
 	sampler.Wait()
 	st.rssKiB = maxRSS.Load()
@@ -323,83 +307,23 @@ func step(p *proxy, tool string, n int, o options) stepResult {
 
 // proxy is the proxy binary running as a child process.
 type proxy struct {
-	cmd    *exec.Cmd
-	base   string
-	client *http.Client
-	done   chan error
-	hwm    int64
-	once   sync.Once
-	err    error
+	*proxyproc.Proxy
+	hwm int64 // the peak RSS seen, KiB
 }
 
 func startProxy(bin, cfg, logPath string) (*proxy, error) {
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, "--config", cfg, "--host", "127.0.0.1", "--port", "0")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &proxy{cmd: cmd, done: make(chan error, 1), client: &http.Client{Transport: &http.Transport{
+	pp, err := proxyproc.Start(bin, []string{"--config", cfg}, logPath, &http.Client{Transport: &http.Transport{
 		MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024,
-	}}}
-	addr := make(chan string, 1)
-	go func() {
-		// Copy the log to a file, picking the bound address from the "listening" line.
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			_, _ = logf.Write(append(line, '\n'))
-			var v struct{ Msg, Addr string }
-			if json.Unmarshal(line, &v) == nil && v.Msg == "listening" {
-				select {
-				case addr <- v.Addr:
-				default:
-				}
-			}
-		}
-		_ = logf.Close()
-		p.done <- cmd.Wait()
-	}()
-	select {
-	case a := <-addr:
-		p.base = "http://" + a
-		return p, nil
-	case err := <-p.done:
-		return nil, fmt.Errorf("proxy exited before listening (%v); log: %s", err, logPath)
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		return nil, fmt.Errorf("proxy did not listen within 30s; log: %s", logPath)
+	}})
+	if err != nil {
+		return nil, err
 	}
-}
-
-// stop sends SIGTERM and waits for a clean exit.
-func (p *proxy) stop() error {
-	p.once.Do(func() {
-		p.client.CloseIdleConnections()
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-p.done:
-			if err != nil {
-				p.err = fmt.Errorf("proxy exit: %w", err)
-			}
-		case <-time.After(60 * time.Second):
-			_ = p.cmd.Process.Kill()
-			p.err = errors.New("proxy did not stop within 60s of SIGTERM")
-		}
-	})
-	return p.err
+	return &proxy{Proxy: pp}, nil
 }
 
 // memory returns the proxy's VmRSS and VmHWM in KiB.
 func (p *proxy) memory() (rss, hwm int64) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Cmd.Process.Pid))
 	if err != nil {
 		return 0, 0
 	}
@@ -421,7 +345,7 @@ func (p *proxy) memory() (rss, hwm int64) {
 
 // metric reads one sample of the proxy's /metrics; -1 when it cannot.
 func (p *proxy) metric(name string) float64 {
-	resp, err := p.client.Get(p.base + "/metrics")
+	resp, err := p.Client.Get(p.Base + "/metrics")
 	if err != nil {
 		return -1
 	}
@@ -460,12 +384,12 @@ func (p *proxy) request(intercepted bool, o options) error {
 		body["tools"] = []any{map[string]any{"type": "code_interpreter", "container": map[string]any{"type": "auto"}}}
 	}
 	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.base+"/v1/responses", bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.Base+"/v1/responses", bytes.NewReader(b))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := p.client.Do(req)
+	resp, err := p.Client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -496,12 +420,4 @@ func (p *proxy) request(intercepted bool, o options) error {
 		return fmt.Errorf("%d code executions completed, want %d", calls, o.cells)
 	}
 	return nil
-}
-
-func cpus() int {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return 0
-	}
-	return strings.Count(string(b), "processor\t:")
 }

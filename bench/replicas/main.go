@@ -30,12 +30,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/ciproxy/ciproxy/bench/internal/proxyproc"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -94,6 +93,14 @@ general_settings:
   master_key: %s
   container_secret: %s
   shutdown_grace: 10s
+  # One key drives every session: the quotas are lifted, since this measures capacity, not
+  # fairness.
+  max_containers: 100000
+  max_containers_per_key: 100000
+  container_creates_per_minute: 10000000
+  container_create_burst: 100000
+  max_concurrent_requests: 100000
+  max_concurrent_requests_per_key: 100000
 `, up.URL(), filepath.Join(dir, "sandboxes"), idle, masterKey, secret)
 		if redis != "" {
 			c += "router_settings:\n  redis_url: redis://" + redis + "\n"
@@ -104,7 +111,7 @@ general_settings:
 	var procs []*proxy
 	defer func() {
 		for _, p := range procs {
-			_ = p.stop()
+			_ = p.Stop()
 		}
 	}()
 	start := func(name, cfgPath string) (*proxy, error) {
@@ -115,7 +122,7 @@ general_settings:
 		return p, err
 	}
 
-	fmt.Printf("machine: %d CPUs; %d requests per latency series; throughput: %d clients for %s\n\n", cpus(), requests, n, dur)
+	fmt.Printf("machine: %d CPUs; %d requests per latency series; throughput: %d clients for %s\n\n", proxyproc.CPUs(), requests, n, dur)
 
 	// 1. Latency, embedded against Redis, interleaved.
 	embCfg, err := cfg("embedded", "", "20m")
@@ -198,7 +205,7 @@ general_settings:
 	fmt.Println("latency per request, one at a time (ms)")
 	fmt.Println("request                            store     p50     p90     p99 | Redis p50 - embedded p50")
 	for _, kind := range []string{"pass-through", "intercepted, no code", "intercepted, one cell", "intercepted, one cell, forwarded"} {
-		e, r := pcts(series[kind+"|embedded"]), pcts(series[kind+"|redis"])
+		e, r := proxyproc.Percentiles(series[kind+"|embedded"]), proxyproc.Percentiles(series[kind+"|redis"])
 		if len(series[kind+"|embedded"]) > 0 {
 			fmt.Printf("%-34s %-8s %6.3f  %6.3f  %6.3f |\n", kind, "embedded", e[0], e[1], e[2])
 		}
@@ -206,13 +213,13 @@ general_settings:
 		if len(series[kind+"|embedded"]) > 0 {
 			diff = fmt.Sprintf("%+.3f", r[0]-e[0])
 		} else {
-			base := pcts(series["intercepted, one cell|redis"])
+			base := proxyproc.Percentiles(series["intercepted, one cell|redis"])
 			diff = fmt.Sprintf("(%+.3f against the same cell on its host)", r[0]-base[0])
 		}
 		fmt.Printf("%-34s %-8s %6.3f  %6.3f  %6.3f | %s\n", kind, "redis", r[0], r[1], r[2], diff)
 	}
 	for _, p := range procs {
-		if err := p.stop(); err != nil {
+		if err := p.Stop(); err != nil {
 			return err
 		}
 	}
@@ -237,7 +244,7 @@ general_settings:
 	var rates [2]float64
 	for i, k := range []int{1, 3} {
 		st := throughput(replicas[:k], n, dur)
-		ps := pcts(st.lat)
+		ps := proxyproc.Percentiles(st.lat)
 		rates[i] = float64(len(st.lat)) / st.elapsed.Seconds()
 		fmt.Printf("%-8d  %-7d  %8d  %6.1f   %6.0f  %6.0f  %6.0f  %6d\n", k, n, len(st.lat), rates[i], ps[0], ps[1], ps[2], st.errors)
 		if st.errors > 0 {
@@ -248,7 +255,7 @@ general_settings:
 		fmt.Printf("three replicas against one: %.2fx the sessions per second\n", rates[1]/rates[0])
 	}
 	for _, p := range procs {
-		if err := p.stop(); err != nil {
+		if err := p.Stop(); err != nil {
 			return err
 		}
 	}
@@ -309,69 +316,17 @@ func throughput(replicas []*proxy, n int, d time.Duration) runStats {
 	return st
 }
 
-// pcts returns p50, p90, p99 in milliseconds.
-func pcts(d []time.Duration) [3]float64 {
-	if len(d) == 0 {
-		return [3]float64{}
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	at := func(q float64) float64 { return float64(s[int(q*float64(len(s)-1))]) / float64(time.Millisecond) }
-	return [3]float64{at(.5), at(.9), at(.99)}
-}
-
 // proxy is one proxy process.
-type proxy struct {
-	cmd    *exec.Cmd
-	base   string
-	client *http.Client
-	done   chan error
-	once   sync.Once
-	err    error
-}
+type proxy struct{ *proxyproc.Proxy }
 
 func startProxy(bin, cfg, name string) (*proxy, error) {
-	logf, err := os.Create(filepath.Join(filepath.Dir(cfg), name+".log"))
+	dir := filepath.Dir(cfg)
+	pp, err := proxyproc.Start(bin, []string{"--config", cfg, "--data-dir", filepath.Join(dir, name+"-data")},
+		filepath.Join(dir, name+".log"), &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	cmd := exec.Command(bin, "--config", cfg, "--host", "127.0.0.1", "--port", "0",
-		"--data-dir", filepath.Join(filepath.Dir(cfg), name+"-data"))
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &proxy{cmd: cmd, done: make(chan error, 1), client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			_, _ = logf.Write(append(line, '\n'))
-			var v struct{ Msg, Addr string }
-			if json.Unmarshal(line, &v) == nil && v.Msg == "listening" {
-				select {
-				case addr <- v.Addr:
-				default:
-				}
-			}
-		}
-		_ = logf.Close()
-		p.done <- cmd.Wait()
-	}()
-	select {
-	case a := <-addr:
-		p.base = "http://" + a
-	case err := <-p.done:
-		return nil, fmt.Errorf("%s exited before listening (%v); log: %s", name, err, logf.Name())
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		return nil, fmt.Errorf("%s did not listen within 30s", name)
-	}
+	p := &proxy{pp}
 	// Ready: config loaded, store reachable.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -379,27 +334,11 @@ func startProxy(bin, cfg, name string) (*proxy, error) {
 			return p, nil
 		}
 		if time.Now().After(deadline) {
+			_ = p.Stop()
 			return nil, fmt.Errorf("%s not ready within 20s", name)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func (p *proxy) stop() error {
-	p.once.Do(func() {
-		p.client.CloseIdleConnections()
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-p.done:
-			if err != nil {
-				p.err = fmt.Errorf("proxy exit: %w", err)
-			}
-		case <-time.After(60 * time.Second):
-			_ = p.cmd.Process.Kill()
-			p.err = errors.New("proxy did not stop within 60s of SIGTERM")
-		}
-	})
-	return p.err
 }
 
 func (p *proxy) do(method, path string, body any) (int, []byte, error) {
@@ -410,13 +349,13 @@ func (p *proxy) do(method, path string, body any) (int, []byte, error) {
 		b, _ := json.Marshal(body)
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, p.base+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, p.Base+path, rd)
 	if err != nil {
 		return 0, nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+masterKey)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := p.client.Do(req)
+	resp, err := p.Client.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -517,12 +456,4 @@ func startRedis(dir string) (string, func(), error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func cpus() int {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return 0
-	}
-	return strings.Count(string(b), "processor\t:")
 }
