@@ -135,25 +135,20 @@ func (s *server) modelPassthrough(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
-// storedResponse serves GET and DELETE /v1/responses/{id}: the interceptor answers for the ids it
-// minted; every other id goes to byID.
+// storedResponse serves GET and DELETE /v1/responses/{id}, and inputItems GET
+// /v1/responses/{id}/input_items: the interceptor answers for the ids it minted; every other id
+// goes to byID.
 func (s *server) storedResponse(w http.ResponseWriter, r *http.Request) error {
-	if s.interceptor != nil {
-		id := chi.URLParam(r, "id")
-		minted, err := s.interceptor.Minted(r.Context(), id)
-		if err != nil {
-			return err
-		}
-		if minted {
-			return s.interceptor.ServeStored(w, r, id, Caller(r.Context()))
-		}
-	}
-	return s.byID(w, r)
+	return s.mintedOr(w, r, Interceptor.ServeStored)
 }
 
-// inputItems serves GET /v1/responses/{id}/input_items: the interceptor answers for the ids it
-// minted; every other id goes to byID.
 func (s *server) inputItems(w http.ResponseWriter, r *http.Request) error {
+	return s.mintedOr(w, r, Interceptor.ServeInputItems)
+}
+
+// mintedOr serves the request with the interceptor's method serve when the id in the path is one
+// the interceptor minted, and passes it to byID otherwise.
+func (s *server) mintedOr(w http.ResponseWriter, r *http.Request, serve func(Interceptor, http.ResponseWriter, *http.Request, string, string) error) error {
 	if s.interceptor != nil {
 		id := chi.URLParam(r, "id")
 		minted, err := s.interceptor.Minted(r.Context(), id)
@@ -161,7 +156,7 @@ func (s *server) inputItems(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		if minted {
-			return s.interceptor.ServeInputItems(w, r, id, Caller(r.Context()))
+			return serve(s.interceptor, w, r, id, Caller(r.Context()))
 		}
 	}
 	return s.byID(w, r)
