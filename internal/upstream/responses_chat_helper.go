@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -21,7 +22,13 @@ const hexDigits = "0123456789abcdef"
 // appendString appends s as a JSON string literal. Like OpenAI's encoder, and unlike
 // encoding/json's default, it leaves <, > and & alone; invalid UTF-8 becomes U+FFFD, and U+2028
 // and U+2029 are escaped so the text is safe inside JavaScript too.
-func appendString(dst []byte, s string) []byte {
+func appendString(dst []byte, s string) []byte { return appendQuoted(dst, s, false) }
+
+// appendGoString appends s as encoding/json with SetEscapeHTML(false) does: as appendString,
+// with \b and \f in their short forms. The chat request body is written so, as it always was.
+func appendGoString(dst []byte, s string) []byte { return appendQuoted(dst, s, true) }
+
+func appendQuoted(dst []byte, s string, shortBF bool) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
@@ -32,15 +39,19 @@ func appendString(dst []byte, s string) []byte {
 				continue
 			}
 			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
+			switch {
+			case c == '"', c == '\\':
 				dst = append(dst, '\\', c)
-			case '\n':
+			case c == '\n':
 				dst = append(dst, '\\', 'n')
-			case '\r':
+			case c == '\r':
 				dst = append(dst, '\\', 'r')
-			case '\t':
+			case c == '\t':
 				dst = append(dst, '\\', 't')
+			case c == '\b' && shortBF:
+				dst = append(dst, '\\', 'b')
+			case c == '\f' && shortBF:
+				dst = append(dst, '\\', 'f')
 			default:
 				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
 			}
@@ -78,4 +89,49 @@ func orDefault(raw []byte, def string) []byte {
 		return []byte(def)
 	}
 	return raw
+}
+
+// appendCompacted appends raw, a JSON value from a text already validated, without the spaces
+// and line breaks between its tokens: what json.Compact makes of it, with no second validation.
+// It reports false, having appended nothing, when raw nests deeper than maxDepth levels (which
+// json.Compact refuses past encoding/json's limit).
+func appendCompacted(dst []byte, raw string, maxDepth int) ([]byte, bool) {
+	start, from, depth := len(dst), 0, 0
+	for i := 0; i < len(raw); i++ {
+		switch raw[i] {
+		case ' ', '\t', '\r', '\n':
+			dst = append(dst, raw[from:i]...)
+			from = i + 1
+		case '"':
+			i = stringEnd(raw, i+1)
+		case '[', '{':
+			depth++
+			if depth > maxDepth {
+				return dst[:start], false
+			}
+		case ']', '}':
+			depth--
+		}
+	}
+	return append(dst, raw[from:]...), true
+}
+
+// stringEnd returns the index of the quote that ends the string whose content starts at from
+// (len(s) when none does).
+func stringEnd(s string, from int) int {
+	for {
+		q := strings.IndexByte(s[from:], '"')
+		if q < 0 {
+			return len(s)
+		}
+		q += from
+		n := 0
+		for j := q - 1; j >= from && s[j] == '\\'; j-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q
+		}
+		from = q + 1
+	}
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
-	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 // ErrChatShape marks a Chat Completions answer the translation cannot read: not JSON, no
@@ -246,7 +245,7 @@ func shapeError(cause error) error {
 type responseTemplate struct {
 	model                  string // the request's model, for an upstream that names none
 	seg1, seg2, seg3, seg4 []byte
-	tier                   []byte // the request's service_tier, or "auto"
+	tier                   string // the request's service_tier, or "auto"
 }
 
 // maxClientDepth is encoding/json's nesting limit, which clients' decoders share.
@@ -257,50 +256,57 @@ const maxClientDepth = 10000
 func (e *responseEcho) template() (responseTemplate, error) {
 	var t responseTemplate
 	var err error
-	field := func(dst []byte, key string, raw []byte, def string) []byte {
+	field := func(dst []byte, key, raw, def string) []byte {
 		if err != nil {
 			return dst
 		}
 		dst = append(dst, '"')
 		dst = append(dst, key...)
 		dst = append(dst, `":`...)
-		if len(raw) == 0 {
+		if raw == "" {
 			return append(dst, def...)
 		}
-		if bytes.IndexAny(raw, " \t\r\n") < 0 {
-			// Compact already (the body was validated whole): only the depth is left to check.
-			if !jsondepth.Within(raw, maxClientDepth) {
-				err = fmt.Errorf("%s: nested deeper than %d levels", key, maxClientDepth)
-			}
-			return append(dst, raw...)
+		var ok bool
+		if dst, ok = appendCompacted(dst, raw, maxClientDepth); !ok {
+			err = fmt.Errorf("%s: nested deeper than %d levels", key, maxClientDepth)
 		}
-		var b bytes.Buffer
-		if err = json.Compact(&b, raw); err != nil {
-			err = fmt.Errorf("%s: %w", key, err)
-		}
-		return append(dst, b.Bytes()...)
+		return dst
 	}
-	t.model = gjson.ParseBytes(e.model).String()
-	t.seg1 = field(t.seg1, "instructions", e.instructions, "null")
-	t.seg1 = field(append(t.seg1, ','), "max_output_tokens", e.maxOutputTokens, "null")
-	t.seg1 = field(append(t.seg1, ','), "max_tool_calls", e.maxToolCalls, "null")
-	t.seg2 = field(t.seg2, "parallel_tool_calls", e.parallelToolCalls, "true")
-	t.seg2 = append(t.seg2, `,"previous_response_id":null,`...)
-	t.seg2 = field(t.seg2, "prompt_cache_key", e.promptCacheKey, "null")
-	t.seg2 = field(append(t.seg2, ','), "reasoning", e.reasoning, `{"effort":null,"summary":null}`)
-	t.seg2 = field(append(t.seg2, ','), "safety_identifier", e.safetyIdentifier, "null")
-	t.seg3 = field(t.seg3, "store", e.store, "true")
-	t.seg3 = field(append(t.seg3, ','), "temperature", e.temperature, "1.0")
-	t.seg3 = field(append(t.seg3, ','), "text", e.text, `{"format":{"type":"text"},"verbosity":"medium"}`)
-	t.seg3 = field(append(t.seg3, ','), "tool_choice", e.toolChoice, `"auto"`)
-	t.seg3 = field(append(t.seg3, ','), "tools", e.tools, "[]")
-	t.seg3 = field(append(t.seg3, ','), "top_logprobs", e.topLogprobs, "0")
-	t.seg3 = field(append(t.seg3, ','), "top_p", e.topP, "1.0")
-	t.seg3 = field(append(t.seg3, ','), "truncation", e.truncation, `"disabled"`)
-	t.seg4 = field(t.seg4, "user", e.user, "null")
-	t.seg4 = field(append(t.seg4, ','), "metadata", e.metadata, "{}")
-	t.tier = []byte(`"auto"`)
-	if len(e.serviceTier) > 0 {
+	t.model = gjson.Parse(e.model).String()
+	// The segments share one array (each capped where it ends); when the guess is short, append
+	// moves on to another and the earlier segments keep theirs.
+	b := make([]byte, 0, 640+len(e.instructions)+len(e.promptCacheKey)+len(e.reasoning)+len(e.safetyIdentifier)+
+		len(e.text)+len(e.toolChoice)+len(e.tools)+len(e.user)+len(e.metadata))
+	from := 0
+	segment := func() []byte {
+		s := b[from:len(b):len(b)]
+		from = len(b)
+		return s
+	}
+	b = field(b, "instructions", e.instructions, "null")
+	b = field(append(b, ','), "max_output_tokens", e.maxOutputTokens, "null")
+	b = field(append(b, ','), "max_tool_calls", e.maxToolCalls, "null")
+	t.seg1 = segment()
+	b = field(b, "parallel_tool_calls", e.parallelToolCalls, "true")
+	b = append(b, `,"previous_response_id":null,`...)
+	b = field(b, "prompt_cache_key", e.promptCacheKey, "null")
+	b = field(append(b, ','), "reasoning", e.reasoning, `{"effort":null,"summary":null}`)
+	b = field(append(b, ','), "safety_identifier", e.safetyIdentifier, "null")
+	t.seg2 = segment()
+	b = field(b, "store", e.store, "true")
+	b = field(append(b, ','), "temperature", e.temperature, "1.0")
+	b = field(append(b, ','), "text", e.text, `{"format":{"type":"text"},"verbosity":"medium"}`)
+	b = field(append(b, ','), "tool_choice", e.toolChoice, `"auto"`)
+	b = field(append(b, ','), "tools", e.tools, "[]")
+	b = field(append(b, ','), "top_logprobs", e.topLogprobs, "0")
+	b = field(append(b, ','), "top_p", e.topP, "1.0")
+	b = field(append(b, ','), "truncation", e.truncation, `"disabled"`)
+	t.seg3 = segment()
+	b = field(b, "user", e.user, "null")
+	b = field(append(b, ','), "metadata", e.metadata, "{}")
+	t.seg4 = segment()
+	t.tier = `"auto"`
+	if e.serviceTier != "" {
 		t.tier = e.serviceTier // a string literal, already compact
 	}
 	return t, err
