@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
 )
 
 // Helpers shared by the Responses ⇄ Chat Completions translation (responses_chat*.go).
@@ -116,22 +118,99 @@ func appendCompacted(dst []byte, raw string, maxDepth int) ([]byte, bool) {
 	return append(dst, raw[from:]...), true
 }
 
-// stringEnd returns the index of the quote that ends the string whose content starts at from
-// (len(s) when none does).
+// stringEnd returns the index of the quote that ends the JSON string whose content starts at
+// from (len(s) when none does).
 func stringEnd(s string, from int) int {
-	for {
-		q := strings.IndexByte(s[from:], '"')
-		if q < 0 {
-			return len(s)
+	for i := from; i < len(s); i++ {
+		switch s[i] {
+		case '"':
+			return i
+		case '\\':
+			i++ // the escaped byte, a quote maybe
 		}
-		q += from
-		n := 0
-		for j := q - 1; j >= from && s[j] == '\\'; j-- {
-			n++
-		}
-		if n%2 == 0 {
-			return q
-		}
-		from = q + 1
 	}
+	return len(s)
+}
+
+// forEachRaw walks the JSON value v as gjson's Result.ForEach walks the Result of v, handing
+// over raw JSON text instead of parsed Results: each member of an object (its key unescaped),
+// each element of an array (key ""), or once a value that is neither; nothing for "". v must come
+// from a text already validated: values are skipped over, not checked. A caller parses only the
+// values it reads (gjson.Parse), which a stream's chunks, walked three levels deep, cost half
+// as much as Result.ForEach parsing every value on the way.
+func forEachRaw(v string, fn func(key, value string) bool) {
+	if v == "" {
+		return
+	}
+	if v[0] != '{' && v[0] != '[' {
+		fn("", v)
+		return
+	}
+	object := v[0] == '{'
+	for i := 1; i < len(v); {
+		i = skipSpace(v, i)
+		if i < len(v) && v[i] == ',' {
+			i = skipSpace(v, i+1)
+		}
+		if i >= len(v) || v[i] == '}' || v[i] == ']' {
+			return
+		}
+		key := ""
+		if object {
+			end := stringEnd(v, i+1)
+			if end >= len(v) {
+				return
+			}
+			key = v[i+1 : end]
+			if strings.IndexByte(key, '\\') >= 0 {
+				key = gjson.Parse(v[i : end+1]).Str
+			}
+			i = skipSpace(v, skipSpace(v, end+1)+1) // past the colon
+		}
+		end := valueEnd(v, i)
+		if !fn(key, v[i:end]) {
+			return
+		}
+		i = end
+	}
+}
+
+func skipSpace(s string, i int) int {
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// valueEnd returns where the JSON value starting at s[i] ends.
+func valueEnd(s string, i int) int {
+	if i >= len(s) {
+		return len(s)
+	}
+	switch s[i] {
+	case '"':
+		return min(stringEnd(s, i+1)+1, len(s))
+	case '{', '[':
+		depth := 0
+		for ; i < len(s); i++ {
+			switch s[i] {
+			case '"':
+				i = stringEnd(s, i+1)
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return len(s)
+	}
+	for ; i < len(s); i++ {
+		switch s[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i
+		}
+	}
+	return i
 }

@@ -155,10 +155,11 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 	if !root.IsObject() {
 		return s.fail(shapeError(errors.New("a chunk is not a JSON object")))
 	}
-	// One pass over the chunk's keys: every event of a long stream pays for this.
-	var choices, usage, errObj, object, created, model, tier gjson.Result
-	root.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
+	// One pass over the chunk's keys, and of its choice's, each value parsed only when it is
+	// read: every event of a long stream pays for this.
+	var choices, usage, errObj, object, created, model, tier string
+	forEachRaw(root.Raw, func(k, v string) bool {
+		switch k {
 		case "choices":
 			choices = v
 		case "usage":
@@ -176,30 +177,30 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 		}
 		return true
 	})
-	if present(errObj) || object.Str == "error" {
+	if (errObj != "" && errObj != "null") || gjson.Parse(object).Str == "error" {
 		e := bodyError(root, http.StatusBadGateway)
 		e.Err = fmt.Errorf("%w: the upstream sent an error: %s", ErrChatStream, e.Message)
 		return s.fail(e)
 	}
 	if s.createdAt == 0 {
-		s.createdAt = created.Int()
+		s.createdAt = gjson.Parse(created).Int()
 	}
 	if s.model == "" {
-		s.model = model.String()
+		s.model = gjson.Parse(model).String()
 	}
-	if tier.Type == gjson.String {
-		s.tier = tier
+	if t := gjson.Parse(tier); t.Type == gjson.String {
+		s.tier = t
 	}
 	s.announce()
-	if usage.IsObject() {
-		s.usage = chatUsage(usage) // in the last chunk, or (vLLM's continuous stats) in each
+	if u := gjson.Parse(usage); u.IsObject() {
+		s.usage = chatUsage(u) // in the last chunk, or (vLLM's continuous stats) in each
 	}
-	var delta, logprobs, finish gjson.Result
+	var delta, logprobs, finish string
 	found := false
-	choices.ForEach(func(_, c gjson.Result) bool {
-		var index gjson.Result
-		c.ForEach(func(k, v gjson.Result) bool {
-			switch k.Str {
+	forEachRaw(choices, func(_, c string) bool {
+		var index string
+		forEachRaw(c, func(k, v string) bool {
+			switch k {
 			case "index":
 				index = v
 			case "delta":
@@ -211,20 +212,20 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 			}
 			return true
 		})
-		found = index.Int() == 0 // the only choice the translation asks for
+		found = gjson.Parse(index).Int() == 0 // the only choice the translation asks for
 		if !found {
-			delta, logprobs, finish = gjson.Result{}, gjson.Result{}, gjson.Result{}
+			delta, logprobs, finish = "", "", ""
 		}
 		return !found
 	})
 	if !found {
 		return s.out, nil
 	}
-	if err := s.delta(delta, logprobs.Get("content")); err != nil {
+	if err := s.delta(delta, logprobs); err != nil {
 		return s.fail(err)
 	}
-	if finish.Type == gjson.String && finish.Str != "" && !s.finished {
-		if err := s.finishWith(finish.Str); err != nil {
+	if f := gjson.Parse(finish); f.Type == gjson.String && f.Str != "" && !s.finished {
+		if err := s.finishWith(f.Str); err != nil {
 			return s.fail(err)
 		}
 	}
@@ -302,40 +303,47 @@ func (s *ChatStream) fail(err error) ([]Event, error) {
 	return s.out, err
 }
 
-// delta applies one choice delta: reasoning first, then content, refusal and tool calls, the
-// order in which a model produces them.
-func (s *ChatStream) delta(d, logprobs gjson.Result) error {
-	if !d.Exists() || d.Type == gjson.Null {
+// delta applies one choice delta (raw JSON, "" for none) with the choice's logprobs: reasoning
+// first, then content, refusal and tool calls, the order in which a model produces them.
+func (s *ChatStream) delta(d, logprobs string) error {
+	if d == "" || d == "null" {
 		return nil
 	}
-	if !d.IsObject() {
+	if d[0] != '{' {
 		return shapeError(errors.New("a delta is not an object"))
 	}
-	var reasoning, content, refusal, calls gjson.Result
-	d.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
+	var reasoning, content, refusal gjson.Result
+	var calls string
+	text := func(v string) gjson.Result {
+		if t := gjson.Parse(v); t.Type == gjson.String && t.Str != "" {
+			return t
+		}
+		return gjson.Result{}
+	}
+	forEachRaw(d, func(k, v string) bool {
+		switch k {
 		case "reasoning_content":
-			if v.Type == gjson.String && v.Str != "" {
-				reasoning = v
+			if t := text(v); t.Exists() {
+				reasoning = t
 			}
 		case "reasoning":
-			if v.Type == gjson.String && v.Str != "" && !reasoning.Exists() {
-				reasoning = v // the same text as reasoning_content where a server sends both
+			if t := text(v); t.Exists() && !reasoning.Exists() {
+				reasoning = t // the same text as reasoning_content where a server sends both
 			}
 		case "content":
-			if v.Type == gjson.String && v.Str != "" {
-				content = v
+			if t := text(v); t.Exists() {
+				content = t
 			}
 		case "refusal":
-			if v.Type == gjson.String && v.Str != "" {
-				refusal = v
+			if t := text(v); t.Exists() {
+				refusal = t
 			}
 		case "tool_calls":
 			calls = v
 		}
 		return true
 	})
-	if s.finished && (reasoning.Exists() || content.Exists() || refusal.Exists() || (calls.IsArray() && len(calls.Array()) > 0)) {
+	if s.finished && (reasoning.Exists() || content.Exists() || refusal.Exists() || hasElements(calls)) {
 		return shapeError(errors.New("a delta after finish_reason"))
 	}
 	if reasoning.Exists() {
@@ -352,7 +360,7 @@ func (s *ChatStream) delta(d, logprobs gjson.Result) error {
 		}
 		lp := gjson.Result{}
 		if s.r.logprobs {
-			lp = logprobs
+			lp = gjson.Parse(logprobs).Get("content")
 		}
 		if err := s.addText(s.message, textPart, content, lp); err != nil {
 			return err
@@ -367,11 +375,20 @@ func (s *ChatStream) delta(d, logprobs gjson.Result) error {
 		}
 	}
 	var err error
-	calls.ForEach(func(_, tc gjson.Result) bool {
+	forEachRaw(calls, func(_, tc string) bool {
 		err = s.toolCall(tc)
 		return err == nil
 	})
 	return err
+}
+
+// hasElements reports whether raw JSON is a non-empty array.
+func hasElements(raw string) bool {
+	n := 0
+	if raw != "" && raw[0] == '[' {
+		forEachRaw(raw, func(_, _ string) bool { n++; return false })
+	}
+	return n > 0
 }
 
 // newItem starts an item after the others. What came before is complete if it is text (a model
@@ -468,31 +485,32 @@ func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Re
 	return nil
 }
 
-// toolCall applies one tool_calls[] delta.
-func (s *ChatStream) toolCall(tc gjson.Result) error {
-	if !tc.IsObject() {
+// toolCall applies one tool_calls[] delta (raw JSON).
+func (s *ChatStream) toolCall(tc string) error {
+	if tc[0] != '{' {
 		return shapeError(errors.New("a tool call delta is not an object"))
 	}
-	var id, index, name, args gjson.Result
-	tc.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
+	var rawID, rawIndex, rawName, rawArgs string
+	forEachRaw(tc, func(k, v string) bool {
+		switch k {
 		case "id":
-			id = v
+			rawID = v
 		case "index":
-			index = v
+			rawIndex = v
 		case "function":
-			v.ForEach(func(k, v gjson.Result) bool {
-				switch k.Str {
+			forEachRaw(v, func(k, v string) bool {
+				switch k {
 				case "name":
-					name = v
+					rawName = v
 				case "arguments":
-					args = v
+					rawArgs = v
 				}
 				return true
 			})
 		}
 		return true
 	})
+	id, index, name, args := gjson.Parse(rawID), gjson.Parse(rawIndex), gjson.Parse(rawName), gjson.Parse(rawArgs)
 	idx := int64(0)
 	switch {
 	case index.Type == gjson.Number:
