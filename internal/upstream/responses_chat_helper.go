@@ -119,60 +119,110 @@ func appendCompacted(dst []byte, raw string, maxDepth int) ([]byte, bool) {
 }
 
 // stringEnd returns the index of the quote that ends the JSON string whose content starts at
-// from (len(s) when none does).
+// from (len(s) when none does): the first quote after an even number of backslashes. It suits
+// long strings (a request's texts); stringEndEscaped, short ones (a chunk's).
 func stringEnd(s string, from int) int {
+	for {
+		q := strings.IndexByte(s[from:], '"')
+		if q < 0 {
+			return len(s)
+		}
+		q += from
+		n := 0
+		for j := q - 1; j >= from && s[j] == '\\'; j-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q
+		}
+		from = q + 1
+	}
+}
+
+// stringEndEscaped is stringEnd by a loop, cheaper for the few bytes of a chunk's keys and
+// values, which also reports whether the string holds an escape.
+func stringEndEscaped(s string, from int) (end int, escaped bool) {
 	for i := from; i < len(s); i++ {
 		switch s[i] {
 		case '"':
-			return i
+			return i, escaped
 		case '\\':
+			escaped = true
 			i++ // the escaped byte, a quote maybe
 		}
 	}
-	return len(s)
+	return len(s), escaped
 }
 
-// forEachRaw walks the JSON value v as gjson's Result.ForEach walks the Result of v, handing
-// over raw JSON text instead of parsed Results: each member of an object (its key unescaped),
-// each element of an array (key ""), or once a value that is neither; nothing for "". v must come
-// from a text already validated: values are skipped over, not checked. A caller parses only the
-// values it reads (gjson.Parse), which a stream's chunks, walked three levels deep, cost half
-// as much as Result.ForEach parsing every value on the way.
-func forEachRaw(v string, fn func(key, value string) bool) {
-	if v == "" {
+// rawCursor walks JSON text already validated, in one pass: each value on the way is either
+// walked into (each) or taken whole as raw text (raw), never scanned twice, and parsed (with
+// gjson.Parse) only where it is read. A chat stream's chunks, read three levels deep, cost half
+// as much so as with Result.ForEach, which parses every value it passes and has each level scan
+// again what the level above skipped over. The values it hands over are not checked: the text
+// must have been validated whole.
+type rawCursor struct {
+	s string
+	i int
+}
+
+// each walks the value at the cursor as gjson's Result.ForEach walks it: fn is called for each
+// member of an object (with its key, unescaped), for each element of an array (key ""), or once
+// for a value that is neither (key ""), with the cursor at that value, for fn to take (raw), walk
+// (each) or leave: what fn leaves is skipped.
+func (c *rawCursor) each(fn func(key string)) {
+	c.i = skipSpace(c.s, c.i)
+	if c.i >= len(c.s) {
 		return
 	}
-	if v[0] != '{' && v[0] != '[' {
-		fn("", v)
+	open := c.s[c.i]
+	if open != '{' && open != '[' {
+		c.visit("", fn)
 		return
 	}
-	object := v[0] == '{'
-	for i := 1; i < len(v); {
-		i = skipSpace(v, i)
-		if i < len(v) && v[i] == ',' {
-			i = skipSpace(v, i+1)
+	c.i++
+	for {
+		c.i = skipSpace(c.s, c.i)
+		if c.i < len(c.s) && c.s[c.i] == ',' {
+			c.i = skipSpace(c.s, c.i+1)
 		}
-		if i >= len(v) || v[i] == '}' || v[i] == ']' {
+		if c.i >= len(c.s) {
+			return
+		}
+		if c.s[c.i] == '}' || c.s[c.i] == ']' {
+			c.i++
 			return
 		}
 		key := ""
-		if object {
-			end := stringEnd(v, i+1)
-			if end >= len(v) {
+		if open == '{' {
+			end, escaped := stringEndEscaped(c.s, c.i+1)
+			if end >= len(c.s) {
+				c.i = end
 				return
 			}
-			key = v[i+1 : end]
-			if strings.IndexByte(key, '\\') >= 0 {
-				key = gjson.Parse(v[i : end+1]).Str
+			key = c.s[c.i+1 : end]
+			if escaped {
+				key = gjson.Parse(c.s[c.i : end+1]).Str
 			}
-			i = skipSpace(v, skipSpace(v, end+1)+1) // past the colon
+			c.i = skipSpace(c.s, skipSpace(c.s, end+1)+1) // past the colon
 		}
-		end := valueEnd(v, i)
-		if !fn(key, v[i:end]) {
-			return
-		}
-		i = end
+		c.visit(key, fn)
 	}
+}
+
+// visit calls fn with the cursor at a value, then skips the value if fn left it.
+func (c *rawCursor) visit(key string, fn func(key string)) {
+	start := c.i
+	fn(key)
+	if c.i == start {
+		c.i = valueEnd(c.s, c.i)
+	}
+}
+
+// raw returns the value at the cursor as raw JSON text, and moves past it.
+func (c *rawCursor) raw() string {
+	start := c.i
+	c.i = valueEnd(c.s, c.i)
+	return c.s[start:c.i]
 }
 
 func skipSpace(s string, i int) int {
@@ -189,13 +239,14 @@ func valueEnd(s string, i int) int {
 	}
 	switch s[i] {
 	case '"':
-		return min(stringEnd(s, i+1)+1, len(s))
+		end, _ := stringEndEscaped(s, i+1)
+		return min(end+1, len(s))
 	case '{', '[':
 		depth := 0
 		for ; i < len(s); i++ {
 			switch s[i] {
 			case '"':
-				i = stringEnd(s, i+1)
+				i, _ = stringEndEscaped(s, i+1)
 			case '{', '[':
 				depth++
 			case '}', ']':
@@ -206,7 +257,7 @@ func valueEnd(s string, i int) int {
 		}
 		return len(s)
 	}
-	for ; i < len(s); i++ {
+	for i++; i < len(s); i++ { // a number or a literal, one byte at least
 		switch s[i] {
 		case ',', '}', ']', ' ', '\t', '\n', '\r':
 			return i

@@ -138,9 +138,9 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 	if s.done {
 		return nil, nil
 	}
-	// Most chunks give one event of about their own size; a fresh buffer each call, as the
-	// caller owns the events' data.
-	s.buf, s.out = make([]byte, 0, len(data)+256), make([]Event, 0, 2)
+	// Most chunks give one event, of about their own size, or none; a fresh buffer each call,
+	// as the caller owns the events' data.
+	s.buf, s.out = make([]byte, 0, len(data)+128), nil
 	if d := bytes.TrimSpace(data); string(d) == "[DONE]" {
 		if !s.finished {
 			return s.fail(cutError())
@@ -155,27 +155,53 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 	if !root.IsObject() {
 		return s.fail(shapeError(errors.New("a chunk is not a JSON object")))
 	}
-	// One pass over the chunk's keys, and of its choice's, each value parsed only when it is
-	// read: every event of a long stream pays for this.
-	var choices, usage, errObj, object, created, model, tier string
-	forEachRaw(root.Raw, func(k, v string) bool {
+	// One pass over the chunk, each value parsed only when it is read: every event of a long
+	// stream pays for this.
+	var delta, logprobs, finish, usage, errObj, object, created, model, tier string
+	found := false
+	c := rawCursor{s: root.Raw}
+	c.each(func(k string) {
 		switch k {
 		case "choices":
-			choices = v
+			// The choice with index 0, the only one the translation asks for. A later
+			// "choices" replaces an earlier one, as a later value of any key does.
+			delta, logprobs, finish, found = "", "", "", false
+			c.each(func(string) {
+				if found {
+					return
+				}
+				var index string
+				delta, logprobs, finish = "", "", ""
+				c.each(func(k string) {
+					switch k {
+					case "index":
+						index = c.raw()
+					case "delta":
+						delta = c.raw()
+					case "logprobs":
+						logprobs = c.raw()
+					case "finish_reason":
+						finish = c.raw()
+					}
+				})
+				found = index == "0" || gjson.Parse(index).Int() == 0
+			})
+			if !found {
+				delta, logprobs, finish = "", "", ""
+			}
 		case "usage":
-			usage = v
+			usage = c.raw()
 		case "error":
-			errObj = v
+			errObj = c.raw()
 		case "object":
-			object = v
+			object = c.raw()
 		case "created":
-			created = v
+			created = c.raw()
 		case "model":
-			model = v
+			model = c.raw()
 		case "service_tier":
-			tier = v
+			tier = c.raw()
 		}
-		return true
 	})
 	if (errObj != "" && errObj != "null") || gjson.Parse(object).Str == "error" {
 		e := bodyError(root, http.StatusBadGateway)
@@ -195,29 +221,6 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 	if u := gjson.Parse(usage); u.IsObject() {
 		s.usage = chatUsage(u) // in the last chunk, or (vLLM's continuous stats) in each
 	}
-	var delta, logprobs, finish string
-	found := false
-	forEachRaw(choices, func(_, c string) bool {
-		var index string
-		forEachRaw(c, func(k, v string) bool {
-			switch k {
-			case "index":
-				index = v
-			case "delta":
-				delta = v
-			case "logprobs":
-				logprobs = v
-			case "finish_reason":
-				finish = v
-			}
-			return true
-		})
-		found = gjson.Parse(index).Int() == 0 // the only choice the translation asks for
-		if !found {
-			delta, logprobs, finish = "", "", ""
-		}
-		return !found
-	})
 	if !found {
 		return s.out, nil
 	}
@@ -320,28 +323,28 @@ func (s *ChatStream) delta(d, logprobs string) error {
 		}
 		return gjson.Result{}
 	}
-	forEachRaw(d, func(k, v string) bool {
+	c := rawCursor{s: d}
+	c.each(func(k string) {
 		switch k {
 		case "reasoning_content":
-			if t := text(v); t.Exists() {
+			if t := text(c.raw()); t.Exists() {
 				reasoning = t
 			}
 		case "reasoning":
-			if t := text(v); t.Exists() && !reasoning.Exists() {
+			if t := text(c.raw()); t.Exists() && !reasoning.Exists() {
 				reasoning = t // the same text as reasoning_content where a server sends both
 			}
 		case "content":
-			if t := text(v); t.Exists() {
+			if t := text(c.raw()); t.Exists() {
 				content = t
 			}
 		case "refusal":
-			if t := text(v); t.Exists() {
+			if t := text(c.raw()); t.Exists() {
 				refusal = t
 			}
 		case "tool_calls":
-			calls = v
+			calls = c.raw()
 		}
-		return true
 	})
 	if s.finished && (reasoning.Exists() || content.Exists() || refusal.Exists() || hasElements(calls)) {
 		return shapeError(errors.New("a delta after finish_reason"))
@@ -375,9 +378,11 @@ func (s *ChatStream) delta(d, logprobs string) error {
 		}
 	}
 	var err error
-	forEachRaw(calls, func(_, tc string) bool {
-		err = s.toolCall(tc)
-		return err == nil
+	c = rawCursor{s: calls}
+	c.each(func(string) {
+		if err == nil {
+			err = s.toolCall(c.raw())
+		}
 	})
 	return err
 }
@@ -386,7 +391,8 @@ func (s *ChatStream) delta(d, logprobs string) error {
 func hasElements(raw string) bool {
 	n := 0
 	if raw != "" && raw[0] == '[' {
-		forEachRaw(raw, func(_, _ string) bool { n++; return false })
+		c := rawCursor{s: raw}
+		c.each(func(string) { n++ })
 	}
 	return n > 0
 }
@@ -491,24 +497,23 @@ func (s *ChatStream) toolCall(tc string) error {
 		return shapeError(errors.New("a tool call delta is not an object"))
 	}
 	var rawID, rawIndex, rawName, rawArgs string
-	forEachRaw(tc, func(k, v string) bool {
+	c := rawCursor{s: tc}
+	c.each(func(k string) {
 		switch k {
 		case "id":
-			rawID = v
+			rawID = c.raw()
 		case "index":
-			rawIndex = v
+			rawIndex = c.raw()
 		case "function":
-			forEachRaw(v, func(k, v string) bool {
+			c.each(func(k string) {
 				switch k {
 				case "name":
-					rawName = v
+					rawName = c.raw()
 				case "arguments":
-					rawArgs = v
+					rawArgs = c.raw()
 				}
-				return true
 			})
 		}
-		return true
 	})
 	id, index, name, args := gjson.Parse(rawID), gjson.Parse(rawIndex), gjson.Parse(rawName), gjson.Parse(rawArgs)
 	idx := int64(0)
