@@ -37,34 +37,49 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	if !root.IsObject() {
 		return nil, shapeError(errors.New("the body is not a JSON object"))
 	}
-	if isErrorObject(root) {
+	// One pass over each level, as root.Get(key) reads each key (the first of duplicates).
+	var errObj, object, choices, created, model, tier, usage gjson.Result
+	readFields(root, field{"error", &errObj}, field{"object", &object}, field{"choices", &choices}, field{"created", &created},
+		field{"model", &model}, field{"service_tier", &tier}, field{"usage", &usage})
+	if present(errObj) || object.String() == "error" {
 		return nil, bodyError(root, http.StatusBadGateway)
 	}
-	choice := firstChoice(root)
+	var choice, message, finishReason, logprobs gjson.Result
+	choices.ForEach(func(_, c gjson.Result) bool {
+		var index gjson.Result
+		readFields(c, field{"index", &index}, field{"message", &message}, field{"finish_reason", &finishReason}, field{"logprobs", &logprobs})
+		if index.Int() == 0 { // the only choice the translation asks for
+			choice = c
+			return false
+		}
+		message, finishReason, logprobs = gjson.Result{}, gjson.Result{}, gjson.Result{}
+		return true
+	})
 	if !choice.IsObject() {
 		return nil, shapeError(errors.New("no choices"))
 	}
-	msg := choice.Get("message")
-	finish := choice.Get("finish_reason").String()
-	status, reason := finishStatus(finish)
+	var reasoningContent, reasoning, content, refusal, toolCalls gjson.Result
+	readFields(message, field{"reasoning_content", &reasoningContent}, field{"reasoning", &reasoning}, field{"content", &content},
+		field{"refusal", &refusal}, field{"tool_calls", &toolCalls})
+	status, reason := finishStatus(finishReason.String())
 
 	var items [][]byte
-	if text := reasoningText(msg); text != "" {
+	if text := reasoningText(reasoningContent, reasoning); text != "" {
 		items = append(items, appendReasoningItem(nil, r.newID("rs_"), text, true))
 	}
 	var parts []outputPart
-	if text := contentText(msg.Get("content")); text != "" {
+	if text := contentText(content); text != "" {
 		p := outputPart{text: text}
 		if r.logprobs {
 			var err error
-			if p.logprobs, err = logprobElems(nil, choice.Get("logprobs.content")); err != nil {
+			if p.logprobs, err = logprobElems(nil, logprobs.Get("content")); err != nil {
 				return nil, err
 			}
 		}
 		parts = append(parts, p)
 	}
-	if ref := msg.Get("refusal"); ref.Type == gjson.String && ref.Str != "" {
-		parts = append(parts, outputPart{refusal: true, text: ref.Str})
+	if refusal.Type == gjson.String && refusal.Str != "" {
+		parts = append(parts, outputPart{refusal: true, text: refusal.Str})
 	}
 	msgID := ""
 	if len(parts) > 0 {
@@ -72,19 +87,20 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	}
 	var calls []callItem
 	var err error
-	msg.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
-		fn := tc.Get("function")
-		name := fn.Get("name").String()
-		if name == "" {
+	toolCalls.ForEach(func(_, tc gjson.Result) bool {
+		var id, fn, name, arguments gjson.Result
+		readFields(tc, field{"id", &id}, field{"function", &fn})
+		readFields(fn, field{"name", &name}, field{"arguments", &arguments})
+		if name.String() == "" {
 			err = shapeError(errors.New("a tool call without a function name"))
 			return false
 		}
-		args, aerr := argumentsText(fn.Get("arguments"))
+		args, aerr := argumentsText(arguments)
 		if aerr != nil {
 			err = aerr
 			return false
 		}
-		c := callItem{id: r.newID("fc_"), callID: tc.Get("id").String(), name: name, args: args}
+		c := callItem{id: r.newID("fc_"), callID: id.String(), name: name.String(), args: args}
 		if c.callID == "" {
 			c.callID = r.newID("call_")
 		}
@@ -112,29 +128,15 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	}
 
 	if createdAt == 0 {
-		createdAt = root.Get("created").Int()
+		createdAt = created.Int()
 	}
 	return r.appendResponse(nil, responseState{
 		id: id, createdAt: createdAt, status: status, incomplete: reason,
-		model: root.Get("model").String(), serviceTier: root.Get("service_tier"),
-		output: items, usage: chatUsage(root.Get("usage")),
+		model: model.String(), serviceTier: tier, output: items, usage: chatUsage(usage),
 	}), nil
 }
 
 type callItem struct{ id, callID, name, args string }
-
-// firstChoice returns the choice with index 0 (the only one the translation asks for).
-func firstChoice(root gjson.Result) gjson.Result {
-	var found gjson.Result
-	root.Get("choices").ForEach(func(_, c gjson.Result) bool {
-		if c.Get("index").Int() == 0 {
-			found = c
-			return false
-		}
-		return true
-	})
-	return found
-}
 
 // finishStatus maps a finish_reason to the Response's status and incomplete reason.
 func finishStatus(finish string) (status, reason string) {
@@ -149,12 +151,12 @@ func finishStatus(finish string) (status, reason string) {
 
 // reasoningText returns a message's reasoning: reasoning_content (vLLM until 0.10, DeepSeek,
 // SGLang, llama.cpp), or reasoning (vLLM from 0.10, OpenRouter, Groq).
-func reasoningText(msg gjson.Result) string {
-	if r := msg.Get("reasoning_content"); r.Type == gjson.String && r.Str != "" {
-		return r.Str
+func reasoningText(reasoningContent, reasoning gjson.Result) string {
+	if reasoningContent.Type == gjson.String && reasoningContent.Str != "" {
+		return reasoningContent.Str
 	}
-	if r := msg.Get("reasoning"); r.Type == gjson.String {
-		return r.Str
+	if reasoning.Type == gjson.String {
+		return reasoning.Str
 	}
 	return ""
 }
