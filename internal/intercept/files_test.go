@@ -17,11 +17,12 @@ import (
 // setFiles gives the engine (with fake containers) the Files API files of callers:
 // caller → file id → (name, content).
 func (h *harness) setFiles(files map[string]map[string][2]string) {
-	ff := fakeFiles{}
+	ff := fakeFiles{meta: map[string]map[string]store.File{}, data: map[string]string{}}
 	for owner, byID := range files {
-		ff[owner] = map[string]store.File{}
+		ff.meta[owner] = map[string]store.File{}
 		for id, nc := range byID {
-			ff[owner][id] = store.File{ID: id, Owner: owner, Filename: nc[0], Bytes: int64(len(nc[1]))}
+			ff.meta[owner][id] = store.File{ID: id, Owner: owner, Filename: nc[0], Bytes: int64(len(nc[1]))}
+			ff.data[id] = nc[1]
 			h.fake.stored[id] = nc[1]
 		}
 	}
