@@ -39,7 +39,7 @@ const MaxFileIDs = 50
 const maxPlacedFiles = 2 * MaxFileIDs
 
 // Images by file_id are read into the upstream request, so their bytes are bounded: one image,
-// all of a request's, and their number, as OpenAI bounds image inputs.
+// all of a request's, and their number (the last two OpenAI's bounds on a request's images).
 const (
 	maxImageBytes      = 20 << 20
 	maxInputImageBytes = 50 << 20
