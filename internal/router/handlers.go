@@ -22,20 +22,36 @@ func healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// Readiness is Options.Ready's answer.
+type Readiness struct {
+	// NotReady, when set, says why this replica must not be sent requests (503): it is shutting
+	// down, say.
+	NotReady string
+	// Degraded, when set, names a fault this replica shares with its peers, such as the state
+	// store not answering. /readyz stays 200 and says so: taking every replica out of a load
+	// balancer would stop the requests that need no state too.
+	Degraded string
+}
+
 // readyz reports whether the proxy can serve: a configuration is loaded and Options.Ready agrees.
-// A 503 says why in "reason".
+// A 503 says why in "reason"; a 200 names a shared fault in "degraded".
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	if configFrom(r.Context()) == nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": "no configuration is loaded"})
 		return
 	}
+	var rd Readiness
 	if s.ready != nil {
-		if err := s.ready(r.Context()); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
-			return
-		}
+		rd = s.ready(r.Context())
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	switch {
+	case rd.NotReady != "":
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": rd.NotReady})
+	case rd.Degraded != "":
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "degraded": rd.Degraded})
+	default:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	}
 }
 
 // resolved is a request whose body is read and whose model maps to deployments.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -292,38 +291,32 @@ func TestUpstreamErrors(t *testing.T) {
 }
 
 func TestReadiness(t *testing.T) {
-	var ready atomic.Bool
+	var state atomic.Value
 	p := newProxy(t, testConfig("http://127.0.0.1:1/v1"), func(o *Options) {
-		o.Ready = func(context.Context) error {
-			if !ready.Load() {
-				return errors.New("the state store is unavailable")
-			}
-			return nil
-		}
+		o.Ready = func(context.Context) Readiness { return state.Load().(Readiness) }
 	})
 	empty := newProxy(t, nil)
 	cases := []struct {
-		name  string
-		p     *proxy
-		ready bool
-		path  string
-		want  int
+		name     string
+		p        *proxy
+		state    Readiness
+		path     string
+		want     int
+		wantBody string
 	}{
-		{"healthz is 200 while not ready", p, false, "/healthz", http.StatusOK},
-		{"readyz is 503 while Ready is false", p, false, "/readyz", http.StatusServiceUnavailable},
-		{"readyz is 200 once Ready is true", p, true, "/readyz", http.StatusOK},
-		{"readyz is 503 without a configuration", empty, true, "/readyz", http.StatusServiceUnavailable},
-		{"API is 503 without a configuration", empty, true, "/v1/models", http.StatusServiceUnavailable},
+		{"healthz is 200 while not ready", p, Readiness{NotReady: "shutting down"}, "/healthz", http.StatusOK, `"ok"`},
+		{"readyz is 503 with the reason", p, Readiness{NotReady: "shutting down"}, "/readyz", http.StatusServiceUnavailable, `"reason":"shutting down"`},
+		{"readyz is 200 when ready", p, Readiness{}, "/readyz", http.StatusOK, `{"status":"ready"}`},
+		{"readyz is 200 and names a shared fault", p, Readiness{Degraded: "the state store is unavailable"}, "/readyz", http.StatusOK, `"degraded":"the state store is unavailable"`},
+		{"readyz is 503 without a configuration", empty, Readiness{}, "/readyz", http.StatusServiceUnavailable, "no configuration"},
+		{"API is 503 without a configuration", empty, Readiness{}, "/v1/models", http.StatusServiceUnavailable, "not ready"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ready.Store(tc.ready)
+			state.Store(tc.state)
 			status, _, body := tc.p.do(t, http.MethodGet, tc.path, "")
-			if status != tc.want {
-				t.Errorf("GET %s = %d %s; want %d", tc.path, status, body, tc.want)
-			}
-			if tc.p == p && tc.path == "/readyz" && !tc.ready && !strings.Contains(string(body), "the state store is unavailable") {
-				t.Errorf("GET /readyz = %s; want the reason", body)
+			if status != tc.want || !strings.Contains(string(body), tc.wantBody) {
+				t.Errorf("GET %s = %d %s; want %d with %s", tc.path, status, body, tc.want, tc.wantBody)
 			}
 		})
 	}
