@@ -196,7 +196,7 @@ func (s *server) byID(w http.ResponseWriter, r *http.Request) error {
 	}
 	dep := cfg.Models[0]
 	for _, d := range cfg.Models {
-		if d.Unusable == "" && d.MissingEnv == "" {
+		if d.Callable() {
 			dep = d
 			break
 		}
@@ -218,7 +218,9 @@ type modelObject struct {
 	OwnedBy string `json:"owned_by"`
 }
 
-// models serves GET /v1/models: one entry per distinct model_name, in file order.
+// models serves GET /v1/models: one entry per distinct model_name that has a deployment the proxy
+// can call, in file order. A model none of whose deployments can be called is not offered (a
+// request naming it still gets the error that says why).
 func (s *server) models(w http.ResponseWriter, r *http.Request) error {
 	cfg := configFrom(r.Context())
 	if cfg == nil {
@@ -227,7 +229,7 @@ func (s *server) models(w http.ResponseWriter, r *http.Request) error {
 	seen := make(map[string]bool, len(cfg.Models))
 	data := make([]modelObject, 0, len(cfg.Models))
 	for _, d := range cfg.Models {
-		if seen[d.ModelName] {
+		if seen[d.ModelName] || !d.Callable() {
 			continue
 		}
 		seen[d.ModelName] = true
@@ -250,12 +252,13 @@ func (s *server) model(w http.ResponseWriter, r *http.Request) error {
 	if u, err := url.PathUnescape(name); err == nil {
 		name = u
 	}
-	deps := cfg.Deployments(name)
-	if len(deps) == 0 {
-		return &apierror.Error{Status: http.StatusNotFound, Message: "The model '" + name + "' does not exist or you do not have access to it.", Type: "invalid_request_error", Param: "model", Code: "model_not_found"}
+	for _, d := range cfg.Deployments(name) {
+		if d.Callable() {
+			writeJSON(w, http.StatusOK, s.modelObject(d))
+			return nil
+		}
 	}
-	writeJSON(w, http.StatusOK, s.modelObject(deps[0]))
-	return nil
+	return &apierror.Error{Status: http.StatusNotFound, Message: "The model '" + name + "' does not exist or you do not have access to it.", Type: "invalid_request_error", Param: "model", Code: "model_not_found"}
 }
 
 func (s *server) modelObject(d config.Deployment) modelObject {

@@ -154,6 +154,9 @@ func TestModels(t *testing.T) {
 			deployment("gpt-a", "http://127.0.0.1:1/v1"),
 			deployment("gpt-b", "http://127.0.0.2:1/v1"),
 			{ModelName: "Qwen/Qwen3-8B", Provider: "hosted_vllm", UpstreamModel: "qwen", APIBase: "http://127.0.0.1:1/v1"},
+			{ModelName: "claude", Provider: "bedrock", UpstreamModel: "anthropic.claude-3", Unusable: "provider bedrock cannot be called"},
+			{ModelName: "keyless", Provider: "openai", UpstreamModel: "gpt-4o", MissingEnv: "OPENAI_API_KEY"},
+			{ModelName: "gpt-a", Provider: "bedrock", UpstreamModel: "x", Unusable: "provider bedrock cannot be called"},
 		}
 	}))
 	for _, path := range []string{"/v1/models", "/models"} {
@@ -185,7 +188,7 @@ func TestModels(t *testing.T) {
 				ids = append(ids, *m.ID)
 			}
 			if got, want := strings.Join(ids, ","), "gpt-b,gpt-a,Qwen/Qwen3-8B"; got != want {
-				t.Errorf("ids = %s; want %s (one per model_name, file order)", got, want)
+				t.Errorf("ids = %s; want %s (one per callable model_name, file order)", got, want)
 			}
 			if *list.Data[2].OwnedBy != "hosted_vllm" {
 				t.Errorf("owned_by = %q; want the provider", *list.Data[2].OwnedBy)
@@ -202,6 +205,14 @@ func TestModels(t *testing.T) {
 		status, _, body := p.do(t, http.MethodGet, "/models/Qwen/Qwen3-8B", "")
 		if status != http.StatusOK || gjson.GetBytes(body, "id").Str != "Qwen/Qwen3-8B" || gjson.GetBytes(body, "owned_by").Str != "hosted_vllm" {
 			t.Errorf("GET /models/Qwen/Qwen3-8B = %d %s", status, body)
+		}
+	})
+	t.Run("retrieve a model no deployment of which can be called", func(t *testing.T) {
+		for _, name := range []string{"claude", "keyless"} {
+			status, _, body := p.do(t, http.MethodGet, "/v1/models/"+name, "")
+			if _, _, _, code := decodeError(t, body); status != http.StatusNotFound || code != "model_not_found" {
+				t.Errorf("GET /v1/models/%s = %d %s; want 404 model_not_found", name, status, body)
+			}
 		}
 	})
 	t.Run("retrieve an unknown model", func(t *testing.T) {
