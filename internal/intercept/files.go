@@ -6,8 +6,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +16,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/filename"
+	"github.com/ciproxy/ciproxy/internal/inputfiles"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
@@ -38,23 +37,10 @@ const MaxFileIDs = 50
 // maxPlacedFiles bounds the files one request places: the tool's file ids and the input's files.
 const maxPlacedFiles = 2 * MaxFileIDs
 
-// Images by file_id are read into the upstream request, so their bytes are bounded: one image,
-// all of a request's, and their number (the last two OpenAI's bounds on a request's images).
-const (
-	maxImageBytes      = 20 << 20
-	maxInputImageBytes = 50 << 20
-	maxInputImages     = 500
-)
-
-// imageTypes are the image types an upstream is given, those OpenAI accepts.
-var imageTypes = []string{"image/png", "image/jpeg", "image/gif", "image/webp"}
-
 // FileStore is what the engine needs of the Files API's store: the caller's files by id, and
-// their bytes. The embedded store implements it.
-type FileStore interface {
-	File(ctx context.Context, owner, id string) (store.File, error)
-	OpenFile(ctx context.Context, owner, id string) (store.File, io.ReadCloser, error)
-}
+// their bytes. The embedded store implements it. Images by file_id are read into the upstream
+// request by inputfiles, under its limits.
+type FileStore = inputfiles.Store
 
 // inputPart is where a content part sits in the client's input.
 type inputPart struct {
@@ -118,52 +104,37 @@ func parseInputFiles(input gjson.Result, code bool) ([]wantedFile, []wantedImage
 	var files []wantedFile
 	var images []wantedImage
 	var bad *apierror.Error
-	k := -1
-	input.ForEach(func(_, it gjson.Result) bool {
-		k++
-		field := "content"
-		switch typ := it.Get("type").String(); {
-		case typ == "message", typ == "" && it.Get("role").Exists():
-		case typ == "function_call_output":
-			field = "output"
-		default:
-			return true
-		}
-		j := -1
-		it.Get(field).ForEach(func(_, p gjson.Result) bool {
-			j++
-			pp := "input[" + strconv.Itoa(k) + "]." + field + "[" + strconv.Itoa(j) + "]"
-			at := inputPart{param: pp, item: k, field: field, part: j, at: -1}
-			switch p.Get("type").String() {
-			case "input_image":
-				id := p.Get("file_id")
-				if id.Type != gjson.String || id.String() == "" {
-					return true
-				}
-				at.param = pp + ".file_id"
-				images = append(images, wantedImage{inputPart: at, fileID: id.String()})
-				if code {
-					files = append(files, wantedFile{placement: placement{FileID: id.String()}, inputPart: at, image: true})
-				}
-			case "input_file":
-				if !code {
-					return true
-				}
-				var w wantedFile
-				w, bad = inputFile(p, at)
-				if bad != nil {
-					return false
-				}
-				if w.FileID != "" || w.Name != "" {
-					files = append(files, w)
-				}
+	inputfiles.ForEachPart(input, func(ip inputfiles.Part) bool {
+		p, pp := ip.Value, ip.Param()
+		at := inputPart{param: pp, item: ip.Item, field: ip.Field, part: ip.Index, at: -1}
+		switch p.Get("type").String() {
+		case "input_image":
+			id := p.Get("file_id")
+			if id.Type != gjson.String || id.String() == "" {
+				return true
 			}
-			return true
-		})
-		return bad == nil
+			at.param = pp + ".file_id"
+			images = append(images, wantedImage{inputPart: at, fileID: id.String()})
+			if code {
+				files = append(files, wantedFile{placement: placement{FileID: id.String()}, inputPart: at, image: true})
+			}
+		case "input_file":
+			if !code {
+				return true
+			}
+			var w wantedFile
+			w, bad = inputFile(p, at)
+			if bad != nil {
+				return false
+			}
+			if w.FileID != "" || w.Name != "" {
+				files = append(files, w)
+			}
+		}
+		return true
 	})
-	if bad == nil && len(images) > maxInputImages {
-		bad = apierror.BadRequest(fmt.Sprintf("Too many images by file_id: %d, at most %d per request.", len(images), maxInputImages), "input", "")
+	if bad == nil && len(images) > inputfiles.MaxInputImages {
+		bad = apierror.BadRequest(fmt.Sprintf("Too many images by file_id: %d, at most %d per request.", len(images), inputfiles.MaxInputImages), "input", "")
 	}
 	return files, images, bad
 }
@@ -234,7 +205,7 @@ func (r *parsedRequest) findFiles(ctx context.Context, files FileStore, caller s
 	}
 	total := int64(0)
 	for _, img := range r.images {
-		url, n, err := readImage(ctx, files, caller, img, maxInputImageBytes-total)
+		url, n, err := inputfiles.ImageURL(ctx, files, caller, img.fileID, img.param, inputfiles.MaxInputImageBytes-total)
 		if err != nil {
 			return err
 		}
@@ -256,50 +227,7 @@ func (r *parsedRequest) findFiles(ctx context.Context, files FileStore, caller s
 
 // fileError is the error of a Files API lookup of id, named by param: a 404 for an id the caller
 // has no file for.
-func fileError(err error, id, param string) error {
-	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrInvalid) {
-		return apierror.NotFound("No such File object: "+id, param)
-	}
-	return fmt.Errorf("reading file %s: %w", id, err)
-}
-
-// readImage reads the caller's image img.fileID and returns it as a data URL, and its size. The
-// image may take left bytes (what the request's images have left) and maxImageBytes; its type is
-// the one its bytes show, and must be one an upstream takes.
-func readImage(ctx context.Context, files FileStore, caller string, img wantedImage, left int64) (string, int64, error) {
-	if files == nil {
-		return "", 0, fileError(store.ErrNotFound, img.fileID, img.param)
-	}
-	f, rc, err := files.OpenFile(ctx, caller, img.fileID)
-	if err != nil {
-		return "", 0, fileError(err, img.fileID, img.param)
-	}
-	defer rc.Close()
-	limit := min(int64(maxImageBytes), left)
-	tooLarge := func() error {
-		if limit < maxImageBytes {
-			return apierror.BadRequest(fmt.Sprintf("The images by file_id take more than %d MB together in this request.", maxInputImageBytes>>20), img.param, "image_file_too_large")
-		}
-		return apierror.BadRequest(fmt.Sprintf("The image file %s is larger than %d MB.", img.fileID, maxImageBytes>>20), img.param, "image_file_too_large")
-	}
-	if f.Bytes > limit {
-		return "", 0, tooLarge()
-	}
-	b, err := io.ReadAll(io.LimitReader(rc, limit+1))
-	switch {
-	case err != nil:
-		return "", 0, fmt.Errorf("reading file %s: %w", img.fileID, err)
-	case int64(len(b)) > limit:
-		return "", 0, tooLarge()
-	case len(b) == 0:
-		return "", 0, apierror.BadRequest("The image file "+img.fileID+" is empty.", img.param, "empty_image_file")
-	}
-	typ := http.DetectContentType(b)
-	if !slices.Contains(imageTypes, typ) {
-		return "", 0, apierror.BadRequest("The file "+img.fileID+" ("+f.Filename+") is not an image of a supported type: PNG, JPEG, GIF or WebP.", img.param, "unsupported_image_media_type")
-	}
-	return "data:" + typ + ";base64," + base64.StdEncoding.EncodeToString(b), int64(len(b)), nil
-}
+func fileError(err error, id, param string) error { return inputfiles.FileError(err, id, param) }
 
 // uniquePlacements returns the distinct files to place, and for each wanted file the index of
 // its placement: a file id named twice (in the tool and in the input) is placed once.
