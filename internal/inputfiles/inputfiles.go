@@ -131,9 +131,18 @@ func readImage(ctx context.Context, files Store, owner, id, param string, left i
 	return readDataURL(ctx, files, owner, id, limit, tooLarge, typeOf)
 }
 
-// readFile reads owner's file id for an input_file part as a data URL of its type, and returns it
-// with the file and its size. The file may take left bytes (what the request's files have left)
-// and MaxFileBytes. Errors name param; an id owner has no file for is the store's error.
+// FileDataURL reads owner's file id for an input_file part as a data URL of its type, and returns
+// it with the file and its size. The file may take left bytes (what the request's files have
+// left) and MaxFileBytes. Errors name param; an id owner has no file for is the 404.
+func FileDataURL(ctx context.Context, files Store, owner, id, param string, left int64) (string, store.File, int64, error) {
+	url, f, n, err := readFile(ctx, files, owner, id, param, left)
+	if err != nil && notFound(err) {
+		return "", f, 0, FileError(err, id, param)
+	}
+	return url, f, n, err
+}
+
+// readFile is FileDataURL, with the store's not-found error as it is.
 func readFile(ctx context.Context, files Store, owner, id, param string, left int64) (string, store.File, int64, error) {
 	limit := min(int64(MaxFileBytes), left)
 	tooLarge := func() error {

@@ -61,10 +61,13 @@ type wantedFile struct {
 	image bool // an input_image part: it stays an image upstream, and a note follows it
 }
 
-// wantedImage is an input_image part by file_id, which goes upstream as a data URL.
-type wantedImage struct {
+// wantedInline is a part by file_id that goes upstream carrying the file: an input_image part,
+// whose image_url becomes a data URL, or an input_file part of a request without
+// code_interpreter, whose file_data does.
+type wantedInline struct {
 	inputPart
 	fileID string
+	file   bool // an input_file part
 }
 
 // parseFileIDs reads the auto container's file_ids (param names it, for errors).
@@ -96,13 +99,15 @@ func parseFileIDs(ids gjson.Result, param string) ([]wantedFile, *apierror.Error
 }
 
 // parseInputFiles finds the parts of the input that name files, in its messages' content and in
-// the output lists of its function_call_output items: the input_image parts by file_id, and
-// with code (the request has the code_interpreter tool) the input_file parts that carry a file (a
-// file_id, or file_data with its filename), which go to the container, as do those images. Parts
-// by file_url or image_url are left alone.
-func parseInputFiles(input gjson.Result, code bool) ([]wantedFile, []wantedImage, *apierror.Error) {
+// the output lists of its function_call_output items: the input_image parts by file_id, which go
+// upstream as data URLs, and the input_file parts that carry a file (a file_id, or file_data with
+// its filename). With code (the request has the code_interpreter tool) those files go to the
+// container, as do those images; without it, an input_file by file_id goes upstream as inline
+// file_data. Parts by file_url or image_url are left alone.
+func parseInputFiles(input gjson.Result, code bool) ([]wantedFile, []wantedInline, *apierror.Error) {
 	var files []wantedFile
-	var images []wantedImage
+	var inlined []wantedInline
+	images := 0
 	var bad *apierror.Error
 	inputfiles.ForEachPart(input, func(ip inputfiles.Part) bool {
 		p, pp := ip.Value, ip.Param()
@@ -114,12 +119,17 @@ func parseInputFiles(input gjson.Result, code bool) ([]wantedFile, []wantedImage
 				return true
 			}
 			at.param = pp + ".file_id"
-			images = append(images, wantedImage{inputPart: at, fileID: id.String()})
+			inlined = append(inlined, wantedInline{inputPart: at, fileID: id.String()})
+			images++
 			if code {
 				files = append(files, wantedFile{placement: placement{FileID: id.String()}, inputPart: at, image: true})
 			}
 		case "input_file":
 			if !code {
+				if id := p.Get("file_id"); id.Type == gjson.String && id.String() != "" {
+					at.param = pp + ".file_id"
+					inlined = append(inlined, wantedInline{inputPart: at, fileID: id.String(), file: true})
+				}
 				return true
 			}
 			var w wantedFile
@@ -133,10 +143,10 @@ func parseInputFiles(input gjson.Result, code bool) ([]wantedFile, []wantedImage
 		}
 		return true
 	})
-	if bad == nil && len(images) > inputfiles.MaxInputImages {
-		bad = apierror.BadRequest(fmt.Sprintf("Too many images by file_id: %d, at most %d per request.", len(images), inputfiles.MaxInputImages), "input", "")
+	if bad == nil && images > inputfiles.MaxInputImages {
+		bad = apierror.BadRequest(fmt.Sprintf("Too many images by file_id: %d, at most %d per request.", images, inputfiles.MaxInputImages), "input", "")
 	}
-	return files, images, bad
+	return files, inlined, bad
 }
 
 // inputFile reads an input_file part at pp: the file it carries, or none (a zero wantedFile)
@@ -203,26 +213,54 @@ func (r *parsedRequest) findFiles(ctx context.Context, files FileStore, caller s
 		}
 		w.Name = f.Filename
 	}
-	total := int64(0)
-	for _, img := range r.images {
-		url, n, err := inputfiles.ImageURL(ctx, files, caller, img.fileID, img.param, inputfiles.MaxInputImageBytes-total)
-		if err != nil {
-			return err
+	imageBytes, fileBytes := int64(0), int64(0)
+	for _, in := range r.inlined {
+		var out []byte
+		if in.file {
+			url, f, n, err := inputfiles.FileDataURL(ctx, files, caller, in.fileID, in.param, inputfiles.MaxInputFileBytes-fileBytes)
+			if err != nil {
+				return err
+			}
+			fileBytes += n
+			if in.at < 0 || in.at >= len(r.input) {
+				continue
+			}
+			if out, err = inlineFile(r.input[in.at], in.path(), url, f.Filename); err != nil {
+				return fmt.Errorf("inlining file %s: %w", in.fileID, err)
+			}
+		} else {
+			url, n, err := inputfiles.ImageURL(ctx, files, caller, in.fileID, in.param, inputfiles.MaxInputImageBytes-imageBytes)
+			if err != nil {
+				return err
+			}
+			imageBytes += n
+			if in.at < 0 || in.at >= len(r.input) {
+				continue
+			}
+			out, err = sjson.SetBytes(r.input[in.at], in.path()+".image_url", url)
+			if err == nil {
+				out, err = sjson.DeleteBytes(out, in.path()+".file_id")
+			}
+			if err != nil {
+				return fmt.Errorf("inlining image %s: %w", in.fileID, err)
+			}
 		}
-		total += n
-		if img.at < 0 || img.at >= len(r.input) {
-			continue
-		}
-		out, err := sjson.SetBytes(r.input[img.at], img.path()+".image_url", url)
-		if err == nil {
-			out, err = sjson.DeleteBytes(out, img.path()+".file_id")
-		}
-		if err != nil {
-			return fmt.Errorf("inlining image %s: %w", img.fileID, err)
-		}
-		r.input[img.at] = out
+		r.input[in.at] = out
 	}
 	return nil
+}
+
+// inlineFile returns item with its input_file part at path carrying the file as file_data (url)
+// instead of its file_id, and named name unless the client named it.
+func inlineFile(item []byte, path, url, name string) ([]byte, error) {
+	out, err := sjson.DeleteBytes(item, path+".file_id")
+	if err == nil && gjson.GetBytes(out, path+".filename").Type != gjson.String {
+		out, err = sjson.SetBytes(out, path+".filename", name)
+	}
+	if err == nil {
+		out, err = sjson.SetBytes(out, path+".file_data", url)
+	}
+	return out, err
 }
 
 // fileError is the error of a Files API lookup of id, named by param: a 404 for an id the caller

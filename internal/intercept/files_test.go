@@ -442,6 +442,37 @@ func TestImagesByFileIDWithoutCodeInterpreter(t *testing.T) {
 	}
 }
 
+func TestInputFilesByFileIDWithoutCodeInterpreter(t *testing.T) {
+	// Without code_interpreter a file goes to no container: a stateless upstream gets its bytes
+	// as file_data (a Chat Completions file part), under its stored name unless the client named it.
+	h := filesHarness(t, onAPI(vllmAPI))
+	h.up.Enqueue(text("read"), text("read"))
+	in := `{"model":"gpt-test","input":[{"role":"user","content":[{"type":"input_text","text":"read it"},{"type":"input_file","file_id":"file-notes"}]}]}`
+	named := strings.Replace(in, `"file_id":"file-notes"`, `"file_id":"file-notes","filename":"mine.txt"`, 1)
+	want := "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte("hello"))
+	for i, tt := range []struct{ body, name string }{{in, "notes.txt"}, {named, "mine.txt"}} {
+		if status, resp := h.post(tt.body, "k"); status != 200 {
+			t.Fatalf("status %d: %s", status, resp)
+		}
+		req := h.up.Requests()[i]
+		parts := chatUserParts(req)
+		if parts.Get("1.type").String() != "file" || parts.Get("1.file.file_data").String() != want || parts.Get("1.file.filename").String() != tt.name ||
+			strings.Contains(upstreamText(req), "file-notes") {
+			t.Errorf("the user's parts upstream are %s", parts.Raw)
+		}
+	}
+	if n := h.fake.Created(); n != 0 {
+		t.Errorf("%d containers created; want none", n)
+	}
+	status, resp := h.post(strings.Replace(in, "file-notes", "file-theirs", 1), "k")
+	if status != 404 || gjson.GetBytes(resp, "error.param").String() != "input[0].content[1].file_id" {
+		t.Errorf("another caller's file: %d %s", status, resp)
+	}
+	if n := len(h.up.Requests()); n != 2 {
+		t.Errorf("%d upstream requests; want 2", n)
+	}
+}
+
 func TestStatelessReplayOfAnInputFileReusesItsPlacement(t *testing.T) {
 	h := filesHarness(t)
 	h.up.Enqueue(calls("1"), text("first"))
