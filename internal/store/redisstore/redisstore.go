@@ -346,12 +346,16 @@ func (s *Store) ownerKey(owner, index string) string {
 	return s.key("owner", escapeOwner(owner), index)
 }
 
+// ownerEscaper percent-encodes '%' and ':'. A Replacer is immutable once built (and building one
+// costs kilobytes, which a call per key would pay).
+var ownerEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
+
 // escapeOwner percent-encodes '%' and ':', so that an owner is one key element.
 func escapeOwner(owner string) string {
 	if !strings.ContainsAny(owner, "%:") {
 		return owner
 	}
-	return strings.NewReplacer("%", "%25", ":", "%3A").Replace(owner)
+	return ownerEscaper.Replace(owner)
 }
 
 // nowMs is the store's clock in milliseconds, rounded down.
