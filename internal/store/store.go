@@ -1,9 +1,10 @@
 // Package store is the state the proxy keeps between requests: stored responses, the container
-// registry with each container's files, the Files API's files (metadata and bytes), and short
-// claims that decide which process does a piece of work. Store is the one interface; the embedded
-// implementation (package embedded) keeps everything on local disk for one process, and a shared
-// implementation lets several replicas serve the same conversations. Package storetest holds the
-// conformance suite that every implementation passes.
+// registry with each container's files, the Files API's files (metadata and bytes), short claims
+// that decide which process does a piece of work, and what the container quotas count (places,
+// token buckets), so that every process sharing a store applies them together. Store is the one
+// interface; the embedded implementation (package embedded) keeps everything on local disk for
+// one process, and a shared implementation lets several replicas serve the same conversations.
+// Package storetest holds the conformance suite that every implementation passes.
 //
 // Every read is scoped: an object that belongs to another owner is ErrNotFound, exactly as one that
 // does not exist. Objects carry their own expiry (ExpiresAt, ForgetAt): past it they are gone for

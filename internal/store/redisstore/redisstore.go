@@ -51,8 +51,8 @@
 // Every change that touches more than one key, or must check before it writes, is one Lua script:
 // creating a container or a file (create-if-absent), UpdateContainer (the Version check),
 // committing an upload (id, quota and bytes decided together), claims, reserving a container's
-// place (the record scripts move the place with the record), taking a token. Scripts run one at a time
-// in Redis, so of several replicas racing for one thing exactly one wins.
+// place (the scripts that write a record move its place with it), taking a token. Scripts run one
+// at a time in Redis, so of several replicas racing for one thing exactly one wins.
 //
 // # File bytes
 //
