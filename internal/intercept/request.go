@@ -56,8 +56,10 @@ type parsedRequest struct {
 	// container reuses the latest one still live.
 	contextContainers []string
 	// files are what the request puts into its container before code runs: the tool's
-	// container.file_ids, then the input's input_file parts (files.go).
-	files        []wantedFile
+	// container.file_ids, then the input's input_file parts and images by file_id (files.go).
+	files []wantedFile
+	// images are the input's input_image parts by file_id, which go upstream as data URLs.
+	images       []wantedImage
 	standInIndex int // the stand-in function's index in base's tools; -1 without one
 
 	// Client values echoed in the Response (raw JSON; nil when absent).
@@ -216,16 +218,16 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 		return nil, bad
 	}
 	tools = append(tools, ']')
-	if r.code {
-		// Files of the input go to the container too, as OpenAI's do.
-		in, bad := parseInputFiles(root.Get("input"))
-		if bad != nil {
-			return nil, bad
-		}
-		r.files = append(r.files, in...)
-		if len(r.files) > maxPlacedFiles {
-			return nil, apierror.BadRequest(fmt.Sprintf("Too many files for the code interpreter's container: %d, at most %d per request.", len(r.files), maxPlacedFiles), "input", "")
-		}
+	// Files of the input go to the container too, as OpenAI's do; images by file_id go upstream
+	// as their bytes, code or not.
+	in, images, bad := parseInputFiles(root.Get("input"), r.code)
+	if bad != nil {
+		return nil, bad
+	}
+	r.files = append(r.files, in...)
+	r.images = images
+	if len(r.files) > maxPlacedFiles {
+		return nil, apierror.BadRequest(fmt.Sprintf("Too many files for the code interpreter's container: %d, at most %d per request.", len(r.files), maxPlacedFiles), "input", "")
 	}
 
 	if r.code {
@@ -338,6 +340,11 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 			for i := range r.files {
 				if r.files[i].item == k {
 					r.files[i].at = len(r.input)
+				}
+			}
+			for i := range r.images {
+				if r.images[i].item == k {
+					r.images[i].at = len(r.input)
 				}
 			}
 			items, container := translateInputItem(it, r.fn, lk)

@@ -22,20 +22,36 @@ func healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// Readiness is Options.Ready's answer.
+type Readiness struct {
+	// NotReady, when set, says why this replica must not be sent requests (503): it is shutting
+	// down, say.
+	NotReady string
+	// Degraded, when set, names a fault this replica shares with its peers, such as the state
+	// store not answering. /readyz stays 200 and says so: taking every replica out of a load
+	// balancer would stop the requests that need no state too.
+	Degraded string
+}
+
 // readyz reports whether the proxy can serve: a configuration is loaded and Options.Ready agrees.
-// A 503 says why in "reason".
+// A 503 says why in "reason"; a 200 names a shared fault in "degraded".
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	if configFrom(r.Context()) == nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": "no configuration is loaded"})
 		return
 	}
+	var rd Readiness
 	if s.ready != nil {
-		if err := s.ready(r.Context()); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
-			return
-		}
+		rd = s.ready(r.Context())
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	switch {
+	case rd.NotReady != "":
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": rd.NotReady})
+	case rd.Degraded != "":
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "degraded": rd.Degraded})
+	default:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	}
 }
 
 // resolved is a request whose body is read and whose model maps to deployments.
@@ -180,7 +196,7 @@ func (s *server) byID(w http.ResponseWriter, r *http.Request) error {
 	}
 	dep := cfg.Models[0]
 	for _, d := range cfg.Models {
-		if d.Unusable == "" && d.MissingEnv == "" {
+		if d.Callable() {
 			dep = d
 			break
 		}
@@ -202,7 +218,9 @@ type modelObject struct {
 	OwnedBy string `json:"owned_by"`
 }
 
-// models serves GET /v1/models: one entry per distinct model_name, in file order.
+// models serves GET /v1/models: one entry per distinct model_name that has a deployment the proxy
+// can call, in file order. A model none of whose deployments can be called is not offered (a
+// request naming it still gets the error that says why).
 func (s *server) models(w http.ResponseWriter, r *http.Request) error {
 	cfg := configFrom(r.Context())
 	if cfg == nil {
@@ -211,7 +229,7 @@ func (s *server) models(w http.ResponseWriter, r *http.Request) error {
 	seen := make(map[string]bool, len(cfg.Models))
 	data := make([]modelObject, 0, len(cfg.Models))
 	for _, d := range cfg.Models {
-		if seen[d.ModelName] {
+		if seen[d.ModelName] || !d.Callable() {
 			continue
 		}
 		seen[d.ModelName] = true
@@ -234,12 +252,13 @@ func (s *server) model(w http.ResponseWriter, r *http.Request) error {
 	if u, err := url.PathUnescape(name); err == nil {
 		name = u
 	}
-	deps := cfg.Deployments(name)
-	if len(deps) == 0 {
-		return &apierror.Error{Status: http.StatusNotFound, Message: "The model '" + name + "' does not exist or you do not have access to it.", Type: "invalid_request_error", Param: "model", Code: "model_not_found"}
+	for _, d := range cfg.Deployments(name) {
+		if d.Callable() {
+			writeJSON(w, http.StatusOK, s.modelObject(d))
+			return nil
+		}
 	}
-	writeJSON(w, http.StatusOK, s.modelObject(deps[0]))
-	return nil
+	return &apierror.Error{Status: http.StatusNotFound, Message: "The model '" + name + "' does not exist or you do not have access to it.", Type: "invalid_request_error", Param: "model", Code: "model_not_found"}
 }
 
 func (s *server) modelObject(d config.Deployment) modelObject {
