@@ -145,7 +145,7 @@ func New(opts Options) http.Handler {
 	// bound what a slow client can hold.
 	r.Get("/healthz", healthz)
 	r.Get("/readyz", s.readyz)
-	r.With(auth).Method(http.MethodGet, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	r.With(auth, masterOnly).Method(http.MethodGet, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	if s.files != nil {
 		// Uploads are bounded by max_file_upload_size, not max_request_body_size, and streamed to
 		// the store, so they skip bodyLimit.

@@ -507,6 +507,14 @@ func (c *Container) recordChanges(ctx context.Context, changed []FileInfo, vanis
 			(!had && lim.Files > 0 && count+1 > lim.Files) ||
 			(lim.TotalBytes > 0 && total+grow > lim.TotalBytes) {
 			out.Skipped = append(out.Skipped, f.Path)
+			if had {
+				// Its record would announce a size and bytes the download refuses: not available.
+				if err := s.st.DeleteContainerFile(ctx, c.owner, c.id, old.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+					return out, fmt.Errorf("%w: forgetting a container file: %w", ErrUnavailable, err)
+				}
+				count--
+				total -= old.Bytes
+			}
 			continue
 		}
 		rec := store.ContainerFile{ContainerID: c.id, Owner: c.owner, Path: full, Bytes: f.Size, Source: SourceAssistant}

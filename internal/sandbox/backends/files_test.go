@@ -292,6 +292,16 @@ open("/mnt/data/third.txt", "w").write("3")`, lim)
 		!slices.Equal(out.Skipped, []string{"huge.bin", "third.txt"}) {
 		t.Errorf("Execute() over limits: files %v, skipped %v; want more.txt and ok.txt, huge.bin and third.txt skipped", got, out.Skipped)
 	}
+
+	// A recorded file the code grows past the limits loses its record: it is not available, and no
+	// record may keep announcing its old size.
+	out = e.run(`open("/mnt/data/ok.txt", "w").write("k" * 70)`, lim)
+	if len(out.Files) != 0 || !slices.Equal(out.Skipped, []string{"ok.txt"}) {
+		t.Errorf("Execute(grow ok.txt past the file limit): files %v, skipped %v; want ok.txt skipped", paths(out.Files), out.Skipped)
+	}
+	if got := paths(e.list()); !slices.Equal(got, []string{"/mnt/data/a.txt", "/mnt/data/more.txt"}) {
+		t.Errorf("files after ok.txt grew past the limit = %v; want a.txt and more.txt", got)
+	}
 }
 
 // What hostile code makes in /mnt/data is never followed: a link to a host file, a FIFO and a

@@ -116,6 +116,7 @@ func (s *Store) indexContainerLocked(r *containerRecord) {
 		s.ownerCntrs[r.Owner] = ix
 	}
 	ix.add(r.ID)
+	s.placeLocked(r)
 }
 
 func (s *Store) indexCFileLocked(r *cfileRecord) {
@@ -140,6 +141,7 @@ func (s *Store) dropContainerLocked(id string) error {
 		return err
 	}
 	delete(s.containers, id)
+	s.unplaceLocked(r.Owner, id)
 	if ix := s.ownerCntrs[r.Owner]; ix != nil {
 		if ix.remove(id); len(*ix) == 0 {
 			delete(s.ownerCntrs, r.Owner)
@@ -234,6 +236,7 @@ func (s *Store) UpdateContainer(_ context.Context, c store.Container) (store.Con
 		return store.Container{}, err
 	}
 	s.containers[c.ID] = r
+	s.placeLocked(r)
 	return r.container(), nil
 }
 

@@ -83,6 +83,9 @@ type Store struct {
 	cfiles     map[string]*cfileRecord
 	cntrFiles  map[string]*index // container id -> its container files
 	claims     map[string]claim
+	places     map[string]map[string]time.Time // owner -> container id -> until when it holds a place
+	shared     map[string]time.Time            // container id -> the same, for shared containers
+	buckets    map[string]bucket
 
 	stopSweep chan struct{}
 	swept     sync.WaitGroup
@@ -124,6 +127,9 @@ func Open(opts Options) (*Store, error) {
 		cfiles:     map[string]*cfileRecord{},
 		cntrFiles:  map[string]*index{},
 		claims:     map[string]claim{},
+		places:     map[string]map[string]time.Time{},
+		shared:     map[string]time.Time{},
+		buckets:    map[string]bucket{},
 		stopSweep:  make(chan struct{}),
 	}
 	if err := s.prepare(); err != nil {

@@ -93,7 +93,8 @@ func (s *Store) CreateContainer(ctx context.Context, c store.Container) (store.C
 		return store.Container{}, fmt.Errorf("%w: container %s: %w", store.ErrInvalid, c.ID, err)
 	}
 	v, err := scriptCreateContainer.Run(ctx, s.rdb, []string{s.key("cntr", c.ID)}, s.prefix, s.nowMs(),
-		c.ID, c.Owner, s.ownerKey(c.Owner, "cntrs"), created, atMs(c.ForgetAt), atMs(c.ExpiresAt), body).Result()
+		c.ID, c.Owner, s.ownerKey(c.Owner, "cntrs"), created, atMs(c.ForgetAt), atMs(c.ExpiresAt), body,
+		atMs(store.PlaceUntil(c)), sharedFlag(c)).Result()
 	if err != nil {
 		return store.Container{}, s.fail(ctx, err)
 	}
@@ -138,7 +139,8 @@ func (s *Store) UpdateContainer(ctx context.Context, c store.Container) (store.C
 		return store.Container{}, fmt.Errorf("%w: encoding container %s: %w", store.ErrInvalid, c.ID, err)
 	}
 	v, err := scriptUpdateContainer.Run(ctx, s.rdb, []string{s.key("cntr", c.ID)}, s.prefix, s.nowMs(),
-		c.ID, c.Owner, c.Version, atMs(c.ForgetAt), atMs(c.ExpiresAt), body).Result()
+		c.ID, c.Owner, c.Version, atMs(c.ForgetAt), atMs(c.ExpiresAt), body,
+		atMs(store.PlaceUntil(c)), sharedFlag(c)).Result()
 	if err != nil {
 		return store.Container{}, s.fail(ctx, err)
 	}
