@@ -6,8 +6,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +16,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/filename"
+	"github.com/ciproxy/ciproxy/internal/inputfiles"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
@@ -38,23 +37,10 @@ const MaxFileIDs = 50
 // maxPlacedFiles bounds the files one request places: the tool's file ids and the input's files.
 const maxPlacedFiles = 2 * MaxFileIDs
 
-// Images by file_id are read into the upstream request, so their bytes are bounded: one image,
-// all of a request's, and their number (the last two OpenAI's bounds on a request's images).
-const (
-	maxImageBytes      = 20 << 20
-	maxInputImageBytes = 50 << 20
-	maxInputImages     = 500
-)
-
-// imageTypes are the image types an upstream is given, those OpenAI accepts.
-var imageTypes = []string{"image/png", "image/jpeg", "image/gif", "image/webp"}
-
 // FileStore is what the engine needs of the Files API's store: the caller's files by id, and
-// their bytes. The embedded store implements it.
-type FileStore interface {
-	File(ctx context.Context, owner, id string) (store.File, error)
-	OpenFile(ctx context.Context, owner, id string) (store.File, io.ReadCloser, error)
-}
+// their bytes. The embedded store implements it. Images by file_id are read into the upstream
+// request by inputfiles, under its limits.
+type FileStore = inputfiles.Store
 
 // inputPart is where a content part sits in the client's input.
 type inputPart struct {
@@ -75,10 +61,13 @@ type wantedFile struct {
 	image bool // an input_image part: it stays an image upstream, and a note follows it
 }
 
-// wantedImage is an input_image part by file_id, which goes upstream as a data URL.
-type wantedImage struct {
+// wantedInline is a part by file_id that goes upstream carrying the file: an input_image part,
+// whose image_url becomes a data URL, or an input_file part of a request without
+// code_interpreter, whose file_data does.
+type wantedInline struct {
 	inputPart
 	fileID string
+	file   bool // an input_file part
 }
 
 // parseFileIDs reads the auto container's file_ids (param names it, for errors).
@@ -110,62 +99,54 @@ func parseFileIDs(ids gjson.Result, param string) ([]wantedFile, *apierror.Error
 }
 
 // parseInputFiles finds the parts of the input that name files, in its messages' content and in
-// the output lists of its function_call_output items: the input_image parts by file_id, and
-// with code (the request has the code_interpreter tool) the input_file parts that carry a file (a
-// file_id, or file_data with its filename), which go to the container, as do those images. Parts
-// by file_url or image_url are left alone.
-func parseInputFiles(input gjson.Result, code bool) ([]wantedFile, []wantedImage, *apierror.Error) {
+// the output lists of its function_call_output items: the input_image parts by file_id, which go
+// upstream as data URLs, and the input_file parts that carry a file (a file_id, or file_data with
+// its filename). With code (the request has the code_interpreter tool) those files go to the
+// container, as do those images; without it, an input_file by file_id goes upstream as inline
+// file_data. Parts by file_url or image_url are left alone.
+func parseInputFiles(input gjson.Result, code bool) ([]wantedFile, []wantedInline, *apierror.Error) {
 	var files []wantedFile
-	var images []wantedImage
+	var inlined []wantedInline
+	images := 0
 	var bad *apierror.Error
-	k := -1
-	input.ForEach(func(_, it gjson.Result) bool {
-		k++
-		field := "content"
-		switch typ := it.Get("type").String(); {
-		case typ == "message", typ == "" && it.Get("role").Exists():
-		case typ == "function_call_output":
-			field = "output"
-		default:
-			return true
-		}
-		j := -1
-		it.Get(field).ForEach(func(_, p gjson.Result) bool {
-			j++
-			pp := "input[" + strconv.Itoa(k) + "]." + field + "[" + strconv.Itoa(j) + "]"
-			at := inputPart{param: pp, item: k, field: field, part: j, at: -1}
-			switch p.Get("type").String() {
-			case "input_image":
-				id := p.Get("file_id")
-				if id.Type != gjson.String || id.String() == "" {
-					return true
-				}
-				at.param = pp + ".file_id"
-				images = append(images, wantedImage{inputPart: at, fileID: id.String()})
-				if code {
-					files = append(files, wantedFile{placement: placement{FileID: id.String()}, inputPart: at, image: true})
-				}
-			case "input_file":
-				if !code {
-					return true
-				}
-				var w wantedFile
-				w, bad = inputFile(p, at)
-				if bad != nil {
-					return false
-				}
-				if w.FileID != "" || w.Name != "" {
-					files = append(files, w)
-				}
+	inputfiles.ForEachPart(input, func(ip inputfiles.Part) bool {
+		p, pp := ip.Value, ip.Param()
+		at := inputPart{param: pp, item: ip.Item, field: ip.Field, part: ip.Index, at: -1}
+		switch p.Get("type").String() {
+		case "input_image":
+			id := p.Get("file_id")
+			if id.Type != gjson.String || id.String() == "" {
+				return true
 			}
-			return true
-		})
-		return bad == nil
+			at.param = pp + ".file_id"
+			inlined = append(inlined, wantedInline{inputPart: at, fileID: id.String()})
+			images++
+			if code {
+				files = append(files, wantedFile{placement: placement{FileID: id.String()}, inputPart: at, image: true})
+			}
+		case "input_file":
+			if !code {
+				if id := p.Get("file_id"); id.Type == gjson.String && id.String() != "" {
+					at.param = pp + ".file_id"
+					inlined = append(inlined, wantedInline{inputPart: at, fileID: id.String(), file: true})
+				}
+				return true
+			}
+			var w wantedFile
+			w, bad = inputFile(p, at)
+			if bad != nil {
+				return false
+			}
+			if w.FileID != "" || w.Name != "" {
+				files = append(files, w)
+			}
+		}
+		return true
 	})
-	if bad == nil && len(images) > maxInputImages {
-		bad = apierror.BadRequest(fmt.Sprintf("Too many images by file_id: %d, at most %d per request.", len(images), maxInputImages), "input", "")
+	if bad == nil && images > inputfiles.MaxInputImages {
+		bad = apierror.BadRequest(fmt.Sprintf("Too many images by file_id: %d, at most %d per request.", images, inputfiles.MaxInputImages), "input", "")
 	}
-	return files, images, bad
+	return files, inlined, bad
 }
 
 // inputFile reads an input_file part at pp: the file it carries, or none (a zero wantedFile)
@@ -232,74 +213,59 @@ func (r *parsedRequest) findFiles(ctx context.Context, files FileStore, caller s
 		}
 		w.Name = f.Filename
 	}
-	total := int64(0)
-	for _, img := range r.images {
-		url, n, err := readImage(ctx, files, caller, img, maxInputImageBytes-total)
-		if err != nil {
-			return err
+	imageBytes, fileBytes := int64(0), int64(0)
+	for _, in := range r.inlined {
+		var out []byte
+		if in.file {
+			url, f, n, err := inputfiles.FileDataURL(ctx, files, caller, in.fileID, in.param, inputfiles.MaxInputFileBytes-fileBytes)
+			if err != nil {
+				return err
+			}
+			fileBytes += n
+			if in.at < 0 || in.at >= len(r.input) {
+				continue
+			}
+			if out, err = inlineFile(r.input[in.at], in.path(), url, f.Filename); err != nil {
+				return fmt.Errorf("inlining file %s: %w", in.fileID, err)
+			}
+		} else {
+			url, n, err := inputfiles.ImageURL(ctx, files, caller, in.fileID, in.param, inputfiles.MaxInputImageBytes-imageBytes)
+			if err != nil {
+				return err
+			}
+			imageBytes += n
+			if in.at < 0 || in.at >= len(r.input) {
+				continue
+			}
+			out, err = sjson.SetBytes(r.input[in.at], in.path()+".image_url", url)
+			if err == nil {
+				out, err = sjson.DeleteBytes(out, in.path()+".file_id")
+			}
+			if err != nil {
+				return fmt.Errorf("inlining image %s: %w", in.fileID, err)
+			}
 		}
-		total += n
-		if img.at < 0 || img.at >= len(r.input) {
-			continue
-		}
-		out, err := sjson.SetBytes(r.input[img.at], img.path()+".image_url", url)
-		if err == nil {
-			out, err = sjson.DeleteBytes(out, img.path()+".file_id")
-		}
-		if err != nil {
-			return fmt.Errorf("inlining image %s: %w", img.fileID, err)
-		}
-		r.input[img.at] = out
+		r.input[in.at] = out
 	}
 	return nil
 }
 
-// fileError is the error of a Files API lookup of id, named by param: a 404 for an id the caller
-// has no file for.
-func fileError(err error, id, param string) error {
-	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrInvalid) {
-		return apierror.NotFound("No such File object: "+id, param)
+// inlineFile returns item with its input_file part at path carrying the file as file_data (url)
+// instead of its file_id, and named name unless the client named it.
+func inlineFile(item []byte, path, url, name string) ([]byte, error) {
+	out, err := sjson.DeleteBytes(item, path+".file_id")
+	if err == nil && gjson.GetBytes(out, path+".filename").Type != gjson.String {
+		out, err = sjson.SetBytes(out, path+".filename", name)
 	}
-	return fmt.Errorf("reading file %s: %w", id, err)
+	if err == nil {
+		out, err = sjson.SetBytes(out, path+".file_data", url)
+	}
+	return out, err
 }
 
-// readImage reads the caller's image img.fileID and returns it as a data URL, and its size. The
-// image may take left bytes (what the request's images have left) and maxImageBytes; its type is
-// the one its bytes show, and must be one an upstream takes.
-func readImage(ctx context.Context, files FileStore, caller string, img wantedImage, left int64) (string, int64, error) {
-	if files == nil {
-		return "", 0, fileError(store.ErrNotFound, img.fileID, img.param)
-	}
-	f, rc, err := files.OpenFile(ctx, caller, img.fileID)
-	if err != nil {
-		return "", 0, fileError(err, img.fileID, img.param)
-	}
-	defer rc.Close()
-	limit := min(int64(maxImageBytes), left)
-	tooLarge := func() error {
-		if limit < maxImageBytes {
-			return apierror.BadRequest(fmt.Sprintf("The images by file_id take more than %d MB together in this request.", maxInputImageBytes>>20), img.param, "image_file_too_large")
-		}
-		return apierror.BadRequest(fmt.Sprintf("The image file %s is larger than %d MB.", img.fileID, maxImageBytes>>20), img.param, "image_file_too_large")
-	}
-	if f.Bytes > limit {
-		return "", 0, tooLarge()
-	}
-	b, err := io.ReadAll(io.LimitReader(rc, limit+1))
-	switch {
-	case err != nil:
-		return "", 0, fmt.Errorf("reading file %s: %w", img.fileID, err)
-	case int64(len(b)) > limit:
-		return "", 0, tooLarge()
-	case len(b) == 0:
-		return "", 0, apierror.BadRequest("The image file "+img.fileID+" is empty.", img.param, "empty_image_file")
-	}
-	typ := http.DetectContentType(b)
-	if !slices.Contains(imageTypes, typ) {
-		return "", 0, apierror.BadRequest("The file "+img.fileID+" ("+f.Filename+") is not an image of a supported type: PNG, JPEG, GIF or WebP.", img.param, "unsupported_image_media_type")
-	}
-	return "data:" + typ + ";base64," + base64.StdEncoding.EncodeToString(b), int64(len(b)), nil
-}
+// fileError is the error of a Files API lookup of id, named by param: a 404 for an id the caller
+// has no file for.
+func fileError(err error, id, param string) error { return inputfiles.FileError(err, id, param) }
 
 // uniquePlacements returns the distinct files to place, and for each wanted file the index of
 // its placement: a file id named twice (in the tool and in the input) is placed once.

@@ -3,7 +3,6 @@ package intercept
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -12,7 +11,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/inputfiles"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
@@ -432,7 +431,7 @@ func TestImagesByFileIDWithoutCodeInterpreter(t *testing.T) {
 			if status != 404 || gjson.GetBytes(resp, "error.param").String() != "input[0].content[1].file_id" {
 				t.Errorf("another caller's image: %d %s", status, resp)
 			}
-			many := `{"model":"gpt-test","input":[{"role":"user","content":[` + strings.Repeat(`{"type":"input_image","file_id":"file-png"},`, maxInputImages) + `{"type":"input_image","file_id":"file-png"}]}]}`
+			many := `{"model":"gpt-test","input":[{"role":"user","content":[` + strings.Repeat(`{"type":"input_image","file_id":"file-png"},`, inputfiles.MaxInputImages) + `{"type":"input_image","file_id":"file-png"}]}]}`
 			if status, resp = h.post(many, "k"); status != 400 || gjson.GetBytes(resp, "error.param").String() != "input" {
 				t.Errorf("too many images: %d %s", status, resp)
 			}
@@ -443,63 +442,34 @@ func TestImagesByFileIDWithoutCodeInterpreter(t *testing.T) {
 	}
 }
 
-func TestReadImage(t *testing.T) {
-	jpeg := "\xff\xd8\xff\xe0\x00\x10JFIF\x00"
-	gif := "GIF89a\x01\x00\x01\x00"
-	webp := "RIFF\x10\x00\x00\x00WEBPVP8 "
-	files := fakeFiles{meta: map[string]map[string]store.File{"k": {}}, data: map[string]string{}}
-	add := func(id, name, data string, bytes int64) {
-		files.meta["k"][id] = store.File{ID: id, Owner: "k", Filename: name, Bytes: bytes}
-		files.data[id] = data
+func TestInputFilesByFileIDWithoutCodeInterpreter(t *testing.T) {
+	// Without code_interpreter a file goes to no container: a stateless upstream gets its bytes
+	// as file_data (a Chat Completions file part), under its stored name unless the client named it.
+	h := filesHarness(t, onAPI(vllmAPI))
+	h.up.Enqueue(text("read"), text("read"))
+	in := `{"model":"gpt-test","input":[{"role":"user","content":[{"type":"input_text","text":"read it"},{"type":"input_file","file_id":"file-notes"}]}]}`
+	named := strings.Replace(in, `"file_id":"file-notes"`, `"file_id":"file-notes","filename":"mine.txt"`, 1)
+	want := "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte("hello"))
+	for i, tt := range []struct{ body, name string }{{in, "notes.txt"}, {named, "mine.txt"}} {
+		if status, resp := h.post(tt.body, "k"); status != 200 {
+			t.Fatalf("status %d: %s", status, resp)
+		}
+		req := h.up.Requests()[i]
+		parts := chatUserParts(req)
+		if parts.Get("1.type").String() != "file" || parts.Get("1.file.file_data").String() != want || parts.Get("1.file.filename").String() != tt.name ||
+			strings.Contains(upstreamText(req), "file-notes") {
+			t.Errorf("the user's parts upstream are %s", parts.Raw)
+		}
 	}
-	add("file-png", "a.png", pngData, int64(len(pngData)))
-	add("file-jpeg", "a.png", jpeg, int64(len(jpeg))) // the bytes decide, not the name
-	add("file-gif", "a.gif", gif, int64(len(gif)))
-	add("file-webp", "a.webp", webp, int64(len(webp)))
-	add("file-svg", "a.svg", `<svg xmlns="http://www.w3.org/2000/svg"/>`, 40)
-	add("file-bmp", "a.bmp", "BM\x00\x00\x00\x00\x00\x00", 8)
-	add("file-huge", "a.png", pngData, maxImageBytes+1) // too large by its size
-	add("file-lying", "a.png", pngData+"123", 3)        // a store whose size understates the bytes
-	tests := []struct {
-		id       string
-		left     int64
-		wantType string // the data URL's type; "" for an error
-		code     string
-	}{
-		{"file-png", maxInputImageBytes, "image/png", ""},
-		{"file-jpeg", maxInputImageBytes, "image/jpeg", ""},
-		{"file-gif", maxInputImageBytes, "image/gif", ""},
-		{"file-webp", maxInputImageBytes, "image/webp", ""},
-		{"file-svg", maxInputImageBytes, "", "unsupported_image_media_type"},
-		{"file-bmp", maxInputImageBytes, "", "unsupported_image_media_type"},
-		{"file-huge", maxInputImageBytes, "", "image_file_too_large"},
-		{"file-png", int64(len(pngData)) - 1, "", "image_file_too_large"}, // the request's images have less left
-		{"file-lying", int64(len(pngData)), "", "image_file_too_large"},
-		{"file-nope", maxInputImageBytes, "", ""},
+	if n := h.fake.Created(); n != 0 {
+		t.Errorf("%d containers created; want none", n)
 	}
-	for _, tt := range tests {
-		t.Run(fmt.Sprintf("%s/%d", tt.id, tt.left), func(t *testing.T) {
-			img := wantedImage{inputPart: inputPart{param: "input[0].content[0].file_id"}, fileID: tt.id}
-			url, n, err := readImage(context.Background(), files, "k", img, tt.left)
-			if tt.wantType != "" {
-				want := "data:" + tt.wantType + ";base64," + base64.StdEncoding.EncodeToString([]byte(files.data[tt.id]))
-				if err != nil || url != want || n != int64(len(files.data[tt.id])) {
-					t.Fatalf("readImage = %q, %d, %v; want %q", url, n, err, want)
-				}
-				return
-			}
-			var ae *apierror.Error
-			if !errors.As(err, &ae) {
-				t.Fatalf("readImage = %q, %v; want an API error", url, err)
-			}
-			wantStatus := 400
-			if tt.code == "" {
-				wantStatus = 404
-			}
-			if ae.Status != wantStatus || ae.Code != tt.code || ae.Param != img.param {
-				t.Errorf("error %d %q %q (%s); want %d %q naming %s", ae.Status, ae.Code, ae.Param, ae.Message, wantStatus, tt.code, img.param)
-			}
-		})
+	status, resp := h.post(strings.Replace(in, "file-notes", "file-theirs", 1), "k")
+	if status != 404 || gjson.GetBytes(resp, "error.param").String() != "input[0].content[1].file_id" {
+		t.Errorf("another caller's file: %d %s", status, resp)
+	}
+	if n := len(h.up.Requests()); n != 2 {
+		t.Errorf("%d upstream requests; want 2", n)
 	}
 }
 

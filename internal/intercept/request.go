@@ -58,8 +58,9 @@ type parsedRequest struct {
 	// files are what the request puts into its container before code runs: the tool's
 	// container.file_ids, then the input's input_file parts and images by file_id (files.go).
 	files []wantedFile
-	// images are the input's input_image parts by file_id, which go upstream as data URLs.
-	images       []wantedImage
+	// inlined are the input's parts by file_id that go upstream carrying the file's bytes: every
+	// input_image, and without code_interpreter every input_file.
+	inlined      []wantedInline
 	standInIndex int // the stand-in function's index in base's tools; -1 without one
 
 	// Client values echoed in the Response (raw JSON; nil when absent).
@@ -219,13 +220,13 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 	}
 	tools = append(tools, ']')
 	// Files of the input go to the container too, as OpenAI's do; images by file_id go upstream
-	// as their bytes, code or not.
-	in, images, bad := parseInputFiles(root.Get("input"), r.code)
+	// as their bytes, code or not, and so do files when they go to no container.
+	in, inlined, bad := parseInputFiles(root.Get("input"), r.code)
 	if bad != nil {
 		return nil, bad
 	}
 	r.files = append(r.files, in...)
-	r.images = images
+	r.inlined = inlined
 	if len(r.files) > maxPlacedFiles {
 		return nil, apierror.BadRequest(fmt.Sprintf("Too many files for the code interpreter's container: %d, at most %d per request.", len(r.files), maxPlacedFiles), "input", "")
 	}
@@ -342,9 +343,9 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 					r.files[i].at = len(r.input)
 				}
 			}
-			for i := range r.images {
-				if r.images[i].item == k {
-					r.images[i].at = len(r.input)
+			for i := range r.inlined {
+				if r.inlined[i].item == k {
+					r.inlined[i].at = len(r.input)
 				}
 			}
 			items, container := translateInputItem(it, r.fn, lk)

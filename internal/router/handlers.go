@@ -12,6 +12,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/inputfiles"
 	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -112,8 +113,7 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 		if chat {
 			return apierror.BadRequest("The model '"+req.model+"' speaks only Chat Completions, and this server does not translate /v1/responses; use /v1/chat/completions.", "model", "unsupported_model")
 		}
-		target.Proxy(w, r, req.body)
-		return nil
+		return s.passResponses(w, r, target, req.body)
 	}
 	ir := &intercept.Request{
 		Config:   req.cfg,
@@ -136,7 +136,21 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 		defer done()
 		return quotaError(s.interceptor.ServeResponses(w, r, ir))
 	}
-	target.Proxy(w, r, req.body)
+	return s.passResponses(w, r, target, req.body)
+}
+
+// passResponses passes a POST /v1/responses through to target, a Responses upstream, streamed or
+// not as the client asked. The upstream has never heard of the proxy's file ids, so the input
+// parts that name the caller's Files API files carry those files instead (inputfiles.Inline);
+// every other id, and every other byte, goes as sent.
+func (s *server) passResponses(w http.ResponseWriter, r *http.Request, target *upstream.Target, body []byte) error {
+	if s.files != nil {
+		var err error
+		if body, err = inputfiles.Inline(r.Context(), s.files, Caller(r.Context()), body); err != nil {
+			return err
+		}
+	}
+	target.Proxy(w, r, body)
 	return nil
 }
 
