@@ -144,6 +144,34 @@ func testPreviousResponseChain(t *testing.T, api upstreamAPI) {
 	}
 }
 
+// TestChainKeepsContainerAcrossTurnWithoutTool: a turn without the code_interpreter tool in the
+// middle of a previous_response_id chain does not lose the conversation's container: the next
+// turn with the tool runs in it again, as OpenAI reuses the context's container.
+func TestChainKeepsContainerAcrossTurnWithoutTool(t *testing.T) {
+	forEachAPI(t, testChainKeepsContainerAcrossTurnWithoutTool)
+}
+
+func testChainKeepsContainerAcrossTurnWithoutTool(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
+	h.up.Enqueue(calls("n = 1"), text("Set."))
+	_, resp := h.post(body(""), "alice")
+	id := gjson.GetBytes(resp, "id").String()
+	cid := gjson.GetBytes(resp, "output.0.container_id").String()
+
+	h.up.Enqueue(text("Summed up."))
+	status, resp := h.post(`{"model":"gpt-test","input":"sum up","previous_response_id":"`+id+`"}`, "alice")
+	if status != 200 {
+		t.Fatalf("the turn without the tool = %d %s", status, resp)
+	}
+	id = gjson.GetBytes(resp, "id").String()
+
+	h.up.Enqueue(calls("n + 1"), text("Two."))
+	status, resp = h.post(body(`"previous_response_id":"`+id+`"`), "alice")
+	if got := gjson.GetBytes(resp, "output.0.container_id").String(); status != 200 || got != cid {
+		t.Errorf("third turn = %d, container %s; want the conversation's %s", status, got, cid)
+	}
+}
+
 func TestUpstreamErrors(t *testing.T) { forEachAPI(t, testUpstreamErrors) }
 
 func testUpstreamErrors(t *testing.T, api upstreamAPI) {
