@@ -363,6 +363,13 @@ func TestKeptConversation(t *testing.T) {
 			if status != 400 || gjson.GetBytes(raw, "error.code").String() != "previous_response_not_found" || len(h.up.Requests()) != before {
 				t.Errorf("continuing a store:false response = %d %s; want 400 previous_response_not_found, nothing sent", status, raw)
 			}
+
+			// A reference to an item the proxy does not hold is OpenAI's 404, nothing sent.
+			status, raw = h.post(`{"model":"gpt-test","previous_response_id":"`+second+`","input":[{"type":"item_reference","id":"msg_unknown"}]}`, "alice")
+			if status != 404 || gjson.GetBytes(raw, "error.message").String() != "Item with id 'msg_unknown' not found." ||
+				gjson.GetBytes(raw, "error.param").String() != "input" || len(h.up.Requests()) != before {
+				t.Errorf("an unknown item_reference = %d %s; want 404 naming the item, nothing sent", status, raw)
+			}
 		})
 	}
 }
