@@ -80,7 +80,7 @@ type Store struct {
 	ownerFiles map[string]*ownerFiles
 	containers map[string]*containerRecord
 	ownerCntrs map[string]*index
-	cfiles     map[string]*cfileRecord
+	cfiles     map[string]*store.ContainerFile
 	cntrFiles  map[string]*index // container id -> its container files
 	claims     map[string]claim
 	places     map[string]map[string]time.Time // owner -> container id -> until when it holds a place
@@ -124,7 +124,7 @@ func Open(opts Options) (*Store, error) {
 		ownerFiles: map[string]*ownerFiles{},
 		containers: map[string]*containerRecord{},
 		ownerCntrs: map[string]*index{},
-		cfiles:     map[string]*cfileRecord{},
+		cfiles:     map[string]*store.ContainerFile{},
 		cntrFiles:  map[string]*index{},
 		claims:     map[string]claim{},
 		places:     map[string]map[string]time.Time{},
