@@ -281,15 +281,18 @@ type FileQuery struct {
 
 // File is one Files API file.
 type File struct {
-	ID        string // file-...
-	Owner     string
-	Filename  string
-	Purpose   string
-	Bytes     int64
-	CreatedAt time.Time
+	ID        string    `json:"id"` // file-...
+	Owner     string    `json:"owner"`
+	Filename  string    `json:"filename"`
+	Purpose   string    `json:"purpose"`
+	Bytes     int64     `json:"bytes"`
+	CreatedAt time.Time `json:"created_at"`
 	// ExpiresAt is when the file is deleted; zero means never.
-	ExpiresAt time.Time
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
+
+// Expired reports whether f has expired by now.
+func (f File) Expired(now time.Time) bool { return !f.ExpiresAt.IsZero() && !now.Before(f.ExpiresAt) }
 
 // Usage is what an owner's files take.
 type Usage struct {

@@ -76,7 +76,7 @@ type Store struct {
 
 	mu         sync.Mutex
 	closed     bool
-	files      map[string]*fileRecord
+	files      map[string]*store.File
 	ownerFiles map[string]*ownerFiles
 	containers map[string]*containerRecord
 	ownerCntrs map[string]*index
@@ -120,7 +120,7 @@ func Open(opts Options) (*Store, error) {
 		now:        opts.Now,
 		ids:        store.NewIDGenerator(opts.Now),
 		log:        opts.Logger,
-		files:      map[string]*fileRecord{},
+		files:      map[string]*store.File{},
 		ownerFiles: map[string]*ownerFiles{},
 		containers: map[string]*containerRecord{},
 		ownerCntrs: map[string]*index{},
@@ -261,7 +261,7 @@ func (s *Store) Sweep(ctx context.Context) error {
 	}
 	var errs []error
 	for id, f := range s.files {
-		if f.expired(now) {
+		if f.Expired(now) {
 			errs = append(errs, s.dropFileLocked(id))
 		}
 	}
