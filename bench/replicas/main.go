@@ -327,7 +327,7 @@ func startProxy(bin, cfg, name string) (*proxy, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	p := &proxy{pp}
-	// Ready: config loaded, store reachable.
+	// Ready: config loaded (the store was reached at start, or the process would have exited).
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if st, _, _ := p.do(http.MethodGet, "/readyz", nil); st == http.StatusOK {

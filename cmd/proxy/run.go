@@ -139,13 +139,15 @@ func check(path string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	cfg, err := config.Check(data, path, backends.ParseOptions(nil))
+	if err == nil {
+		err = replicaSecretMissing(cfg) // the start refuses the file for it: so does the check
+	}
 	var errs *config.Errors
 	switch {
 	case errors.As(err, &errs):
 		fmt.Fprintf(stderr, "errors (%d): the configuration is not valid:\n%v\n", len(errs.Problems), err)
 	case err != nil:
-		fmt.Fprintf(stderr, "proxy: %v\n", err)
-		return 1
+		fmt.Fprintf(stderr, "errors (1): the proxy does not start with this configuration:\n%v\n", err)
 	default:
 		fmt.Fprintln(stdout, "errors: none")
 	}
@@ -205,6 +207,15 @@ func checkSandboxes(cfg *config.Config, stdout, stderr io.Writer) bool {
 	return ok
 }
 
+// replicaSecretMissing is the start's refusal of a shared store without the replicas' secret.
+func replicaSecretMissing(cfg *config.Config) error {
+	if cfg.Router.Redis.Configured() && cfg.General.ContainerSecret == "" {
+		return errors.New("router_settings.redis_* is set, so replicas share state: general_settings.container_secret must be set too, " +
+			"the same on every replica (it authenticates the requests they forward to each other)")
+	}
+	return nil
+}
+
 // serve wires the proxy for cfg, serves until ctx ends, and shuts down gracefully.
 func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, listening func(net.Addr)) error {
 	reg := prometheus.NewRegistry()
@@ -223,9 +234,8 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		}
 	}()
 	shared := cfg.Router.Redis.Configured()
-	if shared && cfg.General.ContainerSecret == "" {
-		return errors.New("router_settings.redis_* is set, so replicas share state: general_settings.container_secret must be set too, " +
-			"the same on every replica (it authenticates the requests they forward to each other)")
+	if err := replicaSecretMissing(cfg); err != nil {
+		return err
 	}
 
 	// The configuration and the sandbox registry provisioned from it are published together, and

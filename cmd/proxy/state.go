@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/router"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/store/redisstore"
@@ -97,19 +97,21 @@ const (
 	readyPingEvery   = time.Second
 )
 
-// readiness is /readyz's check: not while shutting down, and not while the state store cannot be
-// reached (a shared store that does not answer means 503s for everything that needs state).
-func readiness(draining *atomic.Bool, st store.Store) func(context.Context) error {
+// readiness is /readyz's check: not ready while shutting down; degraded, but ready, while the
+// state store cannot be reached. Redis down is every replica's fault at once: were it to make
+// them all unready, a load balancer would send nothing anywhere, and pass-through, which needs
+// no state, would stop with the rest.
+func readiness(draining *atomic.Bool, st store.Store) func(context.Context) router.Readiness {
 	p, _ := st.(pinger)
 	var mu sync.Mutex
 	var last time.Time
-	var lastErr error
-	return func(ctx context.Context) error {
+	var degraded string
+	return func(ctx context.Context) router.Readiness {
 		if draining.Load() {
-			return errors.New("shutting down")
+			return router.Readiness{NotReady: "shutting down"}
 		}
 		if p == nil {
-			return nil
+			return router.Readiness{}
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -117,11 +119,11 @@ func readiness(draining *atomic.Bool, st store.Store) func(context.Context) erro
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyPingTimeout)
 			err := p.Ping(pctx)
 			cancel()
-			last, lastErr = now, nil
+			last, degraded = now, ""
 			if err != nil {
-				lastErr = errors.New("the state store (Redis) cannot be reached")
+				degraded = "the state store (Redis) cannot be reached"
 			}
 		}
-		return lastErr
+		return router.Readiness{Degraded: degraded}
 	}
 }

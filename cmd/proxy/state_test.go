@@ -97,8 +97,8 @@ func TestRedisUnreachableAtStart(t *testing.T) {
 	}
 }
 
-// TestRedisLostAndBack: with Redis gone, what needs state is a 503 and /readyz says so, while
-// plain pass-through goes on; once Redis answers again, everything does.
+// TestRedisLostAndBack: with Redis gone, what needs state is a 503 and /readyz stays 200 but
+// names the fault, while plain pass-through goes on; once Redis answers again, everything does.
 func TestRedisLostAndBack(t *testing.T) {
 	rs := redisserver.Start(t)
 	up := newUpstreamServer(t)
@@ -115,7 +115,7 @@ func TestRedisLostAndBack(t *testing.T) {
 	rs.Stop()
 	testutil.Eventually(t, "/readyz reports the store", func() bool {
 		status, body := p.call(t, http.MethodGet, "/readyz", "", nil)
-		return status == http.StatusServiceUnavailable && strings.Contains(body, "state store")
+		return status == http.StatusOK && strings.Contains(body, `"degraded":"the state store`)
 	})
 	if status, body := p.call(t, http.MethodGet, "/v1/files", "", nil); status != http.StatusServiceUnavailable {
 		t.Errorf("list files without Redis = %d %s; want 503", status, body)
@@ -140,8 +140,8 @@ func TestRedisLostAndBack(t *testing.T) {
 
 	rs.Restart() // empty: as a Redis without persistence comes back
 	testutil.Eventually(t, "/readyz recovers", func() bool {
-		status, _ := p.call(t, http.MethodGet, "/readyz", "", nil)
-		return status == http.StatusOK
+		status, body := p.call(t, http.MethodGet, "/readyz", "", nil)
+		return status == http.StatusOK && !strings.Contains(body, "degraded")
 	})
 	if status, body := p.upload(t, "c.csv", "c\n"); status != http.StatusOK {
 		t.Errorf("upload after Redis came back = %d %s", status, body)

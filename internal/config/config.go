@@ -104,6 +104,10 @@ type Deployment struct {
 	Line int
 }
 
+// Callable reports whether the proxy can call d: nothing it needs is missing and its provider is
+// one it speaks to.
+func (d Deployment) Callable() bool { return d.MissingEnv == "" && d.Unusable == "" }
+
 // KeyHeaderAzure is Deployment.KeyHeader for an Azure OpenAI key.
 const KeyHeaderAzure = "api-key"
 

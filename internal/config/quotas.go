@@ -30,8 +30,9 @@ const (
 // Quotas bound what one caller (and, for the totals, every caller together) may hold at once. Every
 // field is above 0 once parsed.
 type Quotas struct {
-	// MaxContainers is how many containers all callers together may hold in this process, the
-	// backends' warm pools included (general_settings.max_containers; not overridable per key).
+	// MaxContainers is how many containers all callers together may hold: local ones in this
+	// process, the warm pools included, and e2b ones in the whole deployment (every replica on
+	// the store) (general_settings.max_containers; not overridable per key).
 	MaxContainers int
 	// MaxContainersPerKey is how many containers one caller may hold.
 	MaxContainersPerKey int

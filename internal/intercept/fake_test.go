@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"path"
 	"sort"
 	"strconv"
@@ -306,13 +307,24 @@ func (f *fakeContainers) ContainerFiles(_ context.Context, c runner, _ string) (
 	return out, nil
 }
 
-// fakeFiles is a FileStore of caller → file id → name.
-type fakeFiles map[string]map[string]store.File
+// fakeFiles is a FileStore of caller → file id → file, and file id → bytes.
+type fakeFiles struct {
+	meta map[string]map[string]store.File
+	data map[string]string
+}
 
 func (ff fakeFiles) File(_ context.Context, owner, id string) (store.File, error) {
-	f, ok := ff[owner][id]
+	f, ok := ff.meta[owner][id]
 	if !ok {
 		return store.File{}, store.ErrNotFound
 	}
 	return f, nil
+}
+
+func (ff fakeFiles) OpenFile(ctx context.Context, owner, id string) (store.File, io.ReadCloser, error) {
+	f, err := ff.File(ctx, owner, id)
+	if err != nil {
+		return f, nil, err
+	}
+	return f, io.NopCloser(strings.NewReader(ff.data[id])), nil
 }

@@ -1,6 +1,7 @@
 package intercept
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -15,16 +16,20 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/filename"
+	"github.com/ciproxy/ciproxy/internal/inputfiles"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// This file is the way files go into a request's container: the tool's container.file_ids and
-// the input_file parts of the input (by this proxy's file_id, or inline file_data), found when
-// the request is parsed, checked against the caller's Files API files before anything runs, and
-// placed in /mnt/data before the first upstream call, so the model is told their real paths.
-// What goes upstream never names a file id: the stand-in function's description lists the
-// tool's files, and each input_file part becomes a text part naming its path (docs/files.md).
+// This file is the way files go into a request's container: the tool's container.file_ids, the
+// input_file parts of the input's messages and of function_call_output items (by this proxy's
+// file_id, or inline file_data) and its input_image parts by file_id, found when the request is
+// parsed, checked against the caller's Files API files before anything runs, and placed in
+// /mnt/data before the first upstream call, so the model is told their real paths. What goes
+// upstream never names a file id: the stand-in function's description lists the tool's files,
+// each input_file part becomes a text part naming its path, and each input_image by file_id
+// becomes the same image as a data URL, followed by a text part naming its path when it was
+// placed too (docs/files.md).
 
 // MaxFileIDs is the most file ids container.file_ids may hold, as OpenAI's.
 const MaxFileIDs = 50
@@ -32,19 +37,37 @@ const MaxFileIDs = 50
 // maxPlacedFiles bounds the files one request places: the tool's file ids and the input's files.
 const maxPlacedFiles = 2 * MaxFileIDs
 
-// FileStore is what the engine needs of the Files API's store: the caller's files by id. The
-// embedded store implements it.
-type FileStore interface {
-	File(ctx context.Context, owner, id string) (store.File, error)
+// FileStore is what the engine needs of the Files API's store: the caller's files by id, and
+// their bytes. The embedded store implements it. Images by file_id are read into the upstream
+// request by inputfiles, under its limits.
+type FileStore = inputfiles.Store
+
+// inputPart is where a content part sits in the client's input.
+type inputPart struct {
+	param string // where the request names the file, for errors
+	item  int    // the client's input item holding it; -1: container.file_ids
+	field string // the item's parts: "content" (a message) or "output" (a function_call_output)
+	part  int    // the part's index in field
+	at    int    // where that item is in parsedRequest.input (resolve sets it)
 }
+
+// path is the part's path in its item, for sjson.
+func (p inputPart) path() string { return p.field + "." + strconv.Itoa(p.part) }
 
 // wantedFile is one file the request puts into its container.
 type wantedFile struct {
 	placement
-	param string // where the request names it, for errors
-	item  int    // the client's input item holding it; -1: container.file_ids
-	part  int    // the content part of that item
-	at    int    // where that item is in parsedRequest.input (resolve sets it)
+	inputPart
+	image bool // an input_image part: it stays an image upstream, and a note follows it
+}
+
+// wantedInline is a part by file_id that goes upstream carrying the file: an input_image part,
+// whose image_url becomes a data URL, or an input_file part of a request without
+// code_interpreter, whose file_data does.
+type wantedInline struct {
+	inputPart
+	fileID string
+	file   bool // an input_file part
 }
 
 // parseFileIDs reads the auto container's file_ids (param names it, for errors).
@@ -70,59 +93,87 @@ func parseFileIDs(ids gjson.Result, param string) ([]wantedFile, *apierror.Error
 			continue
 		}
 		seen[id.String()] = true
-		out = append(out, wantedFile{placement: placement{FileID: id.String()}, param: param, item: -1})
+		out = append(out, wantedFile{placement: placement{FileID: id.String()}, inputPart: inputPart{param: param, item: -1}})
 	}
 	return out, nil
 }
 
-// parseInputFiles finds the input_file parts of the input's messages that carry a file: a
-// file_id, or file_data with its filename. Parts by file_url are left alone.
-func parseInputFiles(input gjson.Result) ([]wantedFile, *apierror.Error) {
-	var out []wantedFile
+// parseInputFiles finds the parts of the input that name files, in its messages' content and in
+// the output lists of its function_call_output items: the input_image parts by file_id, which go
+// upstream as data URLs, and the input_file parts that carry a file (a file_id, or file_data with
+// its filename). With code (the request has the code_interpreter tool) those files go to the
+// container, as do those images; without it, an input_file by file_id goes upstream as inline
+// file_data. Parts by file_url or image_url are left alone.
+func parseInputFiles(input gjson.Result, code bool) ([]wantedFile, []wantedInline, *apierror.Error) {
+	var files []wantedFile
+	var inlined []wantedInline
+	images := 0
 	var bad *apierror.Error
-	k := -1
-	input.ForEach(func(_, it gjson.Result) bool {
-		k++
-		if typ := it.Get("type").String(); typ != "message" && (typ != "" || !it.Get("role").Exists()) {
-			return true
+	inputfiles.ForEachPart(input, func(ip inputfiles.Part) bool {
+		p, pp := ip.Value, ip.Param()
+		at := inputPart{param: pp, item: ip.Item, field: ip.Field, part: ip.Index, at: -1}
+		switch p.Get("type").String() {
+		case "input_image":
+			id := p.Get("file_id")
+			if id.Type != gjson.String || id.String() == "" {
+				return true
+			}
+			at.param = pp + ".file_id"
+			inlined = append(inlined, wantedInline{inputPart: at, fileID: id.String()})
+			images++
+			if code {
+				files = append(files, wantedFile{placement: placement{FileID: id.String()}, inputPart: at, image: true})
+			}
+		case "input_file":
+			if !code {
+				if id := p.Get("file_id"); id.Type == gjson.String && id.String() != "" {
+					at.param = pp + ".file_id"
+					inlined = append(inlined, wantedInline{inputPart: at, fileID: id.String(), file: true})
+				}
+				return true
+			}
+			var w wantedFile
+			w, bad = inputFile(p, at)
+			if bad != nil {
+				return false
+			}
+			if w.FileID != "" || w.Name != "" {
+				files = append(files, w)
+			}
 		}
-		j := -1
-		it.Get("content").ForEach(func(_, p gjson.Result) bool {
-			j++
-			if p.Get("type").String() != "input_file" {
-				return true
-			}
-			pp := "input[" + strconv.Itoa(k) + "].content[" + strconv.Itoa(j) + "]"
-			w := wantedFile{param: pp, item: k, part: j, at: -1}
-			switch id, data := p.Get("file_id"), p.Get("file_data"); {
-			case id.Type == gjson.String && id.String() != "":
-				w.FileID = id.String()
-				w.param = pp + ".file_id"
-			case data.Type == gjson.String:
-				w.Data, bad = decodeFileData(data.String(), pp+".file_data")
-				if bad != nil {
-					return false
-				}
-				fn := p.Get("filename")
-				if fn.Type != gjson.String {
-					bad = apierror.BadRequest("Missing required parameter: '"+pp+".filename'.", pp+".filename", "missing_required_parameter")
-					return false
-				}
-				name, err := filename.Clean(fn.String())
-				if err != nil {
-					bad = apierror.BadRequest("Invalid '"+pp+".filename': "+err.Error()+".", pp+".filename", "invalid_filename")
-					return false
-				}
-				w.Name = name
-			default:
-				return true
-			}
-			out = append(out, w)
-			return true
-		})
-		return bad == nil
+		return true
 	})
-	return out, bad
+	if bad == nil && images > inputfiles.MaxInputImages {
+		bad = apierror.BadRequest(fmt.Sprintf("Too many images by file_id: %d, at most %d per request.", images, inputfiles.MaxInputImages), "input", "")
+	}
+	return files, inlined, bad
+}
+
+// inputFile reads an input_file part at pp: the file it carries, or none (a zero wantedFile)
+// when it carries neither file_id nor file_data.
+func inputFile(p gjson.Result, at inputPart) (wantedFile, *apierror.Error) {
+	pp := at.param
+	w := wantedFile{inputPart: at}
+	switch id, data := p.Get("file_id"), p.Get("file_data"); {
+	case id.Type == gjson.String && id.String() != "":
+		w.FileID = id.String()
+		w.param = pp + ".file_id"
+	case data.Type == gjson.String:
+		var bad *apierror.Error
+		if w.Data, bad = decodeFileData(data.String(), pp+".file_data"); bad != nil {
+			return w, bad
+		}
+		fn := p.Get("filename")
+		if fn.Type != gjson.String {
+			return w, apierror.BadRequest("Missing required parameter: '"+pp+".filename'.", pp+".filename", "missing_required_parameter")
+		}
+		name, err := filename.Clean(fn.String())
+		if err != nil {
+			return w, apierror.BadRequest("Invalid '"+pp+".filename': "+err.Error()+".", pp+".filename", "invalid_filename")
+		}
+		w.Name = name
+	}
+	return w, nil
 }
 
 // decodeFileData decodes an input_file's file_data: a data URL ("data:text/csv;base64,...") or
@@ -143,8 +194,9 @@ func decodeFileData(s, param string) ([]byte, *apierror.Error) {
 }
 
 // findFiles completes the request's files from the caller's Files API files: their names, and a
-// 404 naming the parameter for an id the caller has no file for. It runs before the container
-// is touched, so a wrong id runs no code.
+// 404 naming the parameter for an id the caller has no file for; then it puts each input_image
+// by file_id upstream as a data URL of its bytes (inlineImage). It runs before the container is
+// touched and before anything goes upstream, so a wrong id runs no code.
 func (r *parsedRequest) findFiles(ctx context.Context, files FileStore, caller string) error {
 	for i := range r.files {
 		w := &r.files[i]
@@ -156,16 +208,64 @@ func (r *parsedRequest) findFiles(ctx context.Context, files FileStore, caller s
 		if files != nil {
 			f, err = files.File(ctx, caller, w.FileID)
 		}
-		switch {
-		case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrInvalid):
-			return apierror.NotFound("No such File object: "+w.FileID, w.param)
-		case err != nil:
-			return fmt.Errorf("reading file %s: %w", w.FileID, err)
+		if err != nil {
+			return fileError(err, w.FileID, w.param)
 		}
 		w.Name = f.Filename
 	}
+	imageBytes, fileBytes := int64(0), int64(0)
+	for _, in := range r.inlined {
+		var out []byte
+		if in.file {
+			url, f, n, err := inputfiles.FileDataURL(ctx, files, caller, in.fileID, in.param, inputfiles.MaxInputFileBytes-fileBytes)
+			if err != nil {
+				return err
+			}
+			fileBytes += n
+			if in.at < 0 || in.at >= len(r.input) {
+				continue
+			}
+			if out, err = inlineFile(r.input[in.at], in.path(), url, f.Filename); err != nil {
+				return fmt.Errorf("inlining file %s: %w", in.fileID, err)
+			}
+		} else {
+			url, n, err := inputfiles.ImageURL(ctx, files, caller, in.fileID, in.param, inputfiles.MaxInputImageBytes-imageBytes)
+			if err != nil {
+				return err
+			}
+			imageBytes += n
+			if in.at < 0 || in.at >= len(r.input) {
+				continue
+			}
+			out, err = sjson.SetBytes(r.input[in.at], in.path()+".image_url", url)
+			if err == nil {
+				out, err = sjson.DeleteBytes(out, in.path()+".file_id")
+			}
+			if err != nil {
+				return fmt.Errorf("inlining image %s: %w", in.fileID, err)
+			}
+		}
+		r.input[in.at] = out
+	}
 	return nil
 }
+
+// inlineFile returns item with its input_file part at path carrying the file as file_data (url)
+// instead of its file_id, and named name unless the client named it.
+func inlineFile(item []byte, path, url, name string) ([]byte, error) {
+	out, err := sjson.DeleteBytes(item, path+".file_id")
+	if err == nil && gjson.GetBytes(out, path+".filename").Type != gjson.String {
+		out, err = sjson.SetBytes(out, path+".filename", name)
+	}
+	if err == nil {
+		out, err = sjson.SetBytes(out, path+".file_data", url)
+	}
+	return out, err
+}
+
+// fileError is the error of a Files API lookup of id, named by param: a 404 for an id the caller
+// has no file for.
+func fileError(err error, id, param string) error { return inputfiles.FileError(err, id, param) }
 
 // uniquePlacements returns the distinct files to place, and for each wanted file the index of
 // its placement: a file id named twice (in the tool and in the input) is placed once.
@@ -188,22 +288,30 @@ func (r *parsedRequest) uniquePlacements() ([]placement, []int) {
 }
 
 // placed completes the request with where its files are: the stand-in function's description
-// lists the tool's files, and each input_file part the upstream would have seen becomes a text
-// part naming its path. records[i] is the record of r.files[i]. It is the last change to the
-// request; the loop makes it before the first upstream call.
+// lists the tool's files, each input_file part the upstream would have seen becomes a text part
+// naming its path, and a text part naming its path follows each image placed. records[i] is the
+// record of r.files[i]. It is the last change to the request; the loop makes it before the first
+// upstream call.
 func (r *parsedRequest) placed(records []store.ContainerFile) {
 	var listed []store.ContainerFile
+	var parts []int // the files of input parts
 	for i, w := range r.files {
-		rec := records[i]
 		if w.item < 0 {
-			listed = append(listed, rec)
-			continue
+			listed = append(listed, records[i])
+		} else if w.at >= 0 && w.at < len(r.input) {
+			parts = append(parts, i)
 		}
-		if w.at < 0 || w.at >= len(r.input) {
-			continue
-		}
-		note := marshal(inputText{Type: "input_text", Text: inputFileNote(rec, r.fn)})
-		if out, err := sjson.SetRawBytes(r.input[w.at], "content."+strconv.Itoa(w.part), note); err == nil {
+	}
+	// The last part first, so that a note inserted after an image moves no part still to edit.
+	slices.SortFunc(parts, func(a, b int) int {
+		return cmp.Or(cmp.Compare(r.files[b].at, r.files[a].at), cmp.Compare(r.files[b].part, r.files[a].part))
+	})
+	for _, i := range parts {
+		w := r.files[i]
+		note := marshal(inputText{Type: "input_text", Text: w.note(records[i], r.fn)})
+		if w.image {
+			r.input[w.at] = insertPart(r.input[w.at], w.field, w.part, note)
+		} else if out, err := sjson.SetRawBytes(r.input[w.at], w.path(), note); err == nil {
 			r.input[w.at] = out
 		}
 	}
@@ -215,14 +323,46 @@ func (r *parsedRequest) placed(records []store.ContainerFile) {
 	}
 }
 
+// insertPart returns item with part inserted into its list field after the part at index after.
+func insertPart(item []byte, field string, after int, part []byte) []byte {
+	list := gjson.GetBytes(item, field)
+	if !list.IsArray() {
+		return item
+	}
+	out := make([]byte, 0, len(list.Raw)+len(part)+1)
+	out = append(out, '[')
+	j := 0
+	list.ForEach(func(_, p gjson.Result) bool {
+		out = appendElem(out, []byte(p.Raw))
+		if j == after {
+			out = appendElem(out, part)
+		}
+		j++
+		return true
+	})
+	out = append(out, ']')
+	res, err := sjson.SetRawBytes(item, field, out)
+	if err != nil {
+		return item
+	}
+	return res
+}
+
 // inputText is an input_text content part.
 type inputText struct {
 	Type string `json:"type"`
 	Text string `json:"text"`
 }
 
-// inputFileNote is what the upstream reads in place of a file the user attached.
-func inputFileNote(f store.ContainerFile, fn string) string {
+// note is what the upstream reads of the file's placement f: in place of an input_file part, or
+// after an image.
+func (w wantedFile) note(f store.ContainerFile, fn string) string {
+	switch {
+	case w.image:
+		return fmt.Sprintf("[The image above is also available to the %s tool at %s (%d bytes).]", fn, f.Path, f.Bytes)
+	case w.field == "output":
+		return fmt.Sprintf("[File in this function output, available to the %s tool at %s (%d bytes).]", fn, f.Path, f.Bytes)
+	}
 	return fmt.Sprintf("[File attached by the user, available to the %s tool at %s (%d bytes).]", fn, f.Path, f.Bytes)
 }
 

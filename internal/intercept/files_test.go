@@ -3,12 +3,15 @@ package intercept
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
 
+	"github.com/ciproxy/ciproxy/internal/inputfiles"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
@@ -17,11 +20,12 @@ import (
 // setFiles gives the engine (with fake containers) the Files API files of callers:
 // caller → file id → (name, content).
 func (h *harness) setFiles(files map[string]map[string][2]string) {
-	ff := fakeFiles{}
+	ff := fakeFiles{meta: map[string]map[string]store.File{}, data: map[string]string{}}
 	for owner, byID := range files {
-		ff[owner] = map[string]store.File{}
+		ff.meta[owner] = map[string]store.File{}
 		for id, nc := range byID {
-			ff[owner][id] = store.File{ID: id, Owner: owner, Filename: nc[0], Bytes: int64(len(nc[1]))}
+			ff.meta[owner][id] = store.File{ID: id, Owner: owner, Filename: nc[0], Bytes: int64(len(nc[1]))}
+			ff.data[id] = nc[1]
 			h.fake.stored[id] = nc[1]
 		}
 	}
@@ -31,11 +35,18 @@ func (h *harness) setFiles(files map[string]map[string][2]string) {
 func filesHarness(t *testing.T, opts ...harnessOpt) *harness {
 	h := newHarness(t, opts...)
 	h.setFiles(map[string]map[string][2]string{
-		"k":     {"file-sales": {"sales.csv", "region,amount\nnorth,3\n"}, "file-other": {"sales.csv", "x\n"}, "file-notes": {"notes.txt", "hello"}},
-		"other": {"file-theirs": {"secret.csv", "no"}},
+		"k": {"file-sales": {"sales.csv", "region,amount\nnorth,3\n"}, "file-other": {"sales.csv", "x\n"}, "file-notes": {"notes.txt", "hello"},
+			"file-png": {"photo.png", pngData}, "file-empty": {"empty.png", ""}},
+		"other": {"file-theirs": {"secret.csv", "no"}, "file-theirpng": {"theirs.png", pngData}},
 	})
 	return h
 }
+
+// pngData is enough of a PNG for its type to be recognised.
+const pngData = "\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01"
+
+// pngURL is pngData as the data URL an upstream is given.
+var pngURL = "data:image/png;base64," + base64.StdEncoding.EncodeToString([]byte(pngData))
 
 func toolWithFiles(ids string) string {
 	return `{"model":"gpt-test","input":"analyse","tools":[{"type":"code_interpreter","container":{"type":"auto","file_ids":[` + ids + `]}}]`
@@ -157,6 +168,14 @@ func TestBadFileIDs(t *testing.T) {
 		{"inline without a filename", `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"input":[{"role":"user","content":[{"type":"input_file","file_data":"aGk="}]}]}`, "k", 400, "input[0].content[0].filename", "missing_required_parameter"},
 		{"inline not base64", `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"input":[{"role":"user","content":[{"type":"input_file","filename":"a.txt","file_data":"data:text/plain;base64,**"}]}]}`, "k", 400, "input[0].content[0].file_data", "invalid_value"},
 		{"inline bad filename", `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"input":[{"role":"user","content":[{"type":"input_file","filename":"..","file_data":"aGk="}]}]}`, "k", 400, "input[0].content[0].filename", "invalid_filename"},
+		{"unknown image", withCode(`{"role":"user","content":[{"type":"input_text","text":"x"},{"type":"input_image","file_id":"file-nope"}]}`), "k", 404, "input[0].content[1].file_id", ""},
+		{"another caller's image", withCode(`{"role":"user","content":[{"type":"input_image","file_id":"file-theirpng","detail":"auto"}]}`), "k", 404, "input[0].content[0].file_id", ""},
+		{"unknown file in a function output", withCode(callAndOutput(`{"type":"input_text","text":"x"},{"type":"input_file","file_id":"file-nope"}`)), "k", 404, "input[2].output[1].file_id", ""},
+		{"another caller's image in a function output", withCode(callAndOutput(`{"type":"input_image","file_id":"file-theirpng"}`)), "k", 404, "input[2].output[0].file_id", ""},
+		{"inline file in a function output without a filename", withCode(callAndOutput(`{"type":"input_file","file_data":"aGk="}`)), "k", 400, "input[2].output[0].filename", "missing_required_parameter"},
+		{"an image that is not one", withCode(`{"role":"user","content":[{"type":"input_image","file_id":"file-sales"}]}`), "k", 400, "input[0].content[0].file_id", "unsupported_image_media_type"},
+		{"an empty image", withCode(`{"role":"user","content":[{"type":"input_image","file_id":"file-empty"}]}`), "k", 400, "input[0].content[0].file_id", "empty_image_file"},
+		{"too many images for the container", withCode(`{"role":"user","content":[` + strings.Repeat(`{"type":"input_image","file_id":"file-png"},`, maxPlacedFiles) + `{"type":"input_image","file_id":"file-png"}]}`), "k", 400, "input", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -226,6 +245,231 @@ func testInputFilesArePlacedAndNamedUpstream(t *testing.T, api upstreamAPI) {
 		if s := upstreamText(r); strings.Contains(s, "file-notes") || strings.Contains(s, inline) {
 			t.Errorf("request %d: a file id or the inline data reached the upstream", i)
 		}
+	}
+}
+
+// withCode is a request with the code_interpreter tool, a client function "lookup", and items.
+func withCode(items string) string {
+	return `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto"}},` +
+		`{"type":"function","name":"lookup","parameters":{"type":"object","properties":{}}}],"input":[` + items + `]}`
+}
+
+// callAndOutput is a user message, a call of the client's function lookup, and its output made
+// of parts.
+func callAndOutput(parts string) string {
+	return `{"role":"user","content":"look it up"},{"type":"function_call","call_id":"call_1","name":"lookup","arguments":"{}"},` +
+		`{"type":"function_call_output","call_id":"call_1","output":[` + parts + `]}`
+}
+
+// chatUserParts returns the content parts of the first user message of a Chat Completions request.
+func chatUserParts(r upstreamtest.Request) gjson.Result {
+	for _, m := range r.Messages {
+		if gjson.GetBytes(m, "role").String() == "user" {
+			return gjson.GetBytes(m, "content")
+		}
+	}
+	return gjson.Result{}
+}
+
+func TestImagesByFileIDGoUpstreamAsDataURLs(t *testing.T) {
+	forEachAPI(t, testImagesByFileIDGoUpstreamAsDataURLs)
+}
+
+func testImagesByFileIDGoUpstreamAsDataURLs(t *testing.T, api upstreamAPI) {
+	h := filesHarness(t, onAPI(api))
+	h.up.Enqueue(calls("1"), text("ok"))
+	status, resp := h.post(withCode(`{"role":"user","content":[{"type":"input_text","text":"look"},`+
+		`{"type":"input_image","file_id":"file-png","detail":"low"},{"type":"input_file","file_id":"file-notes"}]}`), "k")
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	// The image is placed too, beside the file.
+	cid := h.fake.onlyBox()
+	if got, _ := h.fake.fileData(cid, "photo.png"); got != pngData {
+		t.Errorf("photo.png in the container = %q", got)
+	}
+	if got, _ := h.fake.fileData(cid, "notes.txt"); got != "hello" {
+		t.Errorf("notes.txt in the container = %q", got)
+	}
+	imageNote := fmt.Sprintf("[The image above is also available to the python tool at /mnt/data/photo.png (%d bytes).]", len(pngData))
+	fileNote := "[File attached by the user, available to the python tool at /mnt/data/notes.txt (5 bytes).]"
+	reqs := h.up.Requests()
+	if len(reqs) != 2 {
+		t.Fatalf("%d upstream requests, want 2", len(reqs))
+	}
+	for i, r := range reqs {
+		// Every call carries the image's bytes, the note after it, and the file's note, in order.
+		var want []string
+		var got []string
+		if api.chat {
+			want = []string{"text:look", "image_url:" + pngURL + ":low", "text:" + imageNote, "text:" + fileNote}
+			chatUserParts(r).ForEach(func(_, p gjson.Result) bool {
+				switch p.Get("type").String() {
+				case "text":
+					got = append(got, "text:"+p.Get("text").String())
+				case "image_url":
+					got = append(got, "image_url:"+p.Get("image_url.url").String()+":"+p.Get("image_url.detail").String())
+				default:
+					got = append(got, p.Raw)
+				}
+				return true
+			})
+		} else {
+			want = []string{"input_text:look", "input_image:" + pngURL + ":low:false", "input_text:" + imageNote, "input_text:" + fileNote}
+			gjson.GetBytes(r.Input[0], "content").ForEach(func(_, p gjson.Result) bool {
+				switch p.Get("type").String() {
+				case "input_text":
+					got = append(got, "input_text:"+p.Get("text").String())
+				case "input_image":
+					got = append(got, fmt.Sprintf("input_image:%s:%s:%v", p.Get("image_url").String(), p.Get("detail").String(), p.Get("file_id").Exists()))
+				default:
+					got = append(got, p.Raw)
+				}
+				return true
+			})
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("request %d: the user's parts upstream are\n%q\nwant\n%q", i, got, want)
+		}
+		if s := upstreamText(r); strings.Contains(s, "file-png") || strings.Contains(s, "file-notes") {
+			t.Errorf("request %d: a file id reached the upstream", i)
+		}
+	}
+}
+
+func TestFunctionOutputFilesArePlaced(t *testing.T) {
+	forEachAPI(t, testFunctionOutputFilesArePlaced)
+}
+
+func testFunctionOutputFilesArePlaced(t *testing.T, api upstreamAPI) {
+	h := filesHarness(t, onAPI(api))
+	h.up.Enqueue(calls("1"), text("ok"))
+	inline := base64.StdEncoding.EncodeToString([]byte("a,b\n"))
+	status, resp := h.post(withCode(callAndOutput(`{"type":"input_text","text":"found:"},{"type":"input_file","file_id":"file-sales"},`+
+		`{"type":"input_file","filename":"extra.csv","file_data":"data:text/csv;base64,`+inline+`"}`)), "k")
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	cid := h.fake.onlyBox()
+	for name, want := range map[string]string{"sales.csv": "region,amount\nnorth,3\n", "extra.csv": "a,b\n"} {
+		if got, _ := h.fake.fileData(cid, name); got != want {
+			t.Errorf("%s in the container = %q, want %q", name, got, want)
+		}
+	}
+	r := h.up.Requests()[0]
+	out, ok := r.FunctionOutput("call_1")
+	if !ok {
+		t.Fatal("the function output did not reach the upstream")
+	}
+	wantParts := []string{"found:",
+		"[File in this function output, available to the python tool at /mnt/data/sales.csv (22 bytes).]",
+		"[File in this function output, available to the python tool at /mnt/data/extra.csv (4 bytes).]"}
+	if api.chat {
+		// A tool message is text: the parts joined.
+		if want := strings.Join(wantParts, ""); out != want {
+			t.Errorf("the tool message is %q, want %q", out, want)
+		}
+	} else {
+		var got []string
+		gjson.Parse(out).ForEach(func(_, p gjson.Result) bool {
+			got = append(got, p.Get("type").String()+":"+p.Get("text").String())
+			return true
+		})
+		want := []string{"input_text:" + wantParts[0], "input_text:" + wantParts[1], "input_text:" + wantParts[2]}
+		if !slices.Equal(got, want) {
+			t.Errorf("the function output upstream is %q, want %q", got, want)
+		}
+	}
+	if s := upstreamText(r); strings.Contains(s, "file-sales") || strings.Contains(s, inline) {
+		t.Error("a file id or the inline data reached the upstream")
+	}
+}
+
+func TestAnImageInAFunctionOutput(t *testing.T) {
+	forEachAPI(t, func(t *testing.T, api upstreamAPI) {
+		h := filesHarness(t, onAPI(api))
+		h.up.Enqueue(text("ok"))
+		status, resp := h.post(withCode(callAndOutput(`{"type":"input_image","file_id":"file-png"}`)), "k")
+		if api.chat {
+			// Chat Completions tool messages hold text only: the translator's refusal, not a file's.
+			if status != 400 || gjson.GetBytes(resp, "error.param").String() != "input[2].output[0].type" {
+				t.Fatalf("status %d: %s", status, resp)
+			}
+			return
+		}
+		if status != 200 {
+			t.Fatalf("status %d: %s", status, resp)
+		}
+		out, _ := h.up.Requests()[0].FunctionOutput("call_1")
+		parts := gjson.Parse(out)
+		if parts.Get("0.image_url").String() != pngURL || parts.Get("0.file_id").Exists() || !strings.Contains(parts.Get("1.text").String(), "at /mnt/data/photo.png") {
+			t.Errorf("the function output upstream is %s", out)
+		}
+	})
+}
+
+func TestImagesByFileIDWithoutCodeInterpreter(t *testing.T) {
+	// A stateless upstream's every request is the engine's: an image by file_id works there too,
+	// and no container is made for it.
+	for _, api := range []upstreamAPI{vllmAPI, llamaCppAPI} {
+		t.Run(api.name, func(t *testing.T) {
+			h := filesHarness(t, onAPI(api))
+			h.up.Enqueue(text("a pixel"))
+			in := `{"model":"gpt-test","input":[{"role":"user","content":[{"type":"input_text","text":"what is it?"},{"type":"input_image","file_id":"file-png"}]}]}`
+			status, resp := h.post(in, "k")
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, resp)
+			}
+			parts := chatUserParts(h.up.Requests()[0])
+			if parts.Get("1.type").String() != "image_url" || parts.Get("1.image_url.url").String() != pngURL || parts.Get("#").Int() != 2 {
+				t.Errorf("the user's parts upstream are %s", parts.Raw)
+			}
+			if n := h.fake.Created(); n != 0 {
+				t.Errorf("%d containers created; want none", n)
+			}
+			status, resp = h.post(strings.Replace(in, "file-png", "file-theirpng", 1), "k")
+			if status != 404 || gjson.GetBytes(resp, "error.param").String() != "input[0].content[1].file_id" {
+				t.Errorf("another caller's image: %d %s", status, resp)
+			}
+			many := `{"model":"gpt-test","input":[{"role":"user","content":[` + strings.Repeat(`{"type":"input_image","file_id":"file-png"},`, inputfiles.MaxInputImages) + `{"type":"input_image","file_id":"file-png"}]}]}`
+			if status, resp = h.post(many, "k"); status != 400 || gjson.GetBytes(resp, "error.param").String() != "input" {
+				t.Errorf("too many images: %d %s", status, resp)
+			}
+			if n := len(h.up.Requests()); n != 1 {
+				t.Errorf("%d upstream requests; want the first only", n)
+			}
+		})
+	}
+}
+
+func TestInputFilesByFileIDWithoutCodeInterpreter(t *testing.T) {
+	// Without code_interpreter a file goes to no container: a stateless upstream gets its bytes
+	// as file_data (a Chat Completions file part), under its stored name unless the client named it.
+	h := filesHarness(t, onAPI(vllmAPI))
+	h.up.Enqueue(text("read"), text("read"))
+	in := `{"model":"gpt-test","input":[{"role":"user","content":[{"type":"input_text","text":"read it"},{"type":"input_file","file_id":"file-notes"}]}]}`
+	named := strings.Replace(in, `"file_id":"file-notes"`, `"file_id":"file-notes","filename":"mine.txt"`, 1)
+	want := "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte("hello"))
+	for i, tt := range []struct{ body, name string }{{in, "notes.txt"}, {named, "mine.txt"}} {
+		if status, resp := h.post(tt.body, "k"); status != 200 {
+			t.Fatalf("status %d: %s", status, resp)
+		}
+		req := h.up.Requests()[i]
+		parts := chatUserParts(req)
+		if parts.Get("1.type").String() != "file" || parts.Get("1.file.file_data").String() != want || parts.Get("1.file.filename").String() != tt.name ||
+			strings.Contains(upstreamText(req), "file-notes") {
+			t.Errorf("the user's parts upstream are %s", parts.Raw)
+		}
+	}
+	if n := h.fake.Created(); n != 0 {
+		t.Errorf("%d containers created; want none", n)
+	}
+	status, resp := h.post(strings.Replace(in, "file-notes", "file-theirs", 1), "k")
+	if status != 404 || gjson.GetBytes(resp, "error.param").String() != "input[0].content[1].file_id" {
+		t.Errorf("another caller's file: %d %s", status, resp)
+	}
+	if n := len(h.up.Requests()); n != 2 {
+		t.Errorf("%d upstream requests; want 2", n)
 	}
 }
 

@@ -56,8 +56,11 @@ type parsedRequest struct {
 	// container reuses the latest one still live.
 	contextContainers []string
 	// files are what the request puts into its container before code runs: the tool's
-	// container.file_ids, then the input's input_file parts (files.go).
-	files        []wantedFile
+	// container.file_ids, then the input's input_file parts and images by file_id (files.go).
+	files []wantedFile
+	// inlined are the input's parts by file_id that go upstream carrying the file's bytes: every
+	// input_image, and without code_interpreter every input_file.
+	inlined      []wantedInline
 	standInIndex int // the stand-in function's index in base's tools; -1 without one
 
 	// Client values echoed in the Response (raw JSON; nil when absent).
@@ -216,16 +219,16 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 		return nil, bad
 	}
 	tools = append(tools, ']')
-	if r.code {
-		// Files of the input go to the container too, as OpenAI's do.
-		in, bad := parseInputFiles(root.Get("input"))
-		if bad != nil {
-			return nil, bad
-		}
-		r.files = append(r.files, in...)
-		if len(r.files) > maxPlacedFiles {
-			return nil, apierror.BadRequest(fmt.Sprintf("Too many files for the code interpreter's container: %d, at most %d per request.", len(r.files), maxPlacedFiles), "input", "")
-		}
+	// Files of the input go to the container too, as OpenAI's do; images by file_id go upstream
+	// as their bytes, code or not, and so do files when they go to no container.
+	in, inlined, bad := parseInputFiles(root.Get("input"), r.code)
+	if bad != nil {
+		return nil, bad
+	}
+	r.files = append(r.files, in...)
+	r.inlined = inlined
+	if len(r.files) > maxPlacedFiles {
+		return nil, apierror.BadRequest(fmt.Sprintf("Too many files for the code interpreter's container: %d, at most %d per request.", len(r.files), maxPlacedFiles), "input", "")
 	}
 
 	if r.code {
@@ -334,18 +337,32 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 	default:
 		r.input = append(r.input, pending...)
 		k := 0
+		var unknown *apierror.Error
 		in.ForEach(func(_, it gjson.Result) bool {
 			for i := range r.files {
 				if r.files[i].item == k {
 					r.files[i].at = len(r.input)
 				}
 			}
+			for i := range r.inlined {
+				if r.inlined[i].item == k {
+					r.inlined[i].at = len(r.input)
+				}
+			}
 			items, container := translateInputItem(it, r.fn, lk)
+			if lk.stateless && len(items) == 1 && gjson.GetBytes(items[0], "type").String() == "item_reference" {
+				// Nobody upstream can resolve it: OpenAI's answer for an item it does not hold.
+				unknown = apierror.NotFound("Item with id '"+it.Get("id").String()+"' not found.", "input")
+				return false
+			}
 			r.input = append(r.input, items...)
 			r.useContainer(container)
 			k++
 			return true
 		})
+		if unknown != nil && failed == nil {
+			return unknown
+		}
 	}
 	if failed != nil {
 		return storeUnavailable(failed)

@@ -58,6 +58,18 @@ func auth(next http.Handler) http.Handler {
 	})
 }
 
+// masterOnly, after auth, keeps an operator's route (/metrics) to the master key when one is set:
+// a client key is a tenant's, and the route reports on every tenant.
+func masterOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if g := &configFrom(r.Context()).General; g.MasterKey != "" && !matches(presentedKey(r.Header), g.MasterKey) {
+			apierror.Write(w, apierror.Unauthorized("Incorrect API key provided: this route needs the master key."))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // caller is who made a request and the quotas that apply to it.
 type caller struct {
 	id     string

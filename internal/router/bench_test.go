@@ -13,6 +13,8 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
+	"github.com/ciproxy/ciproxy/internal/store"
+	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -52,5 +54,63 @@ func BenchmarkPassthrough(b *testing.B) {
 		if resp.StatusCode != http.StatusOK {
 			b.Fatalf("status %d", resp.StatusCode)
 		}
+	}
+}
+
+// BenchmarkResponsesPassthrough measures one JSON /v1/responses request with an ordinary 4 KiB
+// body (no file_id) passed through to a Responses upstream, with and without the Files API's
+// store (whose presence makes the pass-through look for the caller's file ids).
+func BenchmarkResponsesPassthrough(b *testing.B) {
+	answer := []byte(`{"id":"resp_1","object":"response","status":"completed","output":[]}`)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(answer)
+	}))
+	defer up.Close()
+	var body bytes.Buffer
+	body.WriteString(`{"model":"gpt-test","input":[`)
+	for i := 0; body.Len() < 4000; i++ {
+		if i > 0 {
+			body.WriteByte(',')
+		}
+		body.WriteString(`{"role":"user","content":[{"type":"input_text","text":"Tell me about the weather in Paris, and then in Rome, please."}]}`)
+	}
+	body.WriteString(`]}`)
+	st, err := embedded.Open(embedded.Options{Dir: b.TempDir(), SweepEvery: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	for _, bc := range []struct {
+		name  string
+		files store.Files
+	}{{"no_files_store", nil}, {"files_store", st}} {
+		b.Run(bc.name, func(b *testing.B) {
+			cfg := testConfig(up.URL+"/v1", func(c *config.Config) { c.General.MasterKey = masterKey })
+			srv := httptest.NewServer(New(Options{
+				Store:    snapshot.NewStore(&snapshot.Snapshot{Config: cfg}),
+				Client:   upstream.NewClient(upstream.ClientOptions{}),
+				Balancer: upstream.NewBalancer(),
+				Registry: prometheus.NewRegistry(),
+				Files:    bc.files,
+			}))
+			defer srv.Close()
+			client := srv.Client()
+			b.ReportAllocs()
+			for b.Loop() {
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses", bytes.NewReader(body.Bytes()))
+				req.Header.Set("Authorization", "Bearer "+masterKey)
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Fatalf("status %d", resp.StatusCode)
+				}
+			}
+		})
 	}
 }

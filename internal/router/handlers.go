@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/inputfiles"
 	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -22,20 +24,36 @@ func healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// Readiness is Options.Ready's answer.
+type Readiness struct {
+	// NotReady, when set, says why this replica must not be sent requests (503): it is shutting
+	// down, say.
+	NotReady string
+	// Degraded, when set, names a fault this replica shares with its peers, such as the state
+	// store not answering. /readyz stays 200 and says so: taking every replica out of a load
+	// balancer would stop the requests that need no state too.
+	Degraded string
+}
+
 // readyz reports whether the proxy can serve: a configuration is loaded and Options.Ready agrees.
-// A 503 says why in "reason".
+// A 503 says why in "reason"; a 200 names a shared fault in "degraded".
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	if configFrom(r.Context()) == nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": "no configuration is loaded"})
 		return
 	}
+	var rd Readiness
 	if s.ready != nil {
-		if err := s.ready(r.Context()); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
-			return
-		}
+		rd = s.ready(r.Context())
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	switch {
+	case rd.NotReady != "":
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": rd.NotReady})
+	case rd.Degraded != "":
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "degraded": rd.Degraded})
+	default:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	}
 }
 
 // resolved is a request whose body is read and whose model maps to deployments.
@@ -96,8 +114,7 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 		if chat {
 			return apierror.BadRequest("The model '"+req.model+"' speaks only Chat Completions, and this server does not translate /v1/responses; use /v1/chat/completions.", "model", "unsupported_model")
 		}
-		target.Proxy(w, r, req.body)
-		return nil
+		return s.passResponses(w, r, target, req.body)
 	}
 	ir := &intercept.Request{
 		Config:   req.cfg,
@@ -109,7 +126,7 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 	if chat {
 		ir.Upstream, ir.Stateless = upstream.NewChatAPI(target, upstream.ChatOptionsFor(deps[0])), true
 	}
-	if s.interceptor.Handles(ir) {
+	if s.interceptor.Handles(ir) || s.continuesMinted(r.Context(), req.body) {
 		if forwarded, err := s.forwardResponses(w, r, req, ir.Caller); forwarded || err != nil {
 			return err // the replica that hosts the container admits and serves it
 		}
@@ -120,7 +137,34 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 		defer done()
 		return quotaError(s.interceptor.ServeResponses(w, r, ir))
 	}
-	target.Proxy(w, r, req.body)
+	return s.passResponses(w, r, target, req.body)
+}
+
+// continuesMinted reports whether body continues, by previous_response_id, a response the
+// interceptor minted: the upstream never heard of that id, so the interceptor serves the request
+// even without the code_interpreter tool (it sends the upstream its own id). A store that cannot
+// answer counts as no: plain pass-through needs no state, and an upstream's own ids still work.
+func (s *server) continuesMinted(ctx context.Context, body []byte) bool {
+	prev := gjson.GetBytes(body, "previous_response_id").String()
+	if prev == "" {
+		return false
+	}
+	minted, err := s.interceptor.Minted(ctx, prev)
+	return err == nil && minted
+}
+
+// passResponses passes a POST /v1/responses through to target, a Responses upstream, streamed or
+// not as the client asked. The upstream has never heard of the proxy's file ids, so the input
+// parts that name the caller's Files API files carry those files instead (inputfiles.Inline);
+// every other id, and every other byte, goes as sent.
+func (s *server) passResponses(w http.ResponseWriter, r *http.Request, target *upstream.Target, body []byte) error {
+	if s.files != nil {
+		var err error
+		if body, err = inputfiles.Inline(r.Context(), s.files, Caller(r.Context()), body); err != nil {
+			return err
+		}
+	}
+	target.Proxy(w, r, body)
 	return nil
 }
 
@@ -180,7 +224,7 @@ func (s *server) byID(w http.ResponseWriter, r *http.Request) error {
 	}
 	dep := cfg.Models[0]
 	for _, d := range cfg.Models {
-		if d.Unusable == "" && d.MissingEnv == "" {
+		if d.Callable() {
 			dep = d
 			break
 		}
@@ -202,7 +246,9 @@ type modelObject struct {
 	OwnedBy string `json:"owned_by"`
 }
 
-// models serves GET /v1/models: one entry per distinct model_name, in file order.
+// models serves GET /v1/models: one entry per distinct model_name that has a deployment the proxy
+// can call, in file order. A model none of whose deployments can be called is not offered (a
+// request naming it still gets the error that says why).
 func (s *server) models(w http.ResponseWriter, r *http.Request) error {
 	cfg := configFrom(r.Context())
 	if cfg == nil {
@@ -211,7 +257,7 @@ func (s *server) models(w http.ResponseWriter, r *http.Request) error {
 	seen := make(map[string]bool, len(cfg.Models))
 	data := make([]modelObject, 0, len(cfg.Models))
 	for _, d := range cfg.Models {
-		if seen[d.ModelName] {
+		if seen[d.ModelName] || !d.Callable() {
 			continue
 		}
 		seen[d.ModelName] = true
@@ -234,12 +280,13 @@ func (s *server) model(w http.ResponseWriter, r *http.Request) error {
 	if u, err := url.PathUnescape(name); err == nil {
 		name = u
 	}
-	deps := cfg.Deployments(name)
-	if len(deps) == 0 {
-		return &apierror.Error{Status: http.StatusNotFound, Message: "The model '" + name + "' does not exist or you do not have access to it.", Type: "invalid_request_error", Param: "model", Code: "model_not_found"}
+	for _, d := range cfg.Deployments(name) {
+		if d.Callable() {
+			writeJSON(w, http.StatusOK, s.modelObject(d))
+			return nil
+		}
 	}
-	writeJSON(w, http.StatusOK, s.modelObject(deps[0]))
-	return nil
+	return &apierror.Error{Status: http.StatusNotFound, Message: "The model '" + name + "' does not exist or you do not have access to it.", Type: "invalid_request_error", Param: "model", Code: "model_not_found"}
 }
 
 func (s *server) modelObject(d config.Deployment) modelObject {

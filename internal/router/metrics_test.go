@@ -6,6 +6,9 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/config"
 )
 
 func TestMetrics(t *testing.T) {
@@ -41,5 +44,34 @@ func TestMetrics(t *testing.T) {
 	}
 	if strings.Contains(text, "resp_1") {
 		t.Errorf("/metrics has a raw path as a label value")
+	}
+}
+
+// TestMetricsNeedTheMasterKey: /metrics is the operator's, so with a master key set it takes that
+// key only; a client key (a tenant) is refused, and without any key so is everyone.
+func TestMetricsNeedTheMasterKey(t *testing.T) {
+	cfg, err := config.ParseWith([]byte(quotaYAML("http://127.0.0.1:1/v1", "")), "t.yaml", config.ParseOptions{
+		LookupEnv: func(string) (string, bool) { return "", false },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newProxy(t, cfg)
+	for _, tc := range []struct {
+		name   string
+		header []string
+		want   int
+	}{
+		{"the master key", []string{"Authorization", "Bearer " + quotaMK}, http.StatusOK},
+		{"a client key", []string{"Authorization", "Bearer " + aliceKey}, http.StatusUnauthorized},
+		{"no key", nil, http.StatusUnauthorized},
+	} {
+		status, _, body := p.do(t, http.MethodGet, "/metrics", "", tc.header...)
+		if status != tc.want {
+			t.Errorf("%s: GET /metrics = %d %s; want %d", tc.name, status, body, tc.want)
+		}
+		if status != http.StatusOK && gjson.GetBytes(body, "error.code").String() != "invalid_api_key" {
+			t.Errorf("%s: refusal %s; want an OpenAI-shaped invalid_api_key error", tc.name, body)
+		}
 	}
 }

@@ -70,9 +70,9 @@ type Options struct {
 	// Metrics, when set, is used instead of creating the router's metrics on Registry, so that the
 	// caller can count config reloads on the same collectors (see NewMetrics).
 	Metrics *Metrics
-	// Ready reports whether the proxy can serve (/readyz): nil, or why not (shown in the answer, so
-	// it must hold no secret). Nil: ready once a config is loaded.
-	Ready func(ctx context.Context) error
+	// Ready reports what /readyz answers beyond a loaded config (shown in the answer, so it must
+	// hold no secret). Nil: ready once a config is loaded.
+	Ready func(ctx context.Context) Readiness
 	// BodyReadTimeout bounds how long reading a request body may take. Zero: 60s.
 	BodyReadTimeout time.Duration
 	// Now is the clock. Nil: time.Now.
@@ -90,7 +90,7 @@ type server struct {
 	containers  *sandbox.Sessions
 	log         *zap.Logger
 	metrics     *Metrics
-	ready       func(context.Context) error
+	ready       func(context.Context) Readiness
 	bodyTimeout time.Duration
 	now         func() time.Time
 	started     time.Time
@@ -145,7 +145,7 @@ func New(opts Options) http.Handler {
 	// bound what a slow client can hold.
 	r.Get("/healthz", healthz)
 	r.Get("/readyz", s.readyz)
-	r.With(auth).Method(http.MethodGet, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	r.With(auth, masterOnly).Method(http.MethodGet, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	if s.files != nil {
 		// Uploads are bounded by max_file_upload_size, not max_request_body_size, and streamed to
 		// the store, so they skip bodyLimit.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -155,6 +154,9 @@ func TestModels(t *testing.T) {
 			deployment("gpt-a", "http://127.0.0.1:1/v1"),
 			deployment("gpt-b", "http://127.0.0.2:1/v1"),
 			{ModelName: "Qwen/Qwen3-8B", Provider: "hosted_vllm", UpstreamModel: "qwen", APIBase: "http://127.0.0.1:1/v1"},
+			{ModelName: "claude", Provider: "bedrock", UpstreamModel: "anthropic.claude-3", Unusable: "provider bedrock cannot be called"},
+			{ModelName: "keyless", Provider: "openai", UpstreamModel: "gpt-4o", MissingEnv: "OPENAI_API_KEY"},
+			{ModelName: "gpt-a", Provider: "bedrock", UpstreamModel: "x", Unusable: "provider bedrock cannot be called"},
 		}
 	}))
 	for _, path := range []string{"/v1/models", "/models"} {
@@ -186,7 +188,7 @@ func TestModels(t *testing.T) {
 				ids = append(ids, *m.ID)
 			}
 			if got, want := strings.Join(ids, ","), "gpt-b,gpt-a,Qwen/Qwen3-8B"; got != want {
-				t.Errorf("ids = %s; want %s (one per model_name, file order)", got, want)
+				t.Errorf("ids = %s; want %s (one per callable model_name, file order)", got, want)
 			}
 			if *list.Data[2].OwnedBy != "hosted_vllm" {
 				t.Errorf("owned_by = %q; want the provider", *list.Data[2].OwnedBy)
@@ -203,6 +205,14 @@ func TestModels(t *testing.T) {
 		status, _, body := p.do(t, http.MethodGet, "/models/Qwen/Qwen3-8B", "")
 		if status != http.StatusOK || gjson.GetBytes(body, "id").Str != "Qwen/Qwen3-8B" || gjson.GetBytes(body, "owned_by").Str != "hosted_vllm" {
 			t.Errorf("GET /models/Qwen/Qwen3-8B = %d %s", status, body)
+		}
+	})
+	t.Run("retrieve a model no deployment of which can be called", func(t *testing.T) {
+		for _, name := range []string{"claude", "keyless"} {
+			status, _, body := p.do(t, http.MethodGet, "/v1/models/"+name, "")
+			if _, _, _, code := decodeError(t, body); status != http.StatusNotFound || code != "model_not_found" {
+				t.Errorf("GET /v1/models/%s = %d %s; want 404 model_not_found", name, status, body)
+			}
 		}
 	})
 	t.Run("retrieve an unknown model", func(t *testing.T) {
@@ -292,38 +302,32 @@ func TestUpstreamErrors(t *testing.T) {
 }
 
 func TestReadiness(t *testing.T) {
-	var ready atomic.Bool
+	var state atomic.Value
 	p := newProxy(t, testConfig("http://127.0.0.1:1/v1"), func(o *Options) {
-		o.Ready = func(context.Context) error {
-			if !ready.Load() {
-				return errors.New("the state store is unavailable")
-			}
-			return nil
-		}
+		o.Ready = func(context.Context) Readiness { return state.Load().(Readiness) }
 	})
 	empty := newProxy(t, nil)
 	cases := []struct {
-		name  string
-		p     *proxy
-		ready bool
-		path  string
-		want  int
+		name     string
+		p        *proxy
+		state    Readiness
+		path     string
+		want     int
+		wantBody string
 	}{
-		{"healthz is 200 while not ready", p, false, "/healthz", http.StatusOK},
-		{"readyz is 503 while Ready is false", p, false, "/readyz", http.StatusServiceUnavailable},
-		{"readyz is 200 once Ready is true", p, true, "/readyz", http.StatusOK},
-		{"readyz is 503 without a configuration", empty, true, "/readyz", http.StatusServiceUnavailable},
-		{"API is 503 without a configuration", empty, true, "/v1/models", http.StatusServiceUnavailable},
+		{"healthz is 200 while not ready", p, Readiness{NotReady: "shutting down"}, "/healthz", http.StatusOK, `"ok"`},
+		{"readyz is 503 with the reason", p, Readiness{NotReady: "shutting down"}, "/readyz", http.StatusServiceUnavailable, `"reason":"shutting down"`},
+		{"readyz is 200 when ready", p, Readiness{}, "/readyz", http.StatusOK, `{"status":"ready"}`},
+		{"readyz is 200 and names a shared fault", p, Readiness{Degraded: "the state store is unavailable"}, "/readyz", http.StatusOK, `"degraded":"the state store is unavailable"`},
+		{"readyz is 503 without a configuration", empty, Readiness{}, "/readyz", http.StatusServiceUnavailable, "no configuration"},
+		{"API is 503 without a configuration", empty, Readiness{}, "/v1/models", http.StatusServiceUnavailable, "not ready"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ready.Store(tc.ready)
+			state.Store(tc.state)
 			status, _, body := tc.p.do(t, http.MethodGet, tc.path, "")
-			if status != tc.want {
-				t.Errorf("GET %s = %d %s; want %d", tc.path, status, body, tc.want)
-			}
-			if tc.p == p && tc.path == "/readyz" && !tc.ready && !strings.Contains(string(body), "the state store is unavailable") {
-				t.Errorf("GET /readyz = %s; want the reason", body)
+			if status != tc.want || !strings.Contains(string(body), tc.wantBody) {
+				t.Errorf("GET %s = %d %s; want %d with %s", tc.path, status, body, tc.want, tc.wantBody)
 			}
 		})
 	}

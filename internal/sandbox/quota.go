@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 // ErrQuota is wrapped by a *QuotaError: a container would go over a quota. Clients see 429
@@ -26,14 +28,18 @@ func (e *QuotaError) Error() string        { return e.Message }
 func (e *QuotaError) Is(target error) bool { return target == ErrQuota }
 
 // Limits are the container quotas of one caller (general_settings' quotas, with its client key's
-// overrides). A zero field is no limit.
+// overrides). A zero field is no limit. What counts is the store's when it is shared (Redis): the
+// owner's bounds hold across every replica.
 type Limits struct {
-	// MaxContainers bounds the containers of this process, every owner's and the warm pools'
-	// kernels together.
+	// MaxContainers bounds the containers in total. For a host-bound tool (local) it is this
+	// process's: its local containers and the warm pools' kernels, which take this host's memory
+	// and CPU. For any other tool (e2b) it is the deployment's: every such container of every
+	// owner, on every replica sharing the store, which is what an e2b account's concurrency is.
 	MaxContainers int
-	// MaxPerOwner bounds the containers one owner holds (created or opened here, or being created).
+	// MaxPerOwner bounds the containers one owner holds: its live containers in the store,
+	// whichever process created or opened them, and those being created.
 	MaxPerOwner int
-	// CreatesPerMinute and CreateBurst are the owner's token bucket of creations.
+	// CreatesPerMinute and CreateBurst are the owner's token bucket of creations, in the store.
 	CreatesPerMinute int
 	CreateBurst      int
 }
@@ -55,103 +61,112 @@ func limitsFrom(ctx context.Context) Limits {
 // warmer is implemented by providers that keep started sandboxes in advance (local's warm pool).
 type warmer interface{ Warm() int }
 
-// quotaBook counts containers by owner and holds each owner's creation bucket. Counts are this
-// process's: replicas each apply the quotas to what they hold.
+// quotaBook counts the containers of host-bound tools that this process holds, for their total
+// (Limits.MaxContainers). Owners' counts and buckets are the store's (store.Quotas).
 type quotaBook struct {
-	mu      sync.Mutex
-	owned   map[string]int
-	total   int
-	buckets map[string]*bucket
+	mu    sync.Mutex
+	total int
 }
 
-// bucket is a token bucket: tokens at the time at.
-type bucket struct {
-	tokens float64
-	at     time.Time
-}
+// reserveTTL is how long a new container's place is reserved in the store before its record holds
+// it: the create's own bound, so that the place of a create whose process died runs out.
+const reserveTTL = createTimeout + keepAliveMargin
 
-// maxIdleBuckets bounds the buckets kept: beyond it, full ones (which say nothing) are dropped.
-const maxIdleBuckets = 4096
-
-// quotaSlot is one container's place in the counts; free gives it back, once.
+// quotaSlot is a new container's place in the quotas: its reservation in the store until its
+// record holds the place (cancel gives it back if the record is never written), and, for a
+// host-bound tool, its place in this process's total until the container is deleted (free, once).
 type quotaSlot struct {
-	book  *quotaBook
-	owner string
-	once  sync.Once
+	book      *quotaBook // nil: not in this process's total
+	st        store.Quotas
+	owner, id string
+	reserved  bool
+	once      sync.Once
 }
 
 func (q *quotaSlot) free() {
-	if q == nil {
+	if q == nil || q.book == nil {
 		return
 	}
 	q.once.Do(func() {
 		q.book.mu.Lock()
 		defer q.book.mu.Unlock()
 		q.book.total--
-		if q.book.owned[q.owner]--; q.book.owned[q.owner] <= 0 {
-			delete(q.book.owned, q.owner)
-		}
 	})
 }
 
-// admit reserves a place for a new container of owner under the limits ctx carries, or says which
-// quota it would exceed. The warm kernels of reg count in the total.
-func (s *Sessions) admit(ctx context.Context, reg *Registry, owner string) (*quotaSlot, error) {
-	l := limitsFrom(ctx)
-	warm := 0
-	if l.MaxContainers > 0 && reg != nil {
-		for _, e := range reg.entries {
-			if w, ok := e.Provider.(warmer); ok {
-				warm += w.Warm()
-			}
-		}
+// cancel gives back a place reserved for a container whose record was never written (the store
+// keeps a recorded one's). Should the store not answer, the reservation runs out at reserveTTL.
+func (q *quotaSlot) cancel(ctx context.Context, timeout time.Duration) {
+	if q == nil || !q.reserved {
+		return
 	}
-	b := &s.quota
-	now := s.now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.owned == nil {
-		b.owned, b.buckets = map[string]int{}, map[string]*bucket{}
-	}
-	if l.MaxContainers > 0 && b.total+warm >= l.MaxContainers {
-		return nil, &QuotaError{Limit: "max_containers", Message: fmt.Sprintf(
-			"Rate limit reached for containers: the proxy holds its limit of %d containers (max_containers). Delete containers you no longer need or try again later.", l.MaxContainers)}
-	}
-	if l.MaxPerOwner > 0 && b.owned[owner] >= l.MaxPerOwner {
-		return nil, &QuotaError{Limit: "max_containers_per_key", Message: fmt.Sprintf(
-			"Rate limit reached for containers per API key: you hold %d containers, the limit (max_containers_per_key). Delete containers you no longer need or let them expire.", l.MaxPerOwner)}
-	}
-	if l.CreatesPerMinute > 0 {
-		burst := float64(max(l.CreateBurst, 1))
-		rate := float64(l.CreatesPerMinute) / 60 // tokens per second
-		bk, ok := b.buckets[owner]
-		if !ok {
-			if len(b.buckets) >= maxIdleBuckets {
-				b.dropFull(now, rate, burst)
-			}
-			bk = &bucket{tokens: burst, at: now}
-			b.buckets[owner] = bk
-		}
-		bk.tokens = min(burst, bk.tokens+now.Sub(bk.at).Seconds()*rate)
-		bk.at = now
-		if bk.tokens < 1 {
-			wait := time.Duration((1 - bk.tokens) / rate * float64(time.Second))
-			return nil, &QuotaError{Limit: "container_creates_per_minute", RetryAfter: wait, Message: fmt.Sprintf(
-				"Rate limit reached for container creations per API key: limit %d per minute (container_creates_per_minute), bursts of %d. Please try again in %s.",
-				l.CreatesPerMinute, int(burst), wait.Round(time.Millisecond))}
-		}
-		bk.tokens--
-	}
-	b.total++
-	b.owned[owner]++
-	return &quotaSlot{book: b, owner: owner}, nil
+	ctx, stop := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer stop()
+	_ = q.st.CancelPlace(ctx, q.owner, q.id)
 }
 
-// dropFull forgets the buckets that have refilled: a new bucket starts full anyway. b.mu is held.
-func (b *quotaBook) dropFull(now time.Time, rate, burst float64) {
-	for k, bk := range b.buckets {
-		if bk.tokens+now.Sub(bk.at).Seconds()*rate >= burst {
-			delete(b.buckets, k)
+// admit reserves a place for owner's new container id on ent under the limits ctx carries, or says
+// which quota it would exceed. The warm kernels of reg count in a host-bound tool's total. A store
+// that cannot answer fails the create (ErrUnavailable wrapping store.ErrUnavailable): a quota is
+// never waived.
+func (s *Sessions) admit(ctx context.Context, reg *Registry, ent *providerEntry, owner, id string) (*quotaSlot, error) {
+	l := limitsFrom(ctx)
+	slot := &quotaSlot{st: s.st, owner: owner, id: id}
+	if ent.HostBound && l.MaxContainers > 0 {
+		warm := 0
+		if reg != nil {
+			for _, e := range reg.entries {
+				if w, ok := e.Provider.(warmer); ok {
+					warm += w.Warm()
+				}
+			}
+		}
+		b := &s.quota
+		b.mu.Lock()
+		if b.total+warm >= l.MaxContainers {
+			b.mu.Unlock()
+			return nil, &QuotaError{Limit: "max_containers", Message: fmt.Sprintf(
+				"Rate limit reached for containers: this server holds its limit of %d containers (max_containers). Delete containers you no longer need or try again later.", l.MaxContainers)}
+		}
+		b.total++
+		b.mu.Unlock()
+		slot.book = b
+	}
+	fail := func(err error) (*quotaSlot, error) {
+		slot.free()
+		slot.cancel(ctx, s.opts.DeleteTimeout)
+		return nil, err
+	}
+	shared := !ent.HostBound
+	if l.MaxPerOwner > 0 || (shared && l.MaxContainers > 0) {
+		req := store.PlaceRequest{Owner: owner, ID: id, Shared: shared, MaxPerOwner: l.MaxPerOwner, TTL: reserveTTL}
+		if shared {
+			req.MaxShared = l.MaxContainers
+		}
+		p, err := s.st.ReservePlace(ctx, req)
+		switch {
+		case err != nil:
+			return fail(fmt.Errorf("%w: checking the container quotas: %w", ErrUnavailable, err))
+		case p.Refused == store.RefusedOwner:
+			return fail(&QuotaError{Limit: "max_containers_per_key", Message: fmt.Sprintf(
+				"Rate limit reached for containers per API key: you hold %d containers and the limit is %d (max_containers_per_key). Delete containers you no longer need or let them expire.", p.Owner, l.MaxPerOwner)})
+		case p.Refused == store.RefusedShared:
+			return fail(&QuotaError{Limit: "max_containers", Message: fmt.Sprintf(
+				"Rate limit reached for containers: the service holds its limit of %d containers (max_containers). Delete containers you no longer need or try again later.", l.MaxContainers)})
+		}
+		slot.reserved = true
+	}
+	if l.CreatesPerMinute > 0 {
+		burst := max(l.CreateBurst, 1)
+		ok, wait, err := s.st.TakeToken(ctx, "container_creates:"+owner, store.Bucket{PerMinute: l.CreatesPerMinute, Burst: burst})
+		switch {
+		case err != nil:
+			return fail(fmt.Errorf("%w: checking the container creation rate: %w", ErrUnavailable, err))
+		case !ok:
+			return fail(&QuotaError{Limit: "container_creates_per_minute", RetryAfter: wait, Message: fmt.Sprintf(
+				"Rate limit reached for container creations per API key: limit %d per minute (container_creates_per_minute), bursts of %d. Please try again in %s.",
+				l.CreatesPerMinute, burst, wait.Round(time.Millisecond))})
 		}
 	}
+	return slot, nil
 }

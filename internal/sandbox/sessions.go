@@ -144,7 +144,7 @@ type Sessions struct {
 	mu     sync.Mutex
 	live   map[string]*Container // by container id
 	dying  map[string]bool       // containers this process is deleting
-	quota  quotaBook             // containers by owner, creation buckets (quota.go)
+	quota  quotaBook             // this process's host-bound containers (quota.go)
 	closed bool
 
 	deletes  sync.WaitGroup // in-flight deletions and creations
@@ -165,7 +165,9 @@ type Container struct {
 	hostBound bool
 	created   time.Time
 	runMu     chan struct{} // one run at a time: Jupyter kernels run one cell at a time
-	slot      *quotaSlot    // its place in the quotas; nil for a container opened from its record
+	// slot is its place in this process's total of host-bound containers (its owner's place is its
+	// record's, in the store); nil for a container opened from its record.
+	slot *quotaSlot
 
 	// Guarded by s.mu.
 	users        int // Create/Open calls not yet Released
@@ -321,7 +323,13 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	if closed {
 		return nil, fmt.Errorf("%w: shutting down", ErrUnavailable)
 	}
-	slot, err := s.admit(ctx, s.registry(ctx), owner)
+	reg := s.registry(ctx)
+	ent, ok := reg.entry(tool)
+	if !ok {
+		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", ErrUnavailable, tool)
+	}
+	id := s.st.NewID(store.ContainerKind)
+	slot, err := s.admit(ctx, reg, ent, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -329,12 +337,9 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	defer func() {
 		if !kept {
 			slot.free()
+			slot.cancel(ctx, s.opts.DeleteTimeout)
 		}
 	}()
-	ent, ok := s.registry(ctx).entry(tool)
-	if !ok {
-		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", ErrUnavailable, tool)
-	}
 	if !ent.acquire() {
 		return nil, fmt.Errorf("%w: sandbox tool %q is being reconfigured", ErrUnavailable, tool)
 	}
@@ -344,7 +349,6 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 		// sandbox is deleted at Release); Run extends it when an execution could outlast it.
 		opts.Lifetime = min(max(idle, holdLease)+keepAliveMargin, maxBackendLifetime)
 	}
-	id := s.st.NewID(store.ContainerKind)
 	opts.Metadata = maps.Clone(opts.Metadata)
 	if opts.Metadata == nil {
 		opts.Metadata = map[string]string{}
@@ -685,6 +689,7 @@ func (s *Sessions) forget(c *Container) {
 	}
 	s.mu.Unlock()
 	s.m.live.Dec()
+	c.slot.free()
 	s.releaseEntry(context.Background(), c.ent, c.h.Tool)
 }
 

@@ -103,3 +103,104 @@ func TestSessionsOnASharedStore(t *testing.T) {
 		d.Release(ctx, c2)
 	}
 }
+
+// Replicas on one Redis apply one owner's quotas together: its containers, whichever replica made
+// or opened them, its creation bucket, and the total of shared (e2b-like) containers; the total of
+// host-bound ones is each replica's. Redis gone, a create that needs a quota fails, never unlimited.
+func TestSessionsQuotasAcrossReplicas(t *testing.T) {
+	srv := redisserver.Start(t)
+	ctx := context.Background()
+	clk := newClock()
+	p := newRecProvider()
+	shared, err := NewRegistry(nil, RegistryEntry{Name: "cloud", Provider: p, Backend: "rec"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := newRecProvider()
+	onHost, err := NewRegistry(nil, RegistryEntry{Name: "cloud", Provider: bound, Backend: "rec", HostBound: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := func(host string, reg *Registry) *Sessions {
+		t.Helper()
+		st, err := redisstore.Open(ctx, redisstore.Options{URL: srv.URL(), Now: clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := NewSessions(ctx, SessionOptions{Store: st, Host: host, Now: clk.Now, SweepInterval: -1,
+			Registry: func() *Registry { return reg }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = s.Close(ctx)
+			_ = st.Close()
+		})
+		return s
+	}
+	a, b := replica("a", shared), replica("b", shared)
+	create := func(s *Sessions, owner string, l Limits, idle time.Duration) (*Container, error) {
+		return s.Create(WithLimits(ctx, l), "cloud", owner, CreateOptions{}, idle)
+	}
+
+	perOwner := Limits{MaxPerOwner: 1}
+	held, err := create(a, "alice", perOwner, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = create(b, "alice", perOwner, time.Minute)
+	wantQuota(t, "alice's second container, on another replica", err, "max_containers_per_key")
+	opened, err := b.Open(ctx, held.ID(), "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Release(ctx, opened)
+	_, err = create(b, "alice", perOwner, time.Minute)
+	wantQuota(t, "after another replica opened and released it", err, "max_containers_per_key")
+	a.Release(ctx, held)
+	if err := b.Delete(ctx, "alice", held.ID()); err != nil { // on another replica than its maker
+		t.Fatal(err)
+	}
+	again, err := create(b, "alice", perOwner, time.Minute)
+	if err != nil {
+		t.Fatalf("create after the first was deleted: %v", err)
+	}
+	b.Release(ctx, again)
+
+	rate := Limits{CreatesPerMinute: 1, CreateBurst: 1}
+	if _, err := create(a, "carol", rate, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	_, err = create(b, "carol", rate, time.Minute)
+	wantQuota(t, "carol's second create within the minute, on another replica", err, "container_creates_per_minute")
+
+	// alice's and carol's are live: a total of 2 shared containers is reached on every replica.
+	_, err = create(a, "dave", Limits{MaxContainers: 2}, time.Minute)
+	wantQuota(t, "dave's create at the shared total", err, "max_containers")
+	// Host-bound containers count in their own replica's total only.
+	c, d := replica("c", onHost), replica("d", onHost)
+	local := Limits{MaxContainers: 1}
+	if _, err := create(c, "dave", local, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := create(d, "dave", local, time.Minute); err != nil {
+		t.Fatalf("a host-bound create on another replica: %v", err)
+	}
+	_, err = create(c, "erin", local, time.Minute)
+	wantQuota(t, "a second host-bound create on one replica", err, "max_containers")
+
+	// Redis gone: the create fails as unavailable, and no sandbox is made.
+	_, before, _, _ := p.stats()
+	srv.Stop()
+	_, err = create(a, "frank", perOwner, time.Minute)
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, store.ErrUnavailable) || errors.Is(err, ErrQuota) {
+		t.Errorf("create with Redis gone: error = %v; want unavailable (the store's), not a quota", err)
+	}
+	_, err = create(a, "frank", rate, time.Minute)
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("create with a rate and Redis gone: error = %v; want the store unavailable", err)
+	}
+	if _, after, _, _ := p.stats(); after != before {
+		t.Errorf("the backend saw %d creates while Redis was gone", after-before)
+	}
+}

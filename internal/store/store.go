@@ -1,9 +1,10 @@
 // Package store is the state the proxy keeps between requests: stored responses, the container
-// registry with each container's files, the Files API's files (metadata and bytes), and short
-// claims that decide which process does a piece of work. Store is the one interface; the embedded
-// implementation (package embedded) keeps everything on local disk for one process, and a shared
-// implementation lets several replicas serve the same conversations. Package storetest holds the
-// conformance suite that every implementation passes.
+// registry with each container's files, the Files API's files (metadata and bytes), short claims
+// that decide which process does a piece of work, and what the container quotas count (places,
+// token buckets), so that every process sharing a store applies them together. Store is the one
+// interface; the embedded implementation (package embedded) keeps everything on local disk for
+// one process, and a shared implementation lets several replicas serve the same conversations.
+// Package storetest holds the conformance suite that every implementation passes.
 //
 // Every read is scoped: an object that belongs to another owner is ErrNotFound, exactly as one that
 // does not exist. Objects carry their own expiry (ExpiresAt, ForgetAt): past it they are gone for
@@ -52,6 +53,7 @@ type Store interface {
 	ContainerFiles
 	Files
 	Claims
+	Quotas
 
 	// Close releases the store. Calls after Close fail with ErrClosed; an upload in progress can
 	// only be aborted.
@@ -216,15 +218,19 @@ type ContainerFileQuery struct {
 	Page
 }
 
-// ContainerFile is one file in a container.
+// ContainerFile is one file in a container. Its JSON form is the record both stores keep.
 type ContainerFile struct {
-	ID          string // cfile_...
-	ContainerID string
-	Owner       string
-	Path        string // absolute, under /mnt/data
-	Bytes       int64
-	Source      string // "user" or "assistant"
-	CreatedAt   time.Time
+	ID          string    `json:"id"` // cfile_...
+	ContainerID string    `json:"container_id"`
+	Owner       string    `json:"owner"`
+	Path        string    `json:"path"` // absolute, under /mnt/data
+	Bytes       int64     `json:"bytes"`
+	Source      string    `json:"source"` // "user" or "assistant"
+	CreatedAt   time.Time `json:"created_at"`
+	// Origin names what a placed file was copied from, so that placing it again in the same
+	// container finds it: "file:" and a Files API id, or "data:" and a digest of inline bytes
+	// and their name. "" for a file uploaded to the container or made by its code.
+	Origin string `json:"origin,omitempty"`
 }
 
 // Files are the Files API's files: metadata and bytes.
@@ -275,15 +281,18 @@ type FileQuery struct {
 
 // File is one Files API file.
 type File struct {
-	ID        string // file-...
-	Owner     string
-	Filename  string
-	Purpose   string
-	Bytes     int64
-	CreatedAt time.Time
+	ID        string    `json:"id"` // file-...
+	Owner     string    `json:"owner"`
+	Filename  string    `json:"filename"`
+	Purpose   string    `json:"purpose"`
+	Bytes     int64     `json:"bytes"`
+	CreatedAt time.Time `json:"created_at"`
 	// ExpiresAt is when the file is deleted; zero means never.
-	ExpiresAt time.Time
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
+
+// Expired reports whether f has expired by now.
+func (f File) Expired(now time.Time) bool { return !f.ExpiresAt.IsZero() && !now.Before(f.ExpiresAt) }
 
 // Usage is what an owner's files take.
 type Usage struct {
@@ -301,4 +310,75 @@ type Claims interface {
 	Release(ctx context.Context, key, holder string) error
 	// Holder returns who holds key now, "" when no one does. It changes nothing.
 	Holder(ctx context.Context, key string) (string, error)
+}
+
+// Quotas count what the container quotas limit, for every process that shares the store: the
+// places an owner's containers take, the places the deployment's shared containers take, and
+// token buckets that meter how fast containers are created.
+//
+// A place is held by a live container, whatever process created or opened it: a record whose
+// ExpiresAt is set and not yet passed (nor its ForgetAt) holds its owner's place until then, and
+// also a shared place when its Host is "" (any replica reaches its sandbox, as e2b's).
+// CreateContainer and UpdateContainer move the place with the record, atomically with it; an
+// update that clears ExpiresAt (a container claimed as expired), DeleteContainer, or the record
+// being forgotten frees it. Between the quota check and the record, a container's place is held
+// by a reservation, which runs out at its TTL if the record is never written (its process died).
+// Places are identified by container id, so nothing is ever counted twice or freed twice.
+type Quotas interface {
+	// ReservePlace reserves a place for container id of r.Owner, about to be created, until r.TTL
+	// from now, unless the owner already holds r.MaxPerOwner places or (r.Shared) the deployment
+	// holds r.MaxShared shared places; a limit <= 0 is none. A container that already holds a
+	// place keeps it (its reservation extended), whatever the limits.
+	ReservePlace(ctx context.Context, r PlaceRequest) (Places, error)
+	// CancelPlace frees the reservation of owner's container id, unless its record exists: for a
+	// container whose creation failed.
+	CancelPlace(ctx context.Context, owner, id string) error
+	// Places reports the places owner holds now, and the shared places of the deployment.
+	Places(ctx context.Context, owner string) (Places, error)
+	// TakeToken takes one token from the bucket named key, which holds up to b.Burst tokens and
+	// gains b.PerMinute a minute; a new bucket is full. It reports whether a token was taken, and
+	// if not, how long until one will be there. A full bucket is not kept.
+	TakeToken(ctx context.Context, key string, b Bucket) (taken bool, wait time.Duration, err error)
+}
+
+// PlaceRequest asks for a container's place (Quotas.ReservePlace).
+type PlaceRequest struct {
+	Owner, ID string
+	// Shared: the container will be reachable from every replica (its record's Host will be "").
+	Shared bool
+	// MaxPerOwner and MaxShared bound the places; <= 0: no bound.
+	MaxPerOwner, MaxShared int
+	// TTL is how long the reservation holds without a record.
+	TTL time.Duration
+}
+
+// Places is what ReservePlace found or left.
+type Places struct {
+	// Owner and Shared count the owner's places and the deployment's shared places, the one
+	// reserved included (Shared only when asked for: ReservePlace with Shared, or Places).
+	Owner, Shared int
+	// Refused names the bound that refused the reservation: "" (reserved), RefusedOwner or
+	// RefusedShared. Nothing was reserved when it is set.
+	Refused string
+}
+
+// Places.Refused values.
+const (
+	RefusedOwner  = "owner"
+	RefusedShared = "shared"
+)
+
+// Bucket is a token bucket's rate and size (Quotas.TakeToken). PerMinute must be positive; a
+// Burst below 1 is 1.
+type Bucket struct {
+	PerMinute, Burst int
+}
+
+// PlaceUntil is until when record c holds a place: its ExpiresAt, or its ForgetAt if that comes
+// first; zero when it holds none.
+func PlaceUntil(c Container) time.Time {
+	if !c.ForgetAt.IsZero() && c.ForgetAt.Before(c.ExpiresAt) {
+		return c.ForgetAt
+	}
+	return c.ExpiresAt
 }

@@ -154,7 +154,7 @@ func (t *Target) send(ctx context.Context, method, urlPath, rawQuery string, hdr
 	var usable []int // indexes of the deployments that can be called
 	var skipped *config.Deployment
 	for i, d := range t.deps {
-		if d.MissingEnv != "" || d.Unusable != "" {
+		if !d.Callable() {
 			if skipped == nil {
 				skipped = &t.deps[i]
 			}

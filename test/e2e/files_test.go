@@ -6,11 +6,16 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"image"
+	"image/color"
+	"image/png"
 	"io"
 	"net/http"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -269,4 +274,167 @@ func checkFilesAnswer(t *testing.T, client openai.Client, r *responses.Response)
 		}
 	}
 	return cites
+}
+
+var (
+	// outputCSV is where the function output's note puts the CSV; imageNote where the user's note
+	// puts the image.
+	outputCSV = regexp.MustCompile(`File in this function output, available to the python tool at (/mnt/data/[^ ]+\.csv) \(`)
+	imageNote = regexp.MustCompile(`The image above is also available to the python tool at (/mnt/data/[^ ]+\.png) \(`)
+)
+
+// inputsModel is the scripted model of TestInputPartsOpenAIGo: told where the function output's
+// CSV and the user's image are, it runs code printing the CSV and the image's SHA-256; given that
+// code's output, it answers.
+func inputsModel(req upstreamtest.Request) upstreamtest.Turn {
+	if n := len(req.History); n > 0 && itemType(req.History[n-1]) == "function_call_output" && gjson.GetBytes(req.History[n-1], "call_id").String() != "call_lookup" {
+		return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("Read both.")}, Usage: answerUsage}
+	}
+	csvPath, img := outputCSV.FindSubmatch(req.Body), imageNote.FindSubmatch(req.Body)
+	if csvPath == nil || img == nil {
+		return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("I was not told where the files are.")}, Usage: answerUsage}
+	}
+	code := fmt.Sprintf("import hashlib\nprint(open(%q).read(), end='')\nprint(hashlib.sha256(open(%q, 'rb').read()).hexdigest())\n", csvPath[1], img[1])
+	args, _ := json.Marshal(map[string]string{"code": code})
+	return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", string(args))}, Usage: callUsage}
+}
+
+// onePixelPNG is a real PNG image of one pixel.
+func onePixelPNG(t *testing.T) []byte {
+	t.Helper()
+	img := image.NewRGBA(image.Rect(0, 0, 1, 1))
+	img.Set(0, 0, color.RGBA{R: 200, A: 255})
+	var b bytes.Buffer
+	if err := png.Encode(&b, img); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// TestInputPartsOpenAIGo sends, with openai-go, an input_image by file_id in the user's message
+// and a function_call_output whose output carries an input_file, each a Files API file, on the
+// local backend to a Responses and to a Chat Completions upstream: the upstream is given the
+// image's bytes and text in place of the file, never a file id, and the code reads both files
+// where the notes put them.
+func TestInputPartsOpenAIGo(t *testing.T) {
+	t.Parallel()
+	for _, chat := range []bool{false, true} {
+		name := "responses"
+		if chat {
+			name = "chat"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			up := upstreamtest.New(t)
+			up.Script(inputsModel)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: "local", WorkDir: workDir(t), ChatOnly: chat}.yaml())
+			client := sdk(p, "sk-inputs")
+			pixel := onePixelPNG(t)
+			upload := func(name, typ string, data []byte) string {
+				f, err := client.Files.New(ctx(t, 30*time.Second), openai.FileNewParams{
+					File: openai.File(bytes.NewReader(data), name, typ), Purpose: openai.FilePurposeUserData,
+				})
+				if err != nil {
+					t.Fatalf("Files.New(%s): %v", name, err)
+				}
+				return f.ID
+			}
+			imgID, csvID := upload("pixel.png", "image/png", pixel), upload("sales.csv", "text/csv", []byte(salesCSV))
+
+			params := responses.ResponseNewParams{
+				Model: clientModel,
+				Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{
+					responses.ResponseInputItemParamOfMessage(responses.ResponseInputMessageContentListParam{
+						{OfInputText: &responses.ResponseInputTextParam{Text: "Compare the table with the picture."}},
+						{OfInputImage: &responses.ResponseInputImageParam{FileID: openai.String(imgID), Detail: responses.ResponseInputImageDetailLow}},
+					}, responses.EasyInputMessageRoleUser),
+					responses.ResponseInputItemParamOfFunctionCall(`{"table":"sales"}`, "call_lookup", "lookup"),
+					{OfFunctionCallOutput: &responses.ResponseInputItemFunctionCallOutputParam{
+						CallID: openai.String("call_lookup"),
+						Output: responses.ResponseInputItemFunctionCallOutputOutputUnionParam{OfResponseFunctionCallOutputItemArray: responses.ResponseFunctionCallOutputItemListParam{
+							{OfInputText: &responses.ResponseInputTextContentParam{Text: "The table:"}},
+							{OfInputFile: &responses.ResponseInputFileContentParam{FileID: openai.String(csvID)}},
+						}},
+					}},
+				}},
+				Tools: []responses.ToolUnionParam{
+					{OfCodeInterpreter: &responses.ToolCodeInterpreterParam{Container: responses.ToolCodeInterpreterContainerUnionParam{
+						OfCodeInterpreterToolAuto: &responses.ToolCodeInterpreterContainerCodeInterpreterContainerAutoParam{},
+					}}},
+					responses.ToolParamOfFunction("lookup", map[string]any{"type": "object", "properties": map[string]any{"table": map[string]any{"type": "string"}}}, false),
+				},
+				Include: []responses.ResponseIncludable{responses.ResponseIncludableCodeInterpreterCallOutputs},
+			}
+			r, err := client.Responses.New(ctx(t, 120*time.Second), params)
+			if err != nil {
+				t.Fatalf("Responses.New: %v", err)
+			}
+
+			// The code read the CSV and the image where the notes said they are.
+			call := ciCall(t, r)
+			sum := sha256.Sum256(pixel)
+			if want := salesCSV + hex.EncodeToString(sum[:]) + "\n"; len(call.Outputs) != 1 || call.Outputs[0].AsLogs().Logs != want {
+				t.Fatalf("the code printed %s, want %q", mustJSON(call.Outputs), want)
+			}
+			if r.OutputText() != "Read both." {
+				t.Errorf("answer %q", r.OutputText())
+			}
+			files, err := client.Containers.Files.List(ctx(t, 30*time.Second), call.ContainerID, openai.ContainerFileListParams{})
+			if err != nil {
+				t.Fatalf("Containers.Files.List: %v", err)
+			}
+			var paths []string
+			for _, f := range files.Data {
+				paths = append(paths, f.Path+":"+string(f.Source))
+			}
+			if want := []string{"/mnt/data/pixel.png:user", "/mnt/data/sales.csv:user"}; !reflect.DeepEqual(sorted(paths), want) {
+				t.Errorf("the container holds %v, want %v", paths, want)
+			}
+
+			// What the upstream was given: the image's bytes, the file's note, and no file id.
+			reqs := up.Requests()
+			if len(reqs) != 2 {
+				t.Fatalf("%d upstream requests, want 2", len(reqs))
+			}
+			wantURL := "data:image/png;base64," + base64.StdEncoding.EncodeToString(pixel)
+			for i, req := range reqs {
+				if s := string(req.Body); strings.Contains(s, imgID) || strings.Contains(s, csvID) || strings.Contains(s, "file_id") {
+					t.Errorf("request %d: a file id reached the upstream: %s", i, s)
+				}
+				var image gjson.Result
+				if chat {
+					image = gjson.GetBytes(req.Messages[0], `content.#(type=="image_url").image_url`)
+					if image.Get("url").String() != wantURL || image.Get("detail").String() != "low" {
+						t.Errorf("request %d: the user's message is %s", i, req.Messages[0])
+					}
+				} else {
+					image = gjson.GetBytes(req.Input[0], `content.#(type=="input_image")`)
+					if image.Get("image_url").String() != wantURL || image.Get("detail").String() != "low" {
+						t.Errorf("request %d: the user's message is %s", i, req.Input[0])
+					}
+				}
+				out, ok := req.FunctionOutput("call_lookup")
+				if want := fmt.Sprintf("[File in this function output, available to the python tool at /mnt/data/sales.csv (%d bytes).]", len(salesCSV)); !ok || !strings.Contains(out, want) || !strings.Contains(out, "The table:") {
+					t.Errorf("request %d: the function output is %q, want it to hold %q", i, out, want)
+				}
+			}
+
+			// For another key the files do not exist: a 404 naming the first, and nothing goes on.
+			other := sdk(p, "sk-someone-else")
+			_, err = other.Responses.New(ctx(t, 30*time.Second), params)
+			var apiErr *openai.Error
+			if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Param != "input[0].content[1].file_id" {
+				t.Errorf("another key's request: %v", err)
+			}
+			if n := len(up.Requests()); n != 2 {
+				t.Errorf("%d upstream requests after another key's; want none more", n-2)
+			}
+		})
+	}
+}
+
+func sorted(s []string) []string {
+	s = append([]string(nil), s...)
+	slices.Sort(s)
+	return s
 }

@@ -290,7 +290,7 @@ func testReplicas(t *testing.T, tool string) {
 		}
 		testutil.Eventually(t, "replica "+p.Addr+" ready again", func() bool {
 			a := send(t.Context(), p, http.MethodGet, "/readyz", "", nil)
-			return a.status == http.StatusOK
+			return a.status == http.StatusOK && !strings.Contains(string(a.body), "degraded")
 		})
 	}
 	_, p0 := c.pick()

@@ -155,3 +155,90 @@ func BenchmarkFileStream(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkQuotaCalls measures what the container quotas add to a container create, on the
+// embedded store and on Redis over loopback in the same run: reserving the owner's place (and a
+// shared one), taking a token of the owner's creation bucket, and "admit", the two in a row as
+// Sessions.Create makes them when both quotas are set. Eight owners hold 16 places each, 128
+// shared (the default max_containers): every reservation is followed by a CancelPlace of the one
+// made 128 reservations before, which ns/op includes and the percentiles (of the reservation and
+// the take only) do not.
+func BenchmarkQuotaCalls(b *testing.B) {
+	ctx := context.Background()
+	srv := redisserver.Start(b)
+	emb, err := embedded.Open(embedded.Options{Dir: b.TempDir(), SweepEvery: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = emb.Close() })
+	ids := store.NewIDGenerator(time.Now)
+	const owners, held = 8, 128
+	for _, impl := range []struct {
+		name string
+		s    store.Store
+	}{{"embedded", emb}, {"redis", open(b, srv, Options{})}} {
+		s := impl.s
+		owner := func(i int) string { return fmt.Sprintf("bench-%d", i%owners) }
+		var ring [held]string
+		reserve := func(i int) error {
+			id := ids.New(store.ContainerKind)
+			p, err := s.ReservePlace(ctx, store.PlaceRequest{Owner: owner(i), ID: id, Shared: true,
+				MaxPerOwner: 32, MaxShared: 2 * held, TTL: 3 * time.Minute})
+			if err == nil && p.Refused != "" {
+				err = fmt.Errorf("refused: %+v", p)
+			}
+			ring[i%held] = id
+			return err
+		}
+		cancel := func(i int) error {
+			if old := ring[(i+1)%held]; old != "" {
+				return s.CancelPlace(ctx, owner(i+1), old)
+			}
+			return nil
+		}
+		take := func(i int) error {
+			ok, _, err := s.TakeToken(ctx, "container_creates:"+owner(i), store.Bucket{PerMinute: 1 << 30, Burst: 1 << 20})
+			if err == nil && !ok {
+				err = fmt.Errorf("no token")
+			}
+			return err
+		}
+		for _, op := range []struct {
+			name   string
+			call   func(i int) error
+			places bool
+		}{
+			{"ReservePlace", reserve, true},
+			{"TakeToken", take, false},
+			{"admit", func(i int) error {
+				if err := reserve(i); err != nil {
+					return err
+				}
+				return take(i)
+			}, true},
+		} {
+			b.Run(impl.name+"/"+op.name, func(b *testing.B) {
+				lat := make([]time.Duration, 0, b.N)
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					if op.places {
+						if err := cancel(i); err != nil {
+							b.Fatal(err)
+						}
+					}
+					start := time.Now()
+					if err := op.call(i); err != nil {
+						b.Fatal(err)
+					}
+					lat = append(lat, time.Since(start))
+				}
+				slices.Sort(lat)
+				b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+			})
+		}
+		for i := range held { // leave the store as it was for the next run
+			_ = s.CancelPlace(ctx, owner(i), ring[i])
+		}
+	}
+}

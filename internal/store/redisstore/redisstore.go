@@ -25,6 +25,10 @@
 //	owner:<o>:files:exp       zset    the same ids scored by ExpiresAt (+inf: never)
 //	owner:<o>:files:size      hash    file id -> bytes
 //	owner:<o>:files:bytes     string  the sum of the sizes: the owner's quota use
+//	owner:<o>:places          zset    the owner's containers holding a place (store.Quotas),
+//	                                  scored by when it ends (ms)
+//	places:shared             zset    the same for every owner's containers whose Host is ""
+//	bucket:<k>                hash    a token bucket: t tokens at a (Redis's clock, ms)
 //	claim:<key>               string  "<until ms>:<holder>"
 //	idclock                   string  the last millisecond an id was minted for
 //
@@ -35,7 +39,7 @@
 // expire with the longest-lived member of the index (its companion zset scored by expiry says
 // which one), and lose their expired members lazily, whenever a script reads or writes that
 // index. A claim expires with its lease, an upload UploadTTL after its last chunk, idclock a day
-// after the last id.
+// after the last id, a places zset with its last place, a bucket when it has refilled.
 //
 // Expiry times are sent to Redis as durations from the store's own clock (PEXPIRE, not
 // PEXPIREAT): visibility is decided by that clock (an object past its expiry is gone for every
@@ -46,8 +50,9 @@
 //
 // Every change that touches more than one key, or must check before it writes, is one Lua script:
 // creating a container or a file (create-if-absent), UpdateContainer (the Version check),
-// committing an upload (id, quota and bytes decided together), claims. Scripts run one at a time
-// in Redis, so of several replicas racing for one thing exactly one wins.
+// committing an upload (id, quota and bytes decided together), claims, reserving a container's
+// place (the scripts that write a record move its place with it), taking a token. Scripts run one
+// at a time in Redis, so of several replicas racing for one thing exactly one wins.
 //
 // # File bytes
 //
@@ -346,12 +351,16 @@ func (s *Store) ownerKey(owner, index string) string {
 	return s.key("owner", escapeOwner(owner), index)
 }
 
+// ownerEscaper percent-encodes '%' and ':'. A Replacer is immutable once built (and building one
+// costs kilobytes, which a call per key would pay).
+var ownerEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
+
 // escapeOwner percent-encodes '%' and ':', so that an owner is one key element.
 func escapeOwner(owner string) string {
 	if !strings.ContainsAny(owner, "%:") {
 		return owner
 	}
-	return strings.NewReplacer("%", "%25", ":", "%3A").Replace(owner)
+	return ownerEscaper.Replace(owner)
 }
 
 // nowMs is the store's clock in milliseconds, rounded down.

@@ -53,6 +53,40 @@ local function fit_expiring()
   fit(ex .. ':forget', {ex, ex .. ':forget'})
 end
 
+-- The places (see store.Quotas): zsets of container ids scored by until when each holds its place.
+local SHARED = P .. 'places:shared'
+
+-- places_of is the places zset of the owner whose container index is ix (owner:<o>:cntrs).
+local function places_of(ix)
+  return string.sub(ix, 1, -6) .. 'places'
+end
+
+-- fit_places drops the places of z that have run out and gives z the lifetime of its last one.
+local function fit_places(z)
+  redis.call('ZREMRANGEBYSCORE', z, '-inf', NOW)
+  local top = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  if #top == 0 then
+    redis.call('DEL', z)
+  else
+    redis.call('PEXPIRE', z, math.max(1, tonumber(top[2]) - NOW))
+  end
+end
+
+-- place moves container id's place to upto (ms; '0' or passed: it holds none) among the places
+-- of its owner (whose container index is ix) and, when shared is '1', the shared places.
+local function place(ix, id, upto, shared)
+  local on = upto ~= '0' and not dead(upto)
+  local z = places_of(ix)
+  if on then redis.call('ZADD', z, upto, id) else redis.call('ZREM', z, id) end
+  fit_places(z)
+  if on and shared == '1' then
+    redis.call('ZADD', SHARED, upto, id)
+    fit_places(SHARED)
+  elseif redis.call('ZREM', SHARED, id) == 1 then
+    fit_places(SHARED)
+  end
+end
+
 -- drop_container removes container id (its key cntr) with its files, their markers and its
 -- index entries.
 local function drop_container(cntr, id)
@@ -64,6 +98,7 @@ local function drop_container(cntr, id)
   end
   redis.call('DEL', files, cntr)
   if ix then
+    place(ix, id, '0', '0')
     redis.call('ZREM', ix, id)
     redis.call('ZREM', ix .. ':forget', id)
     fit(ix .. ':forget', {ix, ix .. ':forget'})
@@ -120,7 +155,8 @@ redis.call('SET', KEYS[1], string.format('%d', ms), 'PX', ARGV[3])
 return ms
 `)
 
-// scriptCreateContainer: KEYS cntr; ARGV id owner ix created forget expires record.
+// scriptCreateContainer: KEYS cntr; ARGV id owner ix created forget expires record place-until
+// shared.
 var scriptCreateContainer = script(`
 local cntr, id = KEYS[1], ARGV[3]
 if redis.call('EXISTS', cntr) == 1 then
@@ -139,10 +175,12 @@ if expires ~= '0' then
   redis.call('ZADD', ex .. ':forget', score(forget), id)
   fit_expiring()
 end
+place(ix, id, ARGV[10], ARGV[11])
 return {'ok'}
 `)
 
-// scriptUpdateContainer: KEYS cntr; ARGV id owner version forget expires record. Returns
+// scriptUpdateContainer: KEYS cntr; ARGV id owner version forget expires record place-until
+// shared. Returns
 // {'ok', new version, created}, {'conflict', stored version} or {'notfound'}.
 var scriptUpdateContainer = script(`
 local cntr, id = KEYS[1], ARGV[3]
@@ -175,6 +213,7 @@ elseif redis.call('ZREM', ex, id) == 1 then
   redis.call('ZREM', ex .. ':forget', id)
   fit_expiring()
 end
+place(cur[5], id, ARGV[9], ARGV[10])
 return {'ok', v, cur[4]}
 `)
 
@@ -359,5 +398,75 @@ if v then
   local sep = string.find(v, ':', 1, true)
   if string.sub(v, sep + 1) == ARGV[3] then redis.call('DEL', KEYS[1]) end
 end
+return {'ok'}
+`)
+
+// scriptReservePlace: KEYS the owner's places; ARGV id max-per-owner max-shared shared until.
+// Returns {status, the owner's places, the shared places (0 unless shared)}: 'ok' (reserved or
+// already held), 'owner' or 'shared' (refused by that bound).
+var scriptReservePlace = script(`
+local z, id = KEYS[1], ARGV[3]
+local mo, ms, shared, untl = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7]
+fit_places(z)
+local n, m = redis.call('ZCARD', z), 0
+if shared then
+  fit_places(SHARED)
+  m = redis.call('ZCARD', SHARED)
+end
+if redis.call('ZSCORE', z, id) then
+  redis.call('ZADD', z, 'GT', untl, id)
+  fit_places(z)
+  if redis.call('ZSCORE', SHARED, id) then
+    redis.call('ZADD', SHARED, 'GT', untl, id)
+    fit_places(SHARED)
+  end
+  return {'ok', n, m}
+end
+if mo > 0 and n >= mo then return {'owner', n, m} end
+if shared and ms > 0 and m >= ms then return {'shared', n, m} end
+redis.call('ZADD', z, untl, id)
+fit_places(z)
+if shared then
+  redis.call('ZADD', SHARED, untl, id)
+  fit_places(SHARED)
+  m = m + 1
+end
+return {'ok', n + 1, m}
+`)
+
+// scriptCancelPlace: KEYS the owner's places, cntr; ARGV id owner.
+var scriptCancelPlace = script(`
+local c = redis.call('HMGET', KEYS[2], 'o', 'f')
+if c[1] == ARGV[4] and not dead(c[2]) then return {'ok'} end
+if redis.call('ZREM', KEYS[1], ARGV[3]) == 1 then fit_places(KEYS[1]) end
+if redis.call('ZREM', SHARED, ARGV[3]) == 1 then fit_places(SHARED) end
+return {'ok'}
+`)
+
+// scriptPlaces: KEYS the owner's places. Returns {'ok', the owner's places, the shared places}.
+var scriptPlaces = script(`
+fit_places(KEYS[1])
+fit_places(SHARED)
+return {'ok', redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', SHARED)}
+`)
+
+// scriptTakeToken: KEYS bucket; ARGV per-minute burst. The bucket (t tokens at a ms) is timed by
+// Redis's clock, not the replicas': every replica takes from it, and one clock makes its refill
+// the same whichever replica asks. Returns {'ok'} or {'wait', ms until a token}.
+var scriptTakeToken = script(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local rate, burst = tonumber(ARGV[3]) / 60000, tonumber(ARGV[4])
+local b = redis.call('HMGET', KEYS[1], 't', 'a')
+local tokens = burst
+if b[1] then
+  tokens = math.min(burst, tonumber(b[1]) + math.max(0, now - tonumber(b[2])) * rate)
+end
+if tokens < 1 then
+  return {'wait', math.ceil((1 - tokens) / rate)}
+end
+tokens = tokens - 1
+redis.call('HSET', KEYS[1], 't', string.format('%.17g', tokens), 'a', string.format('%.17g', now))
+redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((burst - tokens) / rate)))
 return {'ok'}
 `)

@@ -90,6 +90,9 @@ func Run(t *testing.T, f Factory) {
 	t.Run("ContainerExpiry", func(t *testing.T) { testContainerExpiry(t, f) })
 	t.Run("Responses", func(t *testing.T) { testResponses(t, f) })
 	t.Run("Claims", func(t *testing.T) { testClaims(t, f) })
+	t.Run("Places", func(t *testing.T) { testPlaces(t, f) })
+	t.Run("PlaceRace", func(t *testing.T) { testPlaceRace(t, f) })
+	t.Run("Tokens", func(t *testing.T) { testTokens(t, f) })
 	t.Run("Restart", func(t *testing.T) { testRestart(t, f) })
 	t.Run("Closed", func(t *testing.T) { testClosed(t, f) })
 }
@@ -723,17 +726,22 @@ func testContainerFiles(t *testing.T, f Factory) {
 		}
 		return cf
 	}
-	a := put(store.ContainerFile{ContainerID: c.ID, Owner: "alice", Path: "/mnt/data/in.csv", Bytes: 10, Source: "user"})
+	a := put(store.ContainerFile{ContainerID: c.ID, Owner: "alice", Path: "/mnt/data/in.csv", Bytes: 10, Source: "user", Origin: "file:file-abc"})
 	b := put(store.ContainerFile{ContainerID: c.ID, Owner: "alice", Path: "/mnt/data/out.png", Bytes: 2000, Source: "assistant"})
 	put(store.ContainerFile{ContainerID: other.ID, Owner: "alice", Path: "/mnt/data/in.csv", Bytes: 1, Source: "user"})
 	if !store.ContainerFileKind.Valid(a.ID) || a.CreatedAt.IsZero() {
 		t.Fatalf("PutContainerFile = %+v", a)
 	}
-	got, err := e.s.ContainerFile(e.ctx, "alice", c.ID, b.ID)
-	if err != nil || got != b {
-		t.Errorf("ContainerFile = %+v, %v; want %+v", got, err, b)
+	for _, want := range []store.ContainerFile{a, b} {
+		got, err := e.s.ContainerFile(e.ctx, "alice", c.ID, want.ID)
+		if err != nil || got != want {
+			t.Errorf("ContainerFile = %+v, %v; want %+v", got, err, want)
+		}
 	}
-	_, err = e.s.ContainerFile(e.ctx, "bob", c.ID, b.ID)
+	if a.Origin != "file:file-abc" {
+		t.Errorf("PutContainerFile dropped the origin: %+v", a)
+	}
+	_, err := e.s.ContainerFile(e.ctx, "bob", c.ID, b.ID)
 	wantNotFound(t, "ContainerFile(bob)", err)
 	_, err = e.s.ContainerFile(e.ctx, "alice", other.ID, b.ID)
 	wantNotFound(t, "ContainerFile of another container", err)
@@ -1035,7 +1043,7 @@ func testRestart(t *testing.T, f Factory) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cf, err := e.s.PutContainerFile(e.ctx, store.ContainerFile{ContainerID: c.ID, Owner: "alice", Path: "/mnt/data/a", Bytes: 1, Source: "user"})
+	cf, err := e.s.PutContainerFile(e.ctx, store.ContainerFile{ContainerID: c.ID, Owner: "alice", Path: "/mnt/data/a", Bytes: 1, Source: "user", Origin: "data:0123"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1112,11 +1120,216 @@ func testClosed(t *testing.T, f Factory) {
 	closed("Claim", err)
 	_, err = e.s.Holder(e.ctx, "k")
 	closed("Holder", err)
+	_, err = e.s.ReservePlace(e.ctx, store.PlaceRequest{Owner: "alice", ID: e.s.NewID(store.ContainerKind), TTL: time.Minute})
+	closed("ReservePlace", err)
+	_, err = e.s.Places(e.ctx, "alice")
+	closed("Places", err)
+	_, _, err = e.s.TakeToken(e.ctx, "k", store.Bucket{PerMinute: 1})
+	closed("TakeToken", err)
 	if err := e.s.Close(); err != nil {
 		t.Errorf("second Close = %v", err)
 	}
 	e.s = e.open()
 	if _, err := e.s.File(e.ctx, "alice", file.ID); err != nil {
 		t.Errorf("File after reopening = %v", err)
+	}
+}
+
+func (e *env) places(owner string) store.Places {
+	e.t.Helper()
+	p, err := e.s.Places(e.ctx, owner)
+	if err != nil {
+		e.t.Fatalf("Places(%s) = %v", owner, err)
+	}
+	return p
+}
+
+func (e *env) reserve(r store.PlaceRequest) store.Places {
+	e.t.Helper()
+	if r.TTL == 0 {
+		r.TTL = 3 * time.Minute
+	}
+	p, err := e.s.ReservePlace(e.ctx, r)
+	if err != nil {
+		e.t.Fatalf("ReservePlace(%+v) = %v", r, err)
+	}
+	return p
+}
+
+// A live container record holds its owner's place, and a shared one when its Host is "", from
+// whatever process; a reservation holds one until its record exists or its TTL runs out; the
+// place follows the record's expiry, and ends when it is cleared, deleted, or passes.
+func testPlaces(t *testing.T, f Factory) {
+	e := newEnv(t, f)
+	now := e.clock.Now()
+	want := func(owner string, own, shared int) {
+		t.Helper()
+		if p := e.places(owner); p.Owner != own || p.Shared != shared {
+			t.Errorf("Places(%s) = %+v; want %d of the owner's, %d shared", owner, p, own, shared)
+		}
+	}
+	want("alice", 0, 0)
+	e.mustCreate(store.Container{Owner: "alice", Status: "running", ExpiresAt: now.Add(10 * time.Minute)})
+	e.mustCreate(store.Container{Owner: "alice", Host: "replica-a", Status: "running", ExpiresAt: now.Add(10 * time.Minute)})
+	e.mustCreate(store.Container{Owner: "alice", Status: "expired"}) // no ExpiresAt: no place
+	want("alice", 2, 1)
+	want("bob", 0, 1)
+
+	// Reservations, bounded per owner and in the shared total.
+	r1 := e.s.NewID(store.ContainerKind)
+	if p := e.reserve(store.PlaceRequest{Owner: "alice", ID: r1, MaxPerOwner: 3}); p.Refused != "" || p.Owner != 3 {
+		t.Errorf("ReservePlace under the owner's bound = %+v; want reserved, 3 places", p)
+	}
+	if p := e.reserve(store.PlaceRequest{Owner: "alice", ID: e.s.NewID(store.ContainerKind), MaxPerOwner: 3}); p.Refused != store.RefusedOwner || p.Owner != 3 {
+		t.Errorf("ReservePlace at the owner's bound = %+v; want refused by the owner's bound", p)
+	}
+	if p := e.reserve(store.PlaceRequest{Owner: "alice", ID: r1, MaxPerOwner: 1}); p.Refused != "" {
+		t.Errorf("ReservePlace of a container holding a place = %+v; want kept whatever the bound", p)
+	}
+	r2 := e.s.NewID(store.ContainerKind)
+	if p := e.reserve(store.PlaceRequest{Owner: "bob", ID: r2, Shared: true, MaxPerOwner: 3, MaxShared: 2}); p.Refused != "" || p.Owner != 1 || p.Shared != 2 {
+		t.Errorf("ReservePlace of another owner = %+v; want reserved, 1 place, 2 shared", p)
+	}
+	if p := e.reserve(store.PlaceRequest{Owner: "carol", ID: e.s.NewID(store.ContainerKind), Shared: true, MaxShared: 2}); p.Refused != store.RefusedShared || p.Owner != 0 {
+		t.Errorf("ReservePlace at the shared bound = %+v; want refused by the shared bound", p)
+	}
+	if p := e.reserve(store.PlaceRequest{Owner: "carol", ID: e.s.NewID(store.ContainerKind), MaxShared: 2}); p.Refused != "" {
+		t.Errorf("ReservePlace of a host-bound container = %+v; want the shared bound not to apply", p)
+	}
+	want("alice", 3, 2)
+	if _, err := e.s.ReservePlace(e.ctx, store.PlaceRequest{Owner: "alice", ID: "nope", TTL: time.Minute}); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("ReservePlace of a malformed id = %v; want ErrInvalid", err)
+	}
+
+	// r1's record takes over its place; cancelling it then changes nothing. r2 is cancelled.
+	rec1 := e.mustCreate(store.Container{ID: r1, Owner: "alice", Status: "running", ExpiresAt: now.Add(20 * time.Minute)})
+	for _, c := range []struct{ owner, id string }{{"alice", r1}, {"bob", r2}, {"alice", e.s.NewID(store.ContainerKind)}} {
+		if err := e.s.CancelPlace(e.ctx, c.owner, c.id); err != nil {
+			t.Fatalf("CancelPlace(%s, %s) = %v", c.owner, c.id, err)
+		}
+	}
+	want("alice", 3, 2)
+	want("bob", 0, 2)
+
+	// Past the reservations' TTL: the records still hold theirs.
+	e.clock.Advance(5 * time.Minute)
+	want("carol", 0, 2)
+	want("alice", 3, 2)
+
+	// An update moves the place with the record; clearing ExpiresAt frees it; so does a delete.
+	rec1.ExpiresAt = now.Add(time.Hour)
+	rec1, err := e.s.UpdateContainer(e.ctx, rec1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(10 * time.Minute) // past the first two records' ExpiresAt
+	want("alice", 1, 1)
+	rec1.ExpiresAt, rec1.Status = time.Time{}, "expired"
+	if _, err := e.s.UpdateContainer(e.ctx, rec1); err != nil {
+		t.Fatal(err)
+	}
+	want("alice", 0, 0)
+	again := e.mustCreate(store.Container{Owner: "alice", Status: "running", ExpiresAt: e.clock.Now().Add(time.Hour),
+		ForgetAt: e.clock.Now().Add(30 * time.Minute)})
+	want("alice", 1, 1)
+	if err := e.s.DeleteContainer(e.ctx, "alice", again.ID); err != nil {
+		t.Fatal(err)
+	}
+	want("alice", 0, 0)
+
+	// A ForgetAt before ExpiresAt ends the place with the record; a place survives a restart.
+	e.mustCreate(store.Container{Owner: "dave", Status: "running", ExpiresAt: e.clock.Now().Add(time.Hour),
+		ForgetAt: e.clock.Now().Add(30 * time.Minute)})
+	e.mustCreate(store.Container{Owner: "dave", Status: "running", ExpiresAt: e.clock.Now().Add(time.Hour)})
+	e.restart()
+	want("dave", 2, 2)
+	e.clock.Advance(30 * time.Minute)
+	want("dave", 1, 1)
+}
+
+// Of many processes reserving places at once, exactly the bound's worth get one.
+func testPlaceRace(t *testing.T, f Factory) {
+	e := newEnv(t, f)
+	var got atomic.Int32
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			p, err := e.s.ReservePlace(e.ctx, store.PlaceRequest{Owner: "alice", ID: e.s.NewID(store.ContainerKind),
+				Shared: true, MaxPerOwner: 5, TTL: time.Minute})
+			if err == nil && p.Refused == "" {
+				got.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if got.Load() != 5 {
+		t.Errorf("%d of 16 concurrent reservations succeeded; want the bound, 5", got.Load())
+	}
+	if p := e.places("alice"); p.Owner != 5 || p.Shared != 5 {
+		t.Errorf("Places after the race = %+v; want 5 and 5", p)
+	}
+}
+
+// A token bucket: a burst, then a wait; buckets are independent; concurrent takers share one. A
+// store may time buckets by a clock of its own (a shared one's server), so the refill is checked
+// with a fast bucket while the suite's clock is moved too.
+func testTokens(t *testing.T, f Factory) {
+	e := newEnv(t, f)
+	take := func(key string, b store.Bucket) (bool, time.Duration) {
+		t.Helper()
+		ok, wait, err := e.s.TakeToken(e.ctx, key, b)
+		if err != nil {
+			t.Fatalf("TakeToken(%s) = %v", key, err)
+		}
+		return ok, wait
+	}
+	slow := store.Bucket{PerMinute: 1, Burst: 2}
+	for i := range 2 {
+		if ok, _ := take("alice", slow); !ok {
+			t.Fatalf("take %d of a burst of 2 refused", i+1)
+		}
+	}
+	if ok, wait := take("alice", slow); ok || wait < 50*time.Second || wait > time.Minute {
+		t.Errorf("take past the burst = %v, wait %s; want refused, about a minute to wait", ok, wait)
+	}
+	if ok, _ := take("bob", slow); !ok {
+		t.Error("another key's bucket was emptied too")
+	}
+	if ok, _ := take("a:b%c", store.Bucket{PerMinute: 1}); !ok {
+		t.Error("a key with ':' and '%' refused")
+	}
+	if ok, _ := take("a:b%c", store.Bucket{PerMinute: 1}); ok {
+		t.Error("a burst below 1 is not 1")
+	}
+	fast := store.Bucket{PerMinute: 600_000, Burst: 1} // a token every 0.1 ms
+	if ok, _ := take("fast", fast); !ok {
+		t.Fatal("a fast bucket's first take refused")
+	}
+	refilled := false
+	for range 2000 {
+		e.clock.Advance(time.Millisecond)
+		if ok, _ := take("fast", fast); ok {
+			refilled = true
+			break
+		}
+	}
+	if !refilled {
+		t.Error("a bucket never refilled")
+	}
+	if _, _, err := e.s.TakeToken(e.ctx, "x", store.Bucket{}); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("TakeToken of a bucket of 0 a minute = %v; want ErrInvalid", err)
+	}
+	var got atomic.Int32
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			if ok, _, err := e.s.TakeToken(e.ctx, "race", store.Bucket{PerMinute: 1, Burst: 5}); err == nil && ok {
+				got.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if got.Load() != 5 {
+		t.Errorf("%d of 16 concurrent takes succeeded; want the burst, 5", got.Load())
 	}
 }

@@ -1,0 +1,141 @@
+package inputfiles
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/store"
+)
+
+// fileIDKey is what a body must hold for Inline to look further: a part naming a file by id. (A
+// client that escapes the key's letters gets its id passed through, which the upstream refuses.)
+var fileIDKey = []byte("file_id")
+
+// Inline returns body, a POST /v1/responses body that goes to a Responses upstream as it is,
+// with the input parts that name one of owner's Files API files by file_id carrying that file
+// instead, since the upstream cannot know the proxy's ids: an input_image {file_id} becomes
+// {image_url: data URL}, an input_file {file_id} becomes {file_data: data URL, filename}, in
+// messages' content and in function_call_output output lists. Every other byte is the client's.
+//
+// An id that is not one of owner's files (an id the upstream issued itself, or another owner's,
+// which owner must not read) is left as sent. A body without "file_id" costs one scan of its
+// bytes and comes back as it is. Files over the limits are the 400 naming the part's file_id; an
+// error that is not an *apierror.Error is the store's.
+func Inline(ctx context.Context, files Store, owner string, body []byte) ([]byte, error) {
+	if files == nil || !bytes.Contains(body, fileIDKey) {
+		return body, nil
+	}
+	input := gjson.GetBytes(body, "input")
+	if !input.IsArray() {
+		return body, nil
+	}
+	var (
+		edits               []edit
+		err                 error
+		images              int
+		imageLeft, fileLeft int64 = MaxInputImageBytes, MaxInputFileBytes
+	)
+	ForEachPart(input, func(p Part) bool {
+		typ := p.Value.Get("type").String()
+		if typ != "input_image" && typ != "input_file" {
+			return true
+		}
+		id := p.Value.Get("file_id")
+		if id.Type != gjson.String || !strings.HasPrefix(id.Str, "file-") {
+			return true
+		}
+		param := p.Param() + ".file_id"
+		var url, part string
+		if typ == "input_image" {
+			if images++; images > MaxInputImages {
+				err = apierror.BadRequest(fmt.Sprintf("Too many images by file_id: more than %d per request.", MaxInputImages), "input", "")
+				return false
+			}
+			var n int64
+			if url, _, n, err = readImage(ctx, files, owner, id.Str, param, imageLeft); err == nil {
+				imageLeft -= n
+				part, err = replace(p.Value.Raw, "image_url", url, "")
+			}
+		} else {
+			var f store.File
+			var n int64
+			if url, f, n, err = readFile(ctx, files, owner, id.Str, param, fileLeft); err == nil {
+				fileLeft -= n
+				name := f.Filename
+				if p.Value.Get("filename").Type == gjson.String {
+					name = "" // the client's stays
+				}
+				part, err = replace(p.Value.Raw, "file_data", url, name)
+			}
+		}
+		switch {
+		case err != nil && notFound(err):
+			if typ == "input_image" {
+				images-- // not one of ours: the upstream's business
+			}
+			err = nil
+		case err != nil:
+			err = FileError(err, id.Str, param)
+			return false
+		default:
+			edits = append(edits, edit{at: p.Value.Index, raw: p.Value.Raw, part: part})
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	return splice(body, edits)
+}
+
+// replace returns the part raw without its file_id and with field set to url, and filename set
+// to name unless name is "".
+func replace(raw, field, url, name string) (string, error) {
+	out, err := sjson.Delete(raw, "file_id")
+	if err == nil && name != "" {
+		out, err = sjson.Set(out, "filename", name)
+	}
+	if err == nil {
+		out, err = sjson.Set(out, field, url)
+	}
+	if err != nil {
+		return "", fmt.Errorf("rewriting an input part: %w", err)
+	}
+	return out, nil
+}
+
+// edit replaces the bytes raw, at offset at of the body, with part.
+type edit struct {
+	at   int
+	raw  string
+	part string
+}
+
+// splice returns body with edits, which are in the body's order, made in one copy.
+func splice(body []byte, edits []edit) ([]byte, error) {
+	if len(edits) == 0 {
+		return body, nil
+	}
+	size := len(body)
+	for _, e := range edits {
+		size += len(e.part) - len(e.raw)
+	}
+	out := make([]byte, 0, size)
+	last := 0
+	for _, e := range edits {
+		end := e.at + len(e.raw)
+		if e.at < last || end > len(body) || string(body[e.at:end]) != e.raw {
+			return nil, fmt.Errorf("rewriting an input part: offset %d does not hold the part", e.at)
+		}
+		out = append(out, body[last:e.at]...)
+		out = append(out, e.part...)
+		last = end
+	}
+	return append(out, body[last:]...), nil
+}
