@@ -156,10 +156,10 @@ func stringEndEscaped(s string, from int) (end int, escaped bool) {
 
 // rawCursor walks JSON text already validated, in one pass: each value on the way is either
 // walked into (each) or taken whole as raw text (raw), never scanned twice, and parsed (with
-// gjson.Parse) only where it is read. A chat stream's chunks, read three levels deep, cost half
-// as much so as with Result.ForEach, which parses every value it passes and has each level scan
-// again what the level above skipped over. The values it hands over are not checked: the text
-// must have been validated whole.
+// gjson.Parse) only where it is read. It reads a stream's chunks, three levels deep, where
+// Result.ForEach would parse every value it passes (created as a float, every string) and have
+// each level scan again what the level above skipped over. The values it hands over are not
+// checked: the text must have been validated whole.
 type rawCursor struct {
 	s string
 	i int
