@@ -63,6 +63,22 @@ func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller 
 	return nil
 }
 
+// ServeCancel answers POST /v1/responses/{id}/cancel for a response this proxy minted. OpenAI
+// cancels only responses created with background true; every response the proxy mints runs
+// within its own request, so its own responses get the 400 OpenAI answers for cancelling a
+// synchronous one. A response minted for another caller, one not kept, or one
+// deleted, is a 404, as for GET. An error means nothing was written; the caller writes it.
+func (e *Engine) ServeCancel(w http.ResponseWriter, r *http.Request, id, caller string) error {
+	sr, ok, err := e.store.Response(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	if !ok || sr.Owner != caller || sr.Body == nil {
+		return apierror.NotFound("Response with id '"+id+"' not found.", "")
+	}
+	return apierror.BadRequest("Cannot cancel a synchronous response.", "", "")
+}
+
 func writeJSON(w http.ResponseWriter, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)

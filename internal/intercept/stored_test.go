@@ -46,6 +46,21 @@ func testStoredResponses(t *testing.T, api upstreamAPI) {
 	if ok, _, _ := serve(http.MethodGet, "resp_upstreams", "alice"); ok {
 		t.Error("ServeStored claimed an id the proxy did not mint")
 	}
+	// The proxy makes no background responses: cancelling one of its own is the 400 OpenAI
+	// answers for a synchronous response; another caller's is not found.
+	cancel := func(id, caller string) (int, []byte) {
+		rec := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, "/v1/responses/"+id+"/cancel", nil)
+		serveLikeRouter(rec, r, func() error { return h.eng.ServeCancel(rec, r, id, caller) })
+		return rec.Code, rec.Body.Bytes()
+	}
+	if code, got := cancel(id, "alice"); code != http.StatusBadRequest || gjson.GetBytes(got, "error.type").Str != "invalid_request_error" ||
+		gjson.GetBytes(got, "error.message").Str != "Cannot cancel a synchronous response." {
+		t.Errorf("cancel own response = %d %s; want 400 Cannot cancel a synchronous response.", code, got)
+	}
+	if code, got := cancel(id, "mallory"); code != http.StatusNotFound {
+		t.Errorf("cancel another caller's response = %d %s; want 404", code, got)
+	}
 	if ok, code, got := serve(http.MethodDelete, id, "alice"); !ok || code != http.StatusOK || !gjson.GetBytes(got, "deleted").Bool() {
 		t.Errorf("DELETE own response = %v %d %s; want deleted", ok, code, got)
 	}
@@ -54,6 +69,9 @@ func testStoredResponses(t *testing.T, api upstreamAPI) {
 		if ok, code, _ := serve(method, id, "alice"); !ok || code != http.StatusNotFound {
 			t.Errorf("%s a deleted response = %v %d; want ours, 404", method, ok, code)
 		}
+	}
+	if code, got := cancel(id, "alice"); code != http.StatusNotFound {
+		t.Errorf("cancel a deleted response = %d %s; want 404", code, got)
 	}
 	before := len(h.up.Requests())
 	if status, raw := h.post(bodyIn(cid, `"previous_response_id":"`+id+`"`), "alice"); status != http.StatusBadRequest ||

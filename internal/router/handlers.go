@@ -165,15 +165,19 @@ func (s *server) modelPassthrough(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
-// storedResponse serves GET and DELETE /v1/responses/{id}, and inputItems GET
-// /v1/responses/{id}/input_items: the interceptor answers for the ids it minted; every other id
-// goes to byID.
+// storedResponse serves GET and DELETE /v1/responses/{id}, inputItems GET
+// /v1/responses/{id}/input_items, and cancelResponse POST /v1/responses/{id}/cancel: the
+// interceptor answers for the ids it minted; every other id goes to byID.
 func (s *server) storedResponse(w http.ResponseWriter, r *http.Request) error {
 	return s.mintedOr(w, r, Interceptor.ServeStored)
 }
 
 func (s *server) inputItems(w http.ResponseWriter, r *http.Request) error {
 	return s.mintedOr(w, r, Interceptor.ServeInputItems)
+}
+
+func (s *server) cancelResponse(w http.ResponseWriter, r *http.Request) error {
+	return s.mintedOr(w, r, Interceptor.ServeCancel)
 }
 
 // mintedOr serves the request with the interceptor's method serve when the id in the path is one
