@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
-	"strconv"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/listquery"
 )
 
 // Minted reports whether id is a response id this proxy minted and still remembers, whoever its
@@ -103,21 +103,13 @@ func (e *Engine) ServeInputItems(w http.ResponseWriter, r *http.Request, id, cal
 		return apierror.NotFound("Response with id '"+id+"' not found.", "")
 	}
 	q := r.URL.Query()
-	limit := 20
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 100 {
-			return apierror.BadRequest("Invalid 'limit': expected an integer between 1 and 100.", "limit", "invalid_value")
-		}
-		limit = n
+	limit, err := listquery.Limit(q, 20, 100)
+	if err != nil {
+		return err
 	}
-	order := q.Get("order")
-	switch order {
-	case "":
-		order = "desc"
-	case "asc", "desc":
-	default:
-		return apierror.BadRequest("Invalid value for 'order': expected one of 'asc' or 'desc'.", "order", "invalid_value")
+	order, err := listquery.Order(q)
+	if err != nil {
+		return err
 	}
 	include := append(q["include[]"], q["include"]...)
 

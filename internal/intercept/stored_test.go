@@ -186,16 +186,21 @@ func testInputItems(t *testing.T, api upstreamAPI) {
 		t.Fatalf("asc page 2 = %d %s", code, got)
 	}
 
-	for _, tt := range []struct{ query, caller, param string }{
-		{"?limit=0", "alice", "limit"}, {"?limit=101", "alice", "limit"}, {"?order=up", "alice", "order"}, {"", "mallory", ""},
+	// The list parameters are refused as the Files and Containers lists refuse them, as OpenAI does.
+	for _, tt := range []struct{ query, caller, param, code, message string }{
+		{"?limit=0", "alice", "limit", "integer_below_min_value", "Invalid 'limit': integer below minimum value. Expected a value >= 1, but got 0 instead."},
+		{"?limit=101", "alice", "limit", "integer_above_max_value", "Invalid 'limit': integer above maximum value. Expected a value <= 100, but got 101 instead."},
+		{"?limit=ten", "alice", "limit", "invalid_value", "Invalid 'limit': expected an integer, but got 'ten' instead."},
+		{"?order=up", "alice", "order", "invalid_value", "Invalid value for 'order': 'up'. Supported values are: 'asc' and 'desc'."},
+		{"", "mallory", "", "", "Response with id '" + id + "' not found."},
 	} {
 		code, got := list(tt.query, tt.caller)
 		want := http.StatusBadRequest
 		if tt.param == "" {
 			want = http.StatusNotFound
 		}
-		if code != want || gjson.GetBytes(got, "error.param").Str != tt.param {
-			t.Errorf("%s as %s = %d %s; want %d naming %q", tt.query, tt.caller, code, got, want, tt.param)
+		if e := gjson.GetBytes(got, "error"); code != want || e.Get("param").Str != tt.param || e.Get("code").Str != tt.code || e.Get("message").Str != tt.message {
+			t.Errorf("%s as %s = %d %s; want %d naming %q, code %q, %q", tt.query, tt.caller, code, got, want, tt.param, tt.code, tt.message)
 		}
 	}
 

@@ -20,6 +20,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/listquery"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
@@ -338,25 +339,16 @@ func (s *server) createContainer(w http.ResponseWriter, r *http.Request) error {
 // listPage reads limit, order and after (an id of kind) as OpenAI's list endpoints take them.
 func listPage(r *http.Request, kind store.Kind) (store.Page, error) {
 	q := r.URL.Query()
-	p := store.Page{Limit: defaultContainerListLimit, Order: store.Desc}
-	if v := q.Get("limit"); q.Has("limit") {
-		n, err := strconv.Atoi(v)
-		switch {
-		case err != nil:
-			return p, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': expected an integer, but got '%s' instead.", v), "limit", "invalid_value")
-		case n < 1:
-			return p, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': integer below minimum value. Expected a value >= 1, but got %d instead.", n), "limit", "integer_below_min_value")
-		case n > maxContainerListLimit:
-			return p, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': integer above maximum value. Expected a value <= %d, but got %d instead.", maxContainerListLimit, n), "limit", "integer_above_max_value")
-		}
-		p.Limit = n
+	var p store.Page
+	var err error
+	if p.Limit, err = listquery.Limit(q, defaultContainerListLimit, maxContainerListLimit); err != nil {
+		return p, err
 	}
-	if v := q.Get("order"); q.Has("order") {
-		if v != "asc" && v != "desc" {
-			return p, apierror.BadRequest(fmt.Sprintf("Invalid value for 'order': '%s'. Supported values are: 'asc' and 'desc'.", v), "order", "invalid_value")
-		}
-		p.Order = store.Order(v)
+	order, err := listquery.Order(q)
+	if err != nil {
+		return p, err
 	}
+	p.Order = store.Order(order)
 	if v := q.Get("after"); v != "" {
 		if !kind.Valid(v) {
 			return p, apierror.BadRequest(fmt.Sprintf("Invalid 'after': '%s' is not an id of this list.", v), "after", "invalid_value")
