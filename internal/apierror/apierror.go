@@ -5,9 +5,13 @@ package apierror
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/tidwall/gjson"
 )
 
 // Error is an error a client may see.
@@ -87,6 +91,32 @@ func From(err error) *Error {
 
 func BadRequest(msg, param, code string) *Error {
 	return &Error{Status: http.StatusBadRequest, Message: msg, Type: "invalid_request_error", Param: param, Code: code}
+}
+
+// InvalidType is the 400 OpenAI answers for a field of the wrong JSON type: want names the type
+// expected ("a boolean", "an array of strings"), got is the value sent.
+func InvalidType(param, want string, got gjson.Result) *Error {
+	return BadRequest(fmt.Sprintf("Invalid type for '%s': expected %s, but got %s instead.", param, want, JSONType(got)), param, "invalid_type")
+}
+
+// JSONType names the JSON type of v as OpenAI's messages do: "a string", "an integer", "a
+// decimal", "a boolean", "an array", "an object" or "null".
+func JSONType(v gjson.Result) string {
+	switch {
+	case v.Type == gjson.String:
+		return "a string"
+	case v.Type == gjson.Number && v.Num == float64(int64(v.Num)) && !strings.ContainsAny(v.Raw, ".eE"):
+		return "an integer"
+	case v.Type == gjson.Number:
+		return "a decimal"
+	case v.Type == gjson.True, v.Type == gjson.False:
+		return "a boolean"
+	case v.IsArray():
+		return "an array"
+	case v.IsObject():
+		return "an object"
+	}
+	return "null"
 }
 
 func NotFound(msg, param string) *Error {

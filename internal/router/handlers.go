@@ -83,7 +83,10 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 		return nil, apierror.BadRequest("We could not parse the JSON body of your request. The API expects a JSON object.", "", "")
 	}
 	m := gjson.GetBytes(body, "model")
-	if m.Type != gjson.String || m.Str == "" {
+	switch {
+	case m.Exists() && m.Type != gjson.Null && m.Type != gjson.String:
+		return nil, apierror.InvalidType("model", "a string", m)
+	case m.Str == "":
 		return nil, apierror.BadRequest("you must provide a model parameter", "model", "")
 	}
 	deps := cfg.Deployments(m.Str)

@@ -34,7 +34,9 @@ func TestRequestValidation(t *testing.T) {
 		{"JSON that is not an object", `["gpt-test"]`, "", "", "parse the JSON body"},
 		{"empty body", ``, "", "", "parse the JSON body"},
 		{"missing model", `{"input":"hi"}`, "model", "", "you must provide a model parameter"},
-		{"model that is not a string", `{"model":42}`, "model", "", "you must provide a model parameter"},
+		{"null model", `{"model":null}`, "model", "", "you must provide a model parameter"},
+		{"model that is not a string", `{"model":42}`, "model", "invalid_type", "Invalid type for 'model': expected a string, but got an integer instead."},
+		{"model that is an object", `{"model":{"name":"gpt-test"}}`, "model", "invalid_type", "Invalid type for 'model': expected a string, but got an object instead."},
 		{"empty model", `{"model":""}`, "model", "", "you must provide a model parameter"},
 		{"unknown model", `{"model":"gpt-nope"}`, "model", "model_not_found", "The model 'gpt-nope' does not exist or you do not have access to it."},
 	}
