@@ -3,6 +3,7 @@
 package apierror
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -85,6 +86,17 @@ func From(err error) *Error {
 		return e
 	}
 	return &Error{Status: http.StatusInternalServerError, Message: "The server had an error while processing your request.", Type: "server_error", Err: err}
+}
+
+// Ended returns the *Error ctx was cancelled with (context.WithCancelCause), or nil. A server
+// that ends the requests in flight (shutting down) cancels them with the error their clients
+// are still there to be told; a client that left cancels with no such cause.
+func Ended(ctx context.Context) *Error {
+	var e *Error
+	if ctx.Err() != nil && errors.As(context.Cause(ctx), &e) {
+		return e
+	}
+	return nil
 }
 
 // Constructors for the common cases.
