@@ -84,7 +84,10 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 		return nil, apierror.BadRequest("We could not parse the JSON body of your request. The API expects a JSON object.", "", "")
 	}
 	m := gjson.GetBytes(body, "model")
-	if m.Type != gjson.String || m.Str == "" {
+	switch {
+	case m.Exists() && m.Type != gjson.Null && m.Type != gjson.String:
+		return nil, apierror.InvalidType("model", "a string", m)
+	case m.Str == "":
 		return nil, apierror.BadRequest("you must provide a model parameter", "model", "")
 	}
 	deps := cfg.Deployments(m.Str)
@@ -179,15 +182,19 @@ func (s *server) modelPassthrough(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
-// storedResponse serves GET and DELETE /v1/responses/{id}, and inputItems GET
-// /v1/responses/{id}/input_items: the interceptor answers for the ids it minted; every other id
-// goes to byID.
+// storedResponse serves GET and DELETE /v1/responses/{id}, inputItems GET
+// /v1/responses/{id}/input_items, and cancelResponse POST /v1/responses/{id}/cancel: the
+// interceptor answers for the ids it minted; every other id goes to byID.
 func (s *server) storedResponse(w http.ResponseWriter, r *http.Request) error {
 	return s.mintedOr(w, r, Interceptor.ServeStored)
 }
 
 func (s *server) inputItems(w http.ResponseWriter, r *http.Request) error {
 	return s.mintedOr(w, r, Interceptor.ServeInputItems)
+}
+
+func (s *server) cancelResponse(w http.ResponseWriter, r *http.Request) error {
+	return s.mintedOr(w, r, Interceptor.ServeCancel)
 }
 
 // mintedOr serves the request with the interceptor's method serve when the id in the path is one

@@ -39,6 +39,7 @@ type Interceptor interface {
 	Minted(ctx context.Context, id string) (bool, error)
 	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error
 	ServeInputItems(w http.ResponseWriter, r *http.Request, id, caller string) error
+	ServeCancel(w http.ResponseWriter, r *http.Request, id, caller string) error
 }
 
 var _ Interceptor = (*intercept.Engine)(nil)
@@ -177,7 +178,7 @@ func (s *server) api(r chi.Router) {
 	r.Get("/responses/{id}", s.handle(s.storedResponse))
 	r.Delete("/responses/{id}", s.handle(s.storedResponse))
 	r.Get("/responses/{id}/input_items", s.handle(s.inputItems))
-	r.Post("/responses/{id}/cancel", s.handle(s.byID))
+	r.Post("/responses/{id}/cancel", s.handle(s.cancelResponse))
 	r.Post("/chat/completions", s.handle(s.modelPassthrough))
 	r.Post("/completions", s.handle(s.modelPassthrough))
 	r.Post("/embeddings", s.handle(s.modelPassthrough))

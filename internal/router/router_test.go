@@ -34,7 +34,9 @@ func TestRequestValidation(t *testing.T) {
 		{"JSON that is not an object", `["gpt-test"]`, "", "", "parse the JSON body"},
 		{"empty body", ``, "", "", "parse the JSON body"},
 		{"missing model", `{"input":"hi"}`, "model", "", "you must provide a model parameter"},
-		{"model that is not a string", `{"model":42}`, "model", "", "you must provide a model parameter"},
+		{"null model", `{"model":null}`, "model", "", "you must provide a model parameter"},
+		{"model that is not a string", `{"model":42}`, "model", "invalid_type", "Invalid type for 'model': expected a string, but got an integer instead."},
+		{"model that is an object", `{"model":{"name":"gpt-test"}}`, "model", "invalid_type", "Invalid type for 'model': expected a string, but got an object instead."},
 		{"empty model", `{"model":""}`, "model", "", "you must provide a model parameter"},
 		{"unknown model", `{"model":"gpt-nope"}`, "model", "model_not_found", "The model 'gpt-nope' does not exist or you do not have access to it."},
 	}
@@ -392,6 +394,12 @@ func (ri *recordingInterceptor) ServeInputItems(w http.ResponseWriter, r *http.R
 	return nil
 }
 
+func (ri *recordingInterceptor) ServeCancel(w http.ResponseWriter, r *http.Request, id, caller string) error {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"cancelled":"` + id + `","caller":"` + caller + `"}`))
+	return nil
+}
+
 func (ri *recordingInterceptor) recorded() []interceptCall {
 	ri.mu.Lock()
 	defer ri.mu.Unlock()
@@ -452,6 +460,10 @@ func TestInterceptor(t *testing.T) {
 	if status != http.StatusOK || gjson.GetBytes(got, "input_items_of").Str != "resp_ours" || gjson.GetBytes(got, "caller").Str != "ba7816bf8f01cfea414140de5dae2223" {
 		t.Errorf("GET /v1/responses/resp_ours/input_items = %d %s; want the interceptor's answer with the caller", status, got)
 	}
+	status, _, got = p.do(t, http.MethodPost, "/v1/responses/resp_ours/cancel", "", "Authorization", "Bearer abc")
+	if status != http.StatusOK || gjson.GetBytes(got, "cancelled").Str != "resp_ours" || gjson.GetBytes(got, "caller").Str != "ba7816bf8f01cfea414140de5dae2223" {
+		t.Errorf("POST /v1/responses/resp_ours/cancel = %d %s; want the interceptor's answer with the caller", status, got)
+	}
 	before := len(up.requests())
 	status, _, got = p.do(t, http.MethodGet, "/v1/responses/resp_theirs", "")
 	if status != http.StatusOK || gjson.GetBytes(got, "path").Str != "/v1/responses/resp_theirs" || len(up.requests()) != before+1 {
@@ -460,5 +472,9 @@ func TestInterceptor(t *testing.T) {
 	status, _, got = p.do(t, http.MethodGet, "/v1/responses/resp_theirs/input_items", "")
 	if status != http.StatusOK || gjson.GetBytes(got, "path").Str != "/v1/responses/resp_theirs/input_items" || len(up.requests()) != before+2 {
 		t.Errorf("GET /v1/responses/resp_theirs/input_items = %d %s; want it passed through", status, got)
+	}
+	status, _, got = p.do(t, http.MethodPost, "/v1/responses/resp_theirs/cancel", "")
+	if status != http.StatusOK || gjson.GetBytes(got, "path").Str != "/v1/responses/resp_theirs/cancel" || len(up.requests()) != before+3 {
+		t.Errorf("POST /v1/responses/resp_theirs/cancel = %d %s; want it passed through", status, got)
 	}
 }
