@@ -123,6 +123,9 @@ func main() {
 		{"engine iteration, streaming", "BenchmarkIteration/json", "BenchmarkIteration/stream", "ns/iteration", "stream / JSON rendering per iteration"},
 		{"shared store per intercepted request", "BenchmarkHotCalls/embedded/request", "BenchmarkHotCalls/redis/request", "p50-µs", "Redis over loopback / embedded store, median of the four store calls of one request"},
 		{"engine per streamed event vs SSE reading", "BenchmarkSSEReader", "BenchmarkStreamEvent", "ns/event", "engine ns per event / SSE reader ns per event (the reader alone: 20 events per op)"},
+		{"Chat Completions upstream, per streamed event", "BenchmarkStreamEventByAPI/responses", "BenchmarkStreamEventByAPI/chat", "ns/event", "engine ns per event, chat chunks translated / a Responses upstream's events"},
+		{"Chat Completions upstream, streamed request", "BenchmarkRequestByAPI/responses/stream", "BenchmarkRequestByAPI/chat/stream", "ns/op", "one intercepted request of two upstream calls, chat / Responses upstream"},
+		{"Chat Completions upstream, JSON request", "BenchmarkRequestByAPI/responses/json", "BenchmarkRequestByAPI/chat/json", "ns/op", "the same request answered in JSON, chat / Responses upstream"},
 	}
 
 	var doc bytes.Buffer

@@ -3,12 +3,9 @@ package intercept
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -70,11 +67,10 @@ type runner interface {
 
 // sessions adapts *sandbox.Sessions to containers.
 type sessions struct {
-	s      *sandbox.Sessions
-	placed *placedFiles
+	s *sandbox.Sessions
 }
 
-func adaptSessions(s *sandbox.Sessions) sessions { return sessions{s: s, placed: newPlacedFiles()} }
+func adaptSessions(s *sandbox.Sessions) sessions { return sessions{s: s} }
 
 // created is a container this engine's request created: released with idle 0 (its id never
 // reached anyone), it is discarded, whatever idle timeout it was created with. Any other
@@ -127,17 +123,30 @@ func (a sessions) PlaceFiles(ctx context.Context, c runner, owner string, files 
 	if sc == nil {
 		return nil, fmt.Errorf("%w: not a sandbox container", sandbox.ErrUnavailable)
 	}
+	// What is already there, by origin: the store's records, so a file placed by another
+	// replica, or before a restart, is found too.
+	have, err := a.ContainerFiles(ctx, c, owner)
+	if err != nil {
+		return nil, err
+	}
+	byOrigin := make(map[string]store.ContainerFile, len(have))
+	for _, f := range have {
+		if f.Origin != "" {
+			byOrigin[f.Origin] = f
+		}
+	}
 	out := make([]store.ContainerFile, len(files))
-	keys := make([]string, len(files))
+	origins := make([]string, len(files))
 	var ids []string
 	var idAt []int
 	for i, p := range files {
-		keys[i] = placedKey(sc.ID(), p)
-		if id, ok := a.placed.get(keys[i]); ok {
-			if rec, err := a.s.File(ctx, owner, sc.ID(), id); err == nil {
-				out[i] = rec
-				continue
-			}
+		origins[i] = sandbox.FileOrigin(p.FileID)
+		if p.FileID == "" {
+			origins[i] = sandbox.DataOrigin(p.Name, p.Data)
+		}
+		if rec, ok := byOrigin[origins[i]]; ok {
+			out[i] = rec
+			continue
 		}
 		if p.FileID != "" {
 			ids = append(ids, p.FileID)
@@ -157,19 +166,17 @@ func (a sessions) PlaceFiles(ctx context.Context, c runner, owner string, files 
 		}
 		for j, rec := range recs {
 			out[idAt[j]] = rec
-			a.placed.put(keys[idAt[j]], rec.ID)
 		}
 	}
 	for i, p := range files {
 		if p.FileID != "" || out[i].ID != "" {
 			continue
 		}
-		rec, err := sc.AddFile(ctx, p.Name, bytes.NewReader(p.Data), lim)
+		rec, err := sc.AddFile(ctx, p.Name, origins[i], bytes.NewReader(p.Data), lim)
 		if err != nil {
 			return nil, &placeError{Index: i, Err: err}
 		}
 		out[i] = rec
-		a.placed.put(keys[i], rec.ID)
 	}
 	return out, nil
 }
@@ -193,54 +200,6 @@ func (a sessions) ContainerFiles(ctx context.Context, c runner, owner string) ([
 		return nil, err
 	}
 	return l.Items, nil
-}
-
-// placedFiles remembers which container file each placement became, so that a file placed again
-// in the same container (a stateless client resending its input_file, a tool resending its
-// file_ids each turn) is not copied again under another name. It is this process's memory,
-// bounded: a file placed by another replica, or before a restart, is placed again.
-type placedFiles struct {
-	mu    sync.Mutex
-	ids   map[string]string // placedKey → cfile id
-	order []string          // keys, oldest first
-}
-
-// maxPlacedMemory bounds placedFiles.
-const maxPlacedMemory = 1 << 16
-
-func newPlacedFiles() *placedFiles { return &placedFiles{ids: map[string]string{}} }
-
-// placedKey names a placement in a container: its Files API id, or a digest of its name and
-// inline bytes.
-func placedKey(container string, p placement) string {
-	if p.FileID != "" {
-		return container + "\x00id\x00" + p.FileID
-	}
-	h := sha256.New()
-	h.Write([]byte(p.Name))
-	h.Write([]byte{0})
-	h.Write(p.Data)
-	return container + "\x00data\x00" + hex.EncodeToString(h.Sum(nil))
-}
-
-func (m *placedFiles) get(key string) (string, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	id, ok := m.ids[key]
-	return id, ok
-}
-
-func (m *placedFiles) put(key, id string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.ids[key]; !ok {
-		m.order = append(m.order, key)
-	}
-	m.ids[key] = id
-	for len(m.order) > maxPlacedMemory {
-		delete(m.ids, m.order[0])
-		m.order = m.order[1:]
-	}
 }
 
 // noSessions is the containers of an Engine without Sessions: nothing can be created.

@@ -3,10 +3,12 @@ package intercept
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 // The adapter's releases: a container the request created and whose id reached nobody is
@@ -58,5 +60,66 @@ func TestSessionsAdapterRelease(t *testing.T) {
 		t.Errorf("Open() of a released container error = %v", err)
 	} else {
 		sess.Release(ctx, c)
+	}
+}
+
+// A file placed again in the same container is found by its record's origin, not by the memory
+// of the process that placed it: another replica, or this one after a restart (a new adapter
+// over the same store), returns the same record and writes nothing.
+func TestPlaceFilesAgainFromTheStore(t *testing.T) {
+	p := sandboxes.Provider(t)
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: p, Backend: "local", HostBound: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newState(t)
+	sess := sessionsOn(t, reg, st)
+	defer sess.Close(context.Background())
+	ctx := context.Background()
+
+	up, err := st.BeginFile(ctx, "alice", store.FileLimits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Abort()
+	if _, err := up.Write(ctx, strings.NewReader("a,b\n")); err != nil {
+		t.Fatal(err)
+	}
+	f, err := up.Commit(ctx, store.File{Filename: "in.csv", Purpose: "user_data"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sess.Create(ctx, "local", "alice", sandbox.CreateOptions{}, 20*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Release(ctx, c)
+	files := []placement{{Name: "in.csv", FileID: f.ID}, {Name: "notes.txt", Data: []byte("inline")}}
+	lim := sandbox.ContainerLimits{Files: 10}
+
+	first, err := adaptSessions(sess).PlaceFiles(ctx, c, "alice", files, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := adaptSessions(sess).PlaceFiles(ctx, c, "alice", files, lim) // a new process's adapter
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range files {
+		if again[i].ID != first[i].ID || again[i].Path != first[i].Path {
+			t.Errorf("placement %d again = %s %s; want %s %s", i, again[i].ID, again[i].Path, first[i].ID, first[i].Path)
+		}
+	}
+	changed := []placement{{Name: "notes.txt", Data: []byte("other bytes")}}
+	other, err := adaptSessions(sess).PlaceFiles(ctx, c, "alice", changed, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other[0].ID == first[1].ID || other[0].Path != "/mnt/data/notes-1.txt" {
+		t.Errorf("other bytes under the same name = %s %s; want a new file notes-1.txt", other[0].ID, other[0].Path)
+	}
+	l, err := sess.Files(ctx, "alice", c.ID(), store.ContainerFileQuery{})
+	if err != nil || len(l.Items) != 3 {
+		t.Errorf("the container holds %d files (%v); want 3", len(l.Items), err)
 	}
 }

@@ -144,6 +144,34 @@ func testPreviousResponseChain(t *testing.T, api upstreamAPI) {
 	}
 }
 
+// TestChainKeepsContainerAcrossTurnWithoutTool: a turn without the code_interpreter tool in the
+// middle of a previous_response_id chain does not lose the conversation's container: the next
+// turn with the tool runs in it again, as OpenAI reuses the context's container.
+func TestChainKeepsContainerAcrossTurnWithoutTool(t *testing.T) {
+	forEachAPI(t, testChainKeepsContainerAcrossTurnWithoutTool)
+}
+
+func testChainKeepsContainerAcrossTurnWithoutTool(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api), withConfig(func(c *config.Config) { c.Interception.ContainerIdleTimeout = 600e9 }))
+	h.up.Enqueue(calls("n = 1"), text("Set."))
+	_, resp := h.post(body(""), "alice")
+	id := gjson.GetBytes(resp, "id").String()
+	cid := gjson.GetBytes(resp, "output.0.container_id").String()
+
+	h.up.Enqueue(text("Summed up."))
+	status, resp := h.post(`{"model":"gpt-test","input":"sum up","previous_response_id":"`+id+`"}`, "alice")
+	if status != 200 {
+		t.Fatalf("the turn without the tool = %d %s", status, resp)
+	}
+	id = gjson.GetBytes(resp, "id").String()
+
+	h.up.Enqueue(calls("n + 1"), text("Two."))
+	status, resp = h.post(body(`"previous_response_id":"`+id+`"`), "alice")
+	if got := gjson.GetBytes(resp, "output.0.container_id").String(); status != 200 || got != cid {
+		t.Errorf("third turn = %d, container %s; want the conversation's %s", status, got, cid)
+	}
+}
+
 func TestUpstreamErrors(t *testing.T) { forEachAPI(t, testUpstreamErrors) }
 
 func testUpstreamErrors(t *testing.T, api upstreamAPI) {
@@ -334,6 +362,13 @@ func TestKeptConversation(t *testing.T) {
 			status, raw := h.post(body(`"previous_response_id":"`+gjson.GetBytes(resp, "id").String()+`"`), "alice")
 			if status != 400 || gjson.GetBytes(raw, "error.code").String() != "previous_response_not_found" || len(h.up.Requests()) != before {
 				t.Errorf("continuing a store:false response = %d %s; want 400 previous_response_not_found, nothing sent", status, raw)
+			}
+
+			// A reference to an item the proxy does not hold is OpenAI's 404, nothing sent.
+			status, raw = h.post(`{"model":"gpt-test","previous_response_id":"`+second+`","input":[{"type":"item_reference","id":"msg_unknown"}]}`, "alice")
+			if status != 404 || gjson.GetBytes(raw, "error.message").String() != "Item with id 'msg_unknown' not found." ||
+				gjson.GetBytes(raw, "error.param").String() != "input" || len(h.up.Requests()) != before {
+				t.Errorf("an unknown item_reference = %d %s; want 404 naming the item, nothing sent", status, raw)
 			}
 		})
 	}

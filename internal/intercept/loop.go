@@ -145,6 +145,10 @@ func (r *run) complete(ctx context.Context, turns, pending [][]byte) error {
 	if c, ok := r.cont.ready(); ok {
 		sr.ContainerID = c.ID()
 		r.cont.stored = true
+	} else if n := len(r.req.contextContainers); n > 0 {
+		// No code ran (a turn without the tool, or the model answered directly): the
+		// conversation's container is still the one its next turn reuses.
+		sr.ContainerID = r.req.contextContainers[n-1]
 	}
 	if r.req.store {
 		sr.Body = r.tr.storedResponse(ev.Response)

@@ -337,6 +337,7 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 	default:
 		r.input = append(r.input, pending...)
 		k := 0
+		var unknown *apierror.Error
 		in.ForEach(func(_, it gjson.Result) bool {
 			for i := range r.files {
 				if r.files[i].item == k {
@@ -349,11 +350,19 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 				}
 			}
 			items, container := translateInputItem(it, r.fn, lk)
+			if lk.stateless && len(items) == 1 && gjson.GetBytes(items[0], "type").String() == "item_reference" {
+				// Nobody upstream can resolve it: OpenAI's answer for an item it does not hold.
+				unknown = apierror.NotFound("Item with id '"+it.Get("id").String()+"' not found.", "input")
+				return false
+			}
 			r.input = append(r.input, items...)
 			r.useContainer(container)
 			k++
 			return true
 		})
+		if unknown != nil && failed == nil {
+			return unknown
+		}
 	}
 	if failed != nil {
 		return storeUnavailable(failed)

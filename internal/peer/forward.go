@@ -111,11 +111,30 @@ func (p *Peers) Forward(w http.ResponseWriter, r *http.Request, host, secret, re
 		return nil
 	case errors.Is(proxyErr, context.Canceled) && r.Context().Err() != nil:
 		return r.Context().Err()
-	case errors.Is(proxyErr, syscall.ECONNREFUSED):
+	case errors.Is(proxyErr, syscall.ECONNREFUSED), refuses(r.Context(), target):
+		// A replica killed while a kept-alive connection to it sat idle resets that connection
+		// when the request is written on it: only a fresh dial tells that nothing listens.
 		p.gone(context.WithoutCancel(r.Context()), host)
 		return ErrGone
 	}
 	return &UnreachableError{Host: host, Err: proxyErr}
+}
+
+// refuses reports whether a new connection to the replica at u is refused: nothing listens there.
+func refuses(ctx context.Context, u *url.URL) bool {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	c, err := (&net.Dialer{Timeout: dialTimeout}).DialContext(ctx, "tcp", net.JoinHostPort(u.Hostname(), port))
+	if err != nil {
+		return errors.Is(err, syscall.ECONNREFUSED)
+	}
+	_ = c.Close()
+	return false
 }
 
 // trackingWriter records whether anything reached the client.

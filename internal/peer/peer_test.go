@@ -392,6 +392,63 @@ func TestForwardFailures(t *testing.T) {
 	}
 }
 
+// TestForwardPeerKilled: a replica killed while this one holds a kept-alive connection to it
+// resets that connection when the next forward is written on it; nothing listens at its address
+// any more, so that is ErrGone (the request is served here), as a refused connection is, not a
+// 503 the client would have to retry.
+func TestForwardPeerKilled(t *testing.T) {
+	st := newStore(t, nil)
+	ctx := context.Background()
+	p := newPeers(t, st, "http://10.0.0.1:4000", nil)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := "http://" + ln.Addr().String()
+	killed := newPeers(t, st, host, nil)
+	if err := killed.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		rd := bufio.NewReader(c)
+		// The first request is answered on a connection kept alive.
+		if req, err := http.ReadRequest(rd); err == nil {
+			_, _ = io.Copy(io.Discard, req.Body)
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+		// The process dies while the second is on its way: its listener is gone, and the
+		// kernel resets the connection.
+		_, _ = http.ReadRequest(rd)
+		_ = ln.Close()
+		_ = c.(*net.TCPConn).SetLinger(0)
+		_ = c.Close()
+	}()
+	t.Cleanup(func() { _ = ln.Close() })
+	forward := func() (*httptest.ResponseRecorder, error) {
+		rec := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+		return rec, p.Forward(rec, r, host, "s", "", []byte(`{}`))
+	}
+	if rec, err := forward(); err != nil || rec.Body.String() != "ok" {
+		t.Fatalf("first Forward = %v, %q", err, rec.Body.String())
+	}
+	rec, err := forward()
+	if !errors.Is(err, ErrGone) {
+		t.Errorf("Forward to a replica killed under a kept-alive connection = %v; want ErrGone", err)
+	}
+	if rec.Body.Len() != 0 {
+		t.Errorf("the failed forward wrote %q", rec.Body.String())
+	}
+	if ok, _ := p.Alive(ctx, host); ok {
+		t.Error("the lease of the killed replica was not ended")
+	}
+}
+
 // TestProbe: without a lease, a replica is alive only if the service at its address proves it
 // knows the shared secret; a probe sends no credential.
 func TestProbe(t *testing.T) {

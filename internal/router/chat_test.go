@@ -199,3 +199,33 @@ func TestResponsesFailoverStaysOnOneAPI(t *testing.T) {
 		}
 	}
 }
+
+// TestContinueWithoutCodeInterpreter: a conversation the interceptor served (its id minted by
+// the proxy) continues by previous_response_id without the code_interpreter tool, as at OpenAI:
+// the upstream is sent the id of its own last response, never the proxy's.
+func TestContinueWithoutCodeInterpreter(t *testing.T) {
+	up := upstreamtest.New(t)
+	cfg := testConfig(up.URL(), func(c *config.Config) {
+		c.Interception.Enabled, c.Callbacks = true, []string{"code_interpreter_interception"}
+	})
+	p := newProxy(t, cfg, func(o *Options) { o.Interceptor = intercept.New(intercept.Options{}) })
+	auth := []string{"Authorization", "Bearer alice"}
+
+	up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("No code needed.")}})
+	status, _, first := p.do(t, http.MethodPost, "/v1/responses", `{"model":"gpt-test","input":"hi","tools":[{"type":"code_interpreter","container":{"type":"auto"}}]}`, auth...)
+	id := gjson.GetBytes(first, "id").String()
+	if status != http.StatusOK || id == "" {
+		t.Fatalf("intercepted request = %d %s", status, first)
+	}
+	for _, stream := range []string{"false", "true"} {
+		up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("Summed up.")}})
+		status, _, got := p.do(t, http.MethodPost, "/v1/responses", `{"model":"gpt-test","input":"sum up","stream":`+stream+`,"previous_response_id":"`+id+`"}`, auth...)
+		if status != http.StatusOK || !strings.Contains(string(got), "Summed up.") {
+			t.Errorf("continued without the tool (stream %s) = %d %s", stream, status, got)
+		}
+		reqs := up.Requests()
+		if prev := reqs[len(reqs)-1].PreviousResponseID; prev == id || prev == "" {
+			t.Errorf("upstream was sent previous_response_id %q; the proxy's id is %s", prev, id)
+		}
+	}
+}

@@ -573,7 +573,7 @@ func (u *containerUpload) file(part *multipart.Part) error {
 		u.c = c
 	}
 	src := &readRecorder{r: part}
-	f, err := u.c.AddFile(ctx, rawFilename(part), src, u.lim)
+	f, err := u.c.AddFile(ctx, rawFilename(part), "", src, u.lim)
 	if err != nil {
 		if src.err != nil && !errors.Is(src.err, io.EOF) {
 			return uploadError(readError{src.err}, u.r, configFrom(u.r.Context()))

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -125,7 +126,7 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 	if chat {
 		ir.Upstream, ir.Stateless = upstream.NewChatAPI(target, upstream.ChatOptionsFor(deps[0])), true
 	}
-	if s.interceptor.Handles(ir) {
+	if s.interceptor.Handles(ir) || s.continuesMinted(r.Context(), req.body) {
 		if forwarded, err := s.forwardResponses(w, r, req, ir.Caller); forwarded || err != nil {
 			return err // the replica that hosts the container admits and serves it
 		}
@@ -137,6 +138,19 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 		return quotaError(s.interceptor.ServeResponses(w, r, ir))
 	}
 	return s.passResponses(w, r, target, req.body)
+}
+
+// continuesMinted reports whether body continues, by previous_response_id, a response the
+// interceptor minted: the upstream never heard of that id, so the interceptor serves the request
+// even without the code_interpreter tool (it sends the upstream its own id). A store that cannot
+// answer counts as no: plain pass-through needs no state, and an upstream's own ids still work.
+func (s *server) continuesMinted(ctx context.Context, body []byte) bool {
+	prev := gjson.GetBytes(body, "previous_response_id").String()
+	if prev == "" {
+		return false
+	}
+	minted, err := s.interceptor.Minted(ctx, prev)
+	return err == nil && minted
 }
 
 // passResponses passes a POST /v1/responses through to target, a Responses upstream, streamed or

@@ -3,7 +3,9 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -208,7 +210,7 @@ func (c *Container) PlaceFiles(ctx context.Context, ids []string, lim ContainerL
 	out := make([]store.ContainerFile, 0, len(files))
 	for i, f := range files {
 		rec, err := s.st.PutContainerFile(ctx, store.ContainerFile{ContainerID: c.id, Owner: c.owner,
-			Path: DataDir + "/" + names[i], Bytes: f.Bytes, Source: SourceUser})
+			Path: DataDir + "/" + names[i], Bytes: f.Bytes, Source: SourceUser, Origin: FileOrigin(f.ID)})
 		if err != nil {
 			undo()
 			for _, r := range out {
@@ -284,10 +286,23 @@ func freeName(name string, taken map[string]bool) string {
 	}
 }
 
+// FileOrigin is the store.ContainerFile.Origin of a file placed from the Files API file id.
+func FileOrigin(id string) string { return "file:" + id }
+
+// DataOrigin is the store.ContainerFile.Origin of inline bytes placed under name.
+func DataOrigin(name string, data []byte) string {
+	h := sha256.New()
+	h.Write([]byte(name))
+	h.Write([]byte{0})
+	h.Write(data)
+	return "data:" + hex.EncodeToString(h.Sum(nil))
+}
+
 // AddFile writes the content of r into c's DataDir as name (cleaned by internal/filename; a name
-// already taken gets a "-n" suffix) and records it with source "user". Past lim.FileBytes it is
-// ErrFileTooLarge, past what lim.TotalBytes leaves ErrContainerFull; then nothing is stored.
-func (c *Container) AddFile(ctx context.Context, name string, r io.Reader, lim ContainerLimits) (store.ContainerFile, error) {
+// already taken gets a "-n" suffix) and records it with source "user" and origin ("" for an
+// upload; see store.ContainerFile.Origin). Past lim.FileBytes it is ErrFileTooLarge, past what
+// lim.TotalBytes leaves ErrContainerFull; then nothing is stored.
+func (c *Container) AddFile(ctx context.Context, name, origin string, r io.Reader, lim ContainerLimits) (store.ContainerFile, error) {
 	s := c.s
 	clean, err := filename.Clean(name)
 	if err != nil {
@@ -324,7 +339,7 @@ func (c *Container) AddFile(ctx context.Context, name string, r io.Reader, lim C
 		return store.ContainerFile{}, err
 	}
 	rec, err := s.st.PutContainerFile(ctx, store.ContainerFile{ContainerID: c.id, Owner: c.owner,
-		Path: DataDir + "/" + clean, Bytes: cr.n, Source: SourceUser})
+		Path: DataDir + "/" + clean, Bytes: cr.n, Source: SourceUser, Origin: origin})
 	if err != nil {
 		c.removeQuietly(ctx, fs, clean)
 		return store.ContainerFile{}, fmt.Errorf("%w: recording the container's file: %w", ErrUnavailable, err)

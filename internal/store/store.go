@@ -218,15 +218,19 @@ type ContainerFileQuery struct {
 	Page
 }
 
-// ContainerFile is one file in a container.
+// ContainerFile is one file in a container. Its JSON form is the record both stores keep.
 type ContainerFile struct {
-	ID          string // cfile_...
-	ContainerID string
-	Owner       string
-	Path        string // absolute, under /mnt/data
-	Bytes       int64
-	Source      string // "user" or "assistant"
-	CreatedAt   time.Time
+	ID          string    `json:"id"` // cfile_...
+	ContainerID string    `json:"container_id"`
+	Owner       string    `json:"owner"`
+	Path        string    `json:"path"` // absolute, under /mnt/data
+	Bytes       int64     `json:"bytes"`
+	Source      string    `json:"source"` // "user" or "assistant"
+	CreatedAt   time.Time `json:"created_at"`
+	// Origin names what a placed file was copied from, so that placing it again in the same
+	// container finds it: "file:" and a Files API id, or "data:" and a digest of inline bytes
+	// and their name. "" for a file uploaded to the container or made by its code.
+	Origin string `json:"origin,omitempty"`
 }
 
 // Files are the Files API's files: metadata and bytes.
@@ -277,15 +281,18 @@ type FileQuery struct {
 
 // File is one Files API file.
 type File struct {
-	ID        string // file-...
-	Owner     string
-	Filename  string
-	Purpose   string
-	Bytes     int64
-	CreatedAt time.Time
+	ID        string    `json:"id"` // file-...
+	Owner     string    `json:"owner"`
+	Filename  string    `json:"filename"`
+	Purpose   string    `json:"purpose"`
+	Bytes     int64     `json:"bytes"`
+	CreatedAt time.Time `json:"created_at"`
 	// ExpiresAt is when the file is deleted; zero means never.
-	ExpiresAt time.Time
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
+
+// Expired reports whether f has expired by now.
+func (f File) Expired(now time.Time) bool { return !f.ExpiresAt.IsZero() && !now.Before(f.ExpiresAt) }
 
 // Usage is what an owner's files take.
 type Usage struct {

@@ -9,9 +9,9 @@ package upstream
 // Everything here is pure: no I/O, no clock, no shared state.
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/tidwall/gjson"
@@ -60,13 +60,13 @@ type ChatRequest struct {
 	tmpl     responseTemplate
 }
 
-// responseEcho holds the request's values that a Response repeats, as raw JSON (nil when the
+// responseEcho holds the request's values that a Response repeats, as raw JSON ("" when the
 // request left them out or sent null).
 type responseEcho struct {
-	model, instructions, maxOutputTokens, maxToolCalls, parallelToolCalls []byte
-	promptCacheKey, reasoning, safetyIdentifier, serviceTier, store       []byte
-	temperature, text, toolChoice, tools, topLogprobs, topP, truncation   []byte
-	user, metadata                                                        []byte
+	model, instructions, maxOutputTokens, maxToolCalls, parallelToolCalls string
+	promptCacheKey, reasoning, safetyIdentifier, serviceTier, store       string
+	temperature, text, toolChoice, tools, topLogprobs, topP, truncation   string
+	user, metadata                                                        string
 }
 
 // chatOwned are Chat Completions fields that are not Responses fields: the translation writes
@@ -105,7 +105,7 @@ func NewChatRequest(body []byte, opts ChatOptions) (*ChatRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	if t.out.Model == nil {
+	if t.out.Model == "" {
 		return nil, missing("model")
 	}
 	if err := t.finish(); err != nil {
@@ -146,95 +146,78 @@ type chatTranslation struct {
 
 type extraField struct {
 	key string
-	raw []byte
+	raw string
 }
 
-// chatBody is the Chat Completions request, in the key order OpenAI documents.
+// chatBody is the Chat Completions request. Its values from the Responses request are raw JSON
+// text ("" leaves the field out), written in OpenAI's documented key order by appendJSON.
 type chatBody struct {
-	Model                json.RawMessage    `json:"model,omitempty"`
-	Messages             []chatMessage      `json:"messages"`
-	Tools                []chatTool         `json:"tools,omitempty"`
-	ToolChoice           json.RawMessage    `json:"tool_choice,omitempty"`
-	ParallelToolCalls    json.RawMessage    `json:"parallel_tool_calls,omitempty"`
-	ResponseFormat       json.RawMessage    `json:"response_format,omitempty"`
-	ReasoningEffort      json.RawMessage    `json:"reasoning_effort,omitempty"`
-	Verbosity            json.RawMessage    `json:"verbosity,omitempty"`
-	MaxTokens            json.RawMessage    `json:"max_tokens,omitempty"`
-	MaxCompletionTokens  json.RawMessage    `json:"max_completion_tokens,omitempty"`
-	Temperature          json.RawMessage    `json:"temperature,omitempty"`
-	TopP                 json.RawMessage    `json:"top_p,omitempty"`
-	Logprobs             bool               `json:"logprobs,omitempty"`
-	TopLogprobs          json.RawMessage    `json:"top_logprobs,omitempty"`
-	Stream               bool               `json:"stream,omitempty"`
-	StreamOptions        *chatStreamOptions `json:"stream_options,omitempty"`
-	User                 json.RawMessage    `json:"user,omitempty"`
-	SafetyIdentifier     json.RawMessage    `json:"safety_identifier,omitempty"`
-	PromptCacheKey       json.RawMessage    `json:"prompt_cache_key,omitempty"`
-	PromptCacheRetention json.RawMessage    `json:"prompt_cache_retention,omitempty"`
-	ServiceTier          json.RawMessage    `json:"service_tier,omitempty"`
+	Model                string
+	Messages             []chatMessage
+	Tools                []chatTool
+	ToolChoice           string
+	ParallelToolCalls    string
+	ResponseFormat       string
+	ReasoningEffort      string
+	Verbosity            string
+	MaxTokens            string
+	MaxCompletionTokens  string
+	Temperature          string
+	TopP                 string
+	Logprobs             bool
+	TopLogprobs          string
+	Stream               bool // with stream_options.include_usage
+	User                 string
+	SafetyIdentifier     string
+	PromptCacheKey       string
+	PromptCacheRetention string
+	ServiceTier          string
 }
 
-type chatStreamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
-}
-
+// chatMessage is one message. Strings named as raw hold JSON text; the others are text.
 type chatMessage struct {
-	Role             string          `json:"role"`
-	Content          any             `json:"content,omitempty"` // json.RawMessage (a string or null) or []chatPart
-	Refusal          json.RawMessage `json:"refusal,omitempty"`
-	ReasoningContent *string         `json:"reasoning_content,omitempty"`
-	Reasoning        *string         `json:"reasoning,omitempty"`
-	ToolCalls        []chatToolCall  `json:"tool_calls,omitempty"`
-	ToolCallID       string          `json:"tool_call_id,omitempty"`
+	Role             string
+	Content          string     // raw: a string or null; "" leaves content out, unless Parts
+	Parts            []chatPart // the content as parts, when not nil
+	Refusal          string     // raw
+	ReasoningContent *string
+	Reasoning        *string
+	ToolCalls        []chatToolCall
+	ToolCallID       string
 }
 
 type chatPart struct {
-	Type     string          `json:"type"`
-	Text     json.RawMessage `json:"text,omitempty"`
-	ImageURL *chatImageURL   `json:"image_url,omitempty"`
-	File     *chatFile       `json:"file,omitempty"`
+	Type     string
+	Text     string // raw
+	ImageURL *chatImageURL
+	File     *chatFile
 }
 
-type chatImageURL struct {
-	URL    json.RawMessage `json:"url"`
-	Detail json.RawMessage `json:"detail,omitempty"`
-}
+type chatImageURL struct{ URL, Detail string } // raw
 
-type chatFile struct {
-	Filename json.RawMessage `json:"filename,omitempty"`
-	FileData json.RawMessage `json:"file_data"`
-}
+type chatFile struct{ Filename, FileData string } // raw
 
 type chatToolCall struct {
-	ID       string       `json:"id"`
-	Type     string       `json:"type"`
-	Function chatCallFunc `json:"function"`
-}
-
-type chatCallFunc struct {
-	Name      string          `json:"name"`
-	Arguments json.RawMessage `json:"arguments"`
+	ID        string
+	Name      string
+	Arguments string // raw
 }
 
 type chatTool struct {
-	Type     string       `json:"type"`
-	Function chatFunction `json:"function"`
-}
-
-type chatFunction struct {
-	Name        string          `json:"name"`
-	Description json.RawMessage `json:"description,omitempty"`
-	Parameters  json.RawMessage `json:"parameters,omitempty"`
-	Strict      json.RawMessage `json:"strict,omitempty"`
+	Name        string
+	Description string // raw, as are the next two
+	Parameters  string
+	Strict      string
 }
 
 func present(v gjson.Result) bool { return v.Exists() && v.Type != gjson.Null }
 
-func raw(v gjson.Result) []byte {
+// raw returns v's JSON text, or "" when v is absent or null.
+func raw(v gjson.Result) string {
 	if !present(v) {
-		return nil
+		return ""
 	}
-	return []byte(v.Raw)
+	return v.Raw
 }
 
 // field handles one top-level field of the Responses request.
@@ -326,7 +309,6 @@ func (t *chatTranslation) field(key string, v gjson.Result) error {
 		}
 		if v.Bool() {
 			t.out.Stream = true
-			t.out.StreamOptions = &chatStreamOptions{IncludeUsage: true}
 		}
 	case "stream_options":
 		// include_obfuscation pads Responses events; chat servers do not know it.
@@ -406,6 +388,25 @@ func (t *chatTranslation) field(key string, v gjson.Result) error {
 	return nil
 }
 
+// field names a key whose value readFields stores in v.
+type field struct {
+	key string
+	v   *gjson.Result
+}
+
+// readFields reads the values of object o's keys in one pass, each as o.Get(key) gives it (the
+// first of duplicate keys): one Get per key would scan o again each time.
+func readFields(o gjson.Result, fields ...field) {
+	o.ForEach(func(k, v gjson.Result) bool {
+		for _, f := range fields {
+			if k.Str == f.key && !f.v.Exists() {
+				*f.v = v
+			}
+		}
+		return true
+	})
+}
+
 func isBool(v gjson.Result) bool { return v.Type == gjson.True || v.Type == gjson.False }
 
 func isInt(v gjson.Result) bool {
@@ -438,7 +439,7 @@ func (t *chatTranslation) text(v gjson.Result) error {
 	switch typ := f.Get("type").String(); typ {
 	case "text":
 	case "json_object":
-		t.out.ResponseFormat = json.RawMessage(`{"type":"json_object"}`)
+		t.out.ResponseFormat = `{"type":"json_object"}`
 	case "json_schema":
 		name := f.Get("name")
 		if name.Type != gjson.String || name.Str == "" {
@@ -467,7 +468,7 @@ func (t *chatTranslation) text(v gjson.Result) error {
 			b = append(b, `,"strict":`...)
 			b = append(b, s.Raw...)
 		}
-		t.out.ResponseFormat = append(b, "}}"...)
+		t.out.ResponseFormat = string(append(b, "}}"...))
 	default:
 		return unsupportedValue("text.format.type", "Unsupported value: text.format.type '"+typ+"' is not supported for this model: its upstream speaks only Chat Completions.")
 	}
@@ -479,11 +480,11 @@ func (t *chatTranslation) finish() error {
 	if present(t.instructions) {
 		// system, not developer: every chat server knows system, and OpenAI treats it as
 		// developer for the models that have the distinction.
-		t.msgs.add(chatMessage{Role: "system", Content: json.RawMessage(t.instructions.Raw)})
+		t.msgs.add(chatMessage{Role: "system", Content: t.instructions.Raw})
 	}
 	switch {
 	case t.input.Type == gjson.String:
-		t.msgs.add(chatMessage{Role: "user", Content: json.RawMessage(t.input.Raw)})
+		t.msgs.add(chatMessage{Role: "user", Content: t.input.Raw})
 	case t.input.IsArray():
 		var err error
 		t.input.ForEach(func(k, it gjson.Result) bool {
@@ -521,40 +522,41 @@ func (t *chatTranslation) toolList() error {
 			err = invalidType(param, "an object")
 			return false
 		}
-		if typ := tool.Get("type").String(); typ != "function" {
+		var typ, name, desc, params, strict gjson.Result
+		readFields(tool, field{"type", &typ}, field{"name", &name}, field{"description", &desc}, field{"parameters", &params}, field{"strict", &strict})
+		if typ := typ.String(); typ != "function" {
 			err = unsupportedValue(param+".type", "Tool type '"+typ+"' is not supported for this model: its upstream speaks only "+
 				"Chat Completions, which takes function tools only.")
 			return false
 		}
-		name := tool.Get("name")
 		if name.Type != gjson.String || name.Str == "" {
 			err = missing(param + ".name")
 			return false
 		}
-		fn := chatFunction{Name: name.Str}
-		if d := tool.Get("description"); present(d) {
-			if d.Type != gjson.String {
+		fn := chatTool{Name: name.Str}
+		if present(desc) {
+			if desc.Type != gjson.String {
 				err = invalidType(param+".description", "a string")
 				return false
 			}
-			fn.Description = raw(d)
+			fn.Description = raw(desc)
 		}
-		if p := tool.Get("parameters"); present(p) {
-			if !p.IsObject() {
+		if present(params) {
+			if !params.IsObject() {
 				err = invalidType(param+".parameters", "an object")
 				return false
 			}
-			fn.Parameters = raw(p)
+			fn.Parameters = raw(params)
 		}
-		if s := tool.Get("strict"); present(s) {
-			if !isBool(s) {
+		if present(strict) {
+			if !isBool(strict) {
 				err = invalidType(param+".strict", "a boolean")
 				return false
 			}
-			fn.Strict = raw(s)
+			fn.Strict = raw(strict)
 		}
 		index[name.Str] = len(tools)
-		tools = append(tools, chatTool{Type: "function", Function: fn})
+		tools = append(tools, fn)
 		return true
 	})
 	if err != nil {
@@ -587,7 +589,7 @@ func (t *chatTranslation) toolList() error {
 				return invalidValue("tool_choice", "Tool choice '"+name+"' not found in 'tools' parameter.")
 			}
 			b := append([]byte(`{"type":"function","function":{"name":`), appendString(nil, name)...)
-			t.out.ToolChoice = append(b, "}}"...)
+			t.out.ToolChoice = string(append(b, "}}"...))
 		case "allowed_tools":
 			// Chat servers other than OpenAI's have no allowed_tools: the tools list itself is cut
 			// down to the allowed ones, which offers the model exactly the same choice.
@@ -622,7 +624,7 @@ func (t *chatTranslation) toolList() error {
 				return missing("tool_choice.tools")
 			}
 			tools = allowed
-			t.out.ToolChoice = json.RawMessage(`"` + mode + `"`)
+			t.out.ToolChoice = `"` + mode + `"`
 		default:
 			return unsupportedValue("tool_choice.type", "Tool choice type '"+typ+"' is not supported for this model: its upstream speaks only "+
 				"Chat Completions, which takes function tools only.")
@@ -640,17 +642,15 @@ func (t *chatTranslation) toolList() error {
 
 // marshal encodes the chat body, then the fields passed through.
 func (t *chatTranslation) marshal() ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(&t.out); err != nil {
-		return nil, err
+	w := rawWriter{b: make([]byte, 0, t.size())}
+	t.out.appendJSON(&w)
+	if w.tooDeep != "" {
+		return nil, fmt.Errorf("%s: nested deeper than %d levels", w.tooDeep, maxClientDepth)
 	}
-	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	if len(t.extra) == 0 {
-		return b, nil
+		return w.b, nil
 	}
-	b = b[:len(b)-1] // the closing brace; messages is always there, so a comma follows
+	b := w.b[:len(w.b)-1] // the closing brace; messages is always there, so a comma follows
 	for _, e := range t.extra {
 		b = append(b, ',')
 		b = appendString(b, e.key)
@@ -658,4 +658,183 @@ func (t *chatTranslation) marshal() ([]byte, error) {
 		b = append(b, e.raw...)
 	}
 	return append(b, '}'), nil
+}
+
+// size guesses the encoded body's length: about what it was given.
+func (t *chatTranslation) size() int {
+	n := 256 + len(t.input.Raw) + len(t.instructions.Raw) + len(t.tools.Raw)
+	for _, e := range t.extra {
+		n += len(e.key) + len(e.raw) + 4
+	}
+	return n
+}
+
+// rawWriter appends JSON. Raw values are compacted as encoding/json compacts a RawMessage, which
+// also bounds their depth: tooDeep names the first field nested past maxClientDepth.
+type rawWriter struct {
+	b       []byte
+	tooDeep string
+}
+
+// key appends `,"k":` (without the comma for the object's first key).
+func (w *rawWriter) key(k string, first bool) {
+	if !first {
+		w.b = append(w.b, ',')
+	}
+	w.b = append(w.b, '"')
+	w.b = append(w.b, k...)
+	w.b = append(w.b, '"', ':')
+}
+
+// raw appends a raw value from the validated request under key k, when there is one.
+func (w *rawWriter) raw(k, v string) {
+	if v == "" {
+		return
+	}
+	w.key(k, false)
+	w.value(k, v)
+}
+
+func (w *rawWriter) value(k, v string) {
+	var ok bool
+	if w.b, ok = appendCompacted(w.b, v, maxClientDepth); !ok && w.tooDeep == "" {
+		w.tooDeep = k
+	}
+}
+
+// text appends a Go string as encoding/json does.
+func (w *rawWriter) text(k, v string) {
+	w.key(k, false)
+	w.b = appendGoString(w.b, v)
+}
+
+// appendJSON writes the body in OpenAI's documented key order, leaving out what is unset.
+func (c *chatBody) appendJSON(w *rawWriter) {
+	w.b = append(w.b, `{"model":`...) // NewChatRequest requires one
+	w.value("model", c.Model)
+	w.b = append(w.b, `,"messages":[`...)
+	for i := range c.Messages {
+		if i > 0 {
+			w.b = append(w.b, ',')
+		}
+		c.Messages[i].appendJSON(w)
+	}
+	w.b = append(w.b, ']')
+	if len(c.Tools) > 0 {
+		w.key("tools", false)
+		w.b = append(w.b, '[')
+		for i, tool := range c.Tools {
+			if i > 0 {
+				w.b = append(w.b, ',')
+			}
+			w.b = append(w.b, `{"type":"function","function":{"name":`...)
+			w.b = appendGoString(w.b, tool.Name)
+			w.raw("description", tool.Description)
+			w.raw("parameters", tool.Parameters)
+			w.raw("strict", tool.Strict)
+			w.b = append(w.b, "}}"...)
+		}
+		w.b = append(w.b, ']')
+	}
+	w.raw("tool_choice", c.ToolChoice)
+	w.raw("parallel_tool_calls", c.ParallelToolCalls)
+	w.raw("response_format", c.ResponseFormat)
+	w.raw("reasoning_effort", c.ReasoningEffort)
+	w.raw("verbosity", c.Verbosity)
+	w.raw("max_tokens", c.MaxTokens)
+	w.raw("max_completion_tokens", c.MaxCompletionTokens)
+	w.raw("temperature", c.Temperature)
+	w.raw("top_p", c.TopP)
+	if c.Logprobs {
+		w.b = append(w.b, `,"logprobs":true`...)
+	}
+	w.raw("top_logprobs", c.TopLogprobs)
+	if c.Stream {
+		w.b = append(w.b, `,"stream":true,"stream_options":{"include_usage":true}`...)
+	}
+	w.raw("user", c.User)
+	w.raw("safety_identifier", c.SafetyIdentifier)
+	w.raw("prompt_cache_key", c.PromptCacheKey)
+	w.raw("prompt_cache_retention", c.PromptCacheRetention)
+	w.raw("service_tier", c.ServiceTier)
+	w.b = append(w.b, '}')
+}
+
+func (m *chatMessage) appendJSON(w *rawWriter) {
+	w.b = append(w.b, `{"role":`...)
+	w.b = appendGoString(w.b, m.Role)
+	switch {
+	case m.Parts != nil:
+		w.key("content", false)
+		w.b = append(w.b, '[')
+		for i, p := range m.Parts {
+			if i > 0 {
+				w.b = append(w.b, ',')
+			}
+			w.b = append(w.b, `{"type":`...)
+			w.b = appendGoString(w.b, p.Type)
+			w.raw("text", p.Text)
+			if p.ImageURL != nil {
+				w.key("image_url", false)
+				w.b = append(w.b, '{')
+				w.key("url", true)
+				w.value("url", orNull(p.ImageURL.URL))
+				w.raw("detail", p.ImageURL.Detail)
+				w.b = append(w.b, '}')
+			}
+			if p.File != nil {
+				w.key("file", false)
+				w.b = append(w.b, '{')
+				if p.File.Filename != "" {
+					w.key("filename", true)
+					w.value("filename", p.File.Filename)
+					w.key("file_data", false)
+				} else {
+					w.key("file_data", true)
+				}
+				w.value("file_data", orNull(p.File.FileData))
+				w.b = append(w.b, '}')
+			}
+			w.b = append(w.b, '}')
+		}
+		w.b = append(w.b, ']')
+	default:
+		w.raw("content", m.Content)
+	}
+	w.raw("refusal", m.Refusal)
+	if m.ReasoningContent != nil {
+		w.text("reasoning_content", *m.ReasoningContent)
+	}
+	if m.Reasoning != nil {
+		w.text("reasoning", *m.Reasoning)
+	}
+	if len(m.ToolCalls) > 0 {
+		w.key("tool_calls", false)
+		w.b = append(w.b, '[')
+		for i, tc := range m.ToolCalls {
+			if i > 0 {
+				w.b = append(w.b, ',')
+			}
+			w.b = append(w.b, `{"id":`...)
+			w.b = appendGoString(w.b, tc.ID)
+			w.b = append(w.b, `,"type":"function","function":{"name":`...)
+			w.b = appendGoString(w.b, tc.Name)
+			w.key("arguments", false)
+			w.value("arguments", orNull(tc.Arguments))
+			w.b = append(w.b, "}}"...)
+		}
+		w.b = append(w.b, ']')
+	}
+	if m.ToolCallID != "" {
+		w.text("tool_call_id", m.ToolCallID)
+	}
+	w.b = append(w.b, '}')
+}
+
+// orNull is raw JSON text, or null for none (what encoding/json writes for a nil RawMessage).
+func orNull(raw string) string {
+	if raw == "" {
+		return "null"
+	}
+	return raw
 }

@@ -4,7 +4,6 @@ package upstream
 // messages (see responses_chat.go for the rest of the request).
 
 import (
-	"encoding/json"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -53,29 +52,42 @@ func (m *messageList) attachReasoning(i int) {
 	*target = &text
 }
 
+// inputItem holds the fields of an input item the translation reads (readFields).
+type inputItem struct {
+	typ, role, content, callID, name, arguments, output gjson.Result
+}
+
+func readItem(it gjson.Result) inputItem {
+	var f inputItem
+	readFields(it, field{"type", &f.typ}, field{"role", &f.role}, field{"content", &f.content}, field{"call_id", &f.callID},
+		field{"name", &f.name}, field{"arguments", &f.arguments}, field{"output", &f.output})
+	return f
+}
+
 // item translates one input item.
 func (m *messageList) item(param string, it gjson.Result) error {
 	if !it.IsObject() {
 		return invalidType(param, "an input item object")
 	}
-	typ := it.Get("type").String()
-	if typ == "" && it.Get("role").Exists() {
+	f := readItem(it)
+	typ := f.typ.String()
+	if typ == "" && f.role.Exists() {
 		typ = "message"
 	}
 	switch typ {
 	case "message":
-		return m.message(param, it)
+		return m.message(param, f)
 	case "function_call":
-		return m.functionCall(param, it)
+		return m.functionCall(param, f)
 	case "function_call_output":
-		return m.functionOutput(param, it)
+		return m.functionOutput(param, f)
 	case "reasoning":
 		if m.field != "reasoning_content" && m.field != "reasoning" {
 			return nil // this upstream takes no reasoning back (ChatOptions.ReasoningField)
 		}
 		// The reasoning text itself (content); a summary or encrypted content only is not the
 		// model's reasoning and cannot be given back.
-		it.Get("content").ForEach(func(_, c gjson.Result) bool {
+		f.content.ForEach(func(_, c gjson.Result) bool {
 			if c.Get("type").String() == "reasoning_text" {
 				if m.hasReasoning {
 					m.reasoning.WriteString("\n\n")
@@ -97,24 +109,25 @@ func (m *messageList) item(param string, it gjson.Result) error {
 	}
 }
 
-func (m *messageList) message(param string, it gjson.Result) error {
-	role := it.Get("role").String()
-	content := it.Get("content")
+func (m *messageList) message(param string, it inputItem) error {
+	role := it.role.String()
+	content := it.content
 	switch role {
 	case "user", "system", "developer":
-		c, err := inputContent(param+".content", content, role)
+		msg, err := inputContent(param+".content", content, role)
 		if err != nil {
 			return err
 		}
 		if role == "developer" {
 			role = "system" // see instructions: system is the role every server knows
 		}
-		m.add(chatMessage{Role: role, Content: c})
+		msg.Role = role
+		m.add(msg)
 	case "assistant":
 		msg := chatMessage{Role: "assistant"}
 		switch {
 		case content.Type == gjson.String:
-			msg.Content = json.RawMessage(content.Raw)
+			msg.Content = content.Raw
 		case content.IsArray():
 			var text, refusal strings.Builder
 			hasText, hasRefusal := false, false
@@ -137,13 +150,13 @@ func (m *messageList) message(param string, it gjson.Result) error {
 				return err
 			}
 			if hasText {
-				msg.Content = json.RawMessage(appendString(nil, text.String()))
+				msg.Content = string(appendString(nil, text.String()))
 			}
 			if hasRefusal {
-				msg.Refusal = json.RawMessage(appendString(nil, refusal.String()))
+				msg.Refusal = string(appendString(nil, refusal.String()))
 			}
 			if !hasText && !hasRefusal {
-				msg.Content = json.RawMessage(`""`)
+				msg.Content = `""`
 			}
 		default:
 			return invalidType(param+".content", "a string or an array of content parts")
@@ -158,12 +171,12 @@ func (m *messageList) message(param string, it gjson.Result) error {
 }
 
 // inputContent translates the content of a user, system or developer message.
-func inputContent(param string, content gjson.Result, role string) (any, error) {
+func inputContent(param string, content gjson.Result, role string) (chatMessage, error) {
 	if content.Type == gjson.String {
-		return json.RawMessage(content.Raw), nil
+		return chatMessage{Content: content.Raw}, nil
 	}
 	if !content.IsArray() {
-		return nil, invalidType(param, "a string or an array of content parts")
+		return chatMessage{}, invalidType(param, "a string or an array of content parts")
 	}
 	parts := []chatPart{}
 	onlyText := true
@@ -231,32 +244,32 @@ func inputContent(param string, content gjson.Result, role string) (any, error) 
 		return true
 	})
 	if err != nil {
-		return nil, err
+		return chatMessage{}, err
 	}
 	if onlyText && len(parts) == 1 {
 		// One text part is the plain string every server takes (some take no part arrays).
-		return parts[0].Text, nil
+		return chatMessage{Content: parts[0].Text}, nil
 	}
-	return parts, nil
+	return chatMessage{Parts: parts}, nil
 }
 
-func (m *messageList) functionCall(param string, it gjson.Result) error {
-	callID := it.Get("call_id")
+func (m *messageList) functionCall(param string, it inputItem) error {
+	callID := it.callID
 	if callID.Type != gjson.String || callID.Str == "" {
 		return missing(param + ".call_id")
 	}
-	name := it.Get("name")
+	name := it.name
 	if name.Type != gjson.String || name.Str == "" {
 		return missing(param + ".name")
 	}
-	args := it.Get("arguments")
+	args := it.arguments
 	if args.Type != gjson.String {
 		return invalidType(param+".arguments", "a string")
 	}
-	call := chatToolCall{ID: callID.Str, Type: "function", Function: chatCallFunc{Name: name.Str, Arguments: raw(args)}}
+	call := chatToolCall{ID: callID.Str, Name: name.Str, Arguments: raw(args)}
 	if m.open < 0 {
 		// A turn that starts with calls: the message has no text.
-		m.add(chatMessage{Role: "assistant", Content: json.RawMessage("null")})
+		m.add(chatMessage{Role: "assistant", Content: "null"})
 	}
 	msg := &m.list[m.open]
 	msg.ToolCalls = append(msg.ToolCalls, call)
@@ -264,13 +277,13 @@ func (m *messageList) functionCall(param string, it gjson.Result) error {
 	return nil
 }
 
-func (m *messageList) functionOutput(param string, it gjson.Result) error {
-	callID := it.Get("call_id")
+func (m *messageList) functionOutput(param string, it inputItem) error {
+	callID := it.callID
 	if callID.Type != gjson.String || callID.Str == "" {
 		return missing(param + ".call_id")
 	}
-	out := it.Get("output")
-	var content json.RawMessage
+	out := it.output
+	var content string
 	switch {
 	case out.Type == gjson.String:
 		content = raw(out)
@@ -291,7 +304,7 @@ func (m *messageList) functionOutput(param string, it gjson.Result) error {
 		if err != nil {
 			return err
 		}
-		content = appendString(nil, b.String())
+		content = string(appendString(nil, b.String()))
 	default:
 		return invalidType(param+".output", "a string or an array of content parts")
 	}

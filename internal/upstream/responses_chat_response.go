@@ -16,7 +16,6 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
-	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 // ErrChatShape marks a Chat Completions answer the translation cannot read: not JSON, no
@@ -38,34 +37,49 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	if !root.IsObject() {
 		return nil, shapeError(errors.New("the body is not a JSON object"))
 	}
-	if isErrorObject(root) {
+	// One pass over each level, as root.Get(key) reads each key (the first of duplicates).
+	var errObj, object, choices, created, model, tier, usage gjson.Result
+	readFields(root, field{"error", &errObj}, field{"object", &object}, field{"choices", &choices}, field{"created", &created},
+		field{"model", &model}, field{"service_tier", &tier}, field{"usage", &usage})
+	if present(errObj) || object.String() == "error" {
 		return nil, bodyError(root, http.StatusBadGateway)
 	}
-	choice := firstChoice(root)
+	var choice, message, finishReason, logprobs gjson.Result
+	choices.ForEach(func(_, c gjson.Result) bool {
+		var index gjson.Result
+		readFields(c, field{"index", &index}, field{"message", &message}, field{"finish_reason", &finishReason}, field{"logprobs", &logprobs})
+		if index.Int() == 0 { // the only choice the translation asks for
+			choice = c
+			return false
+		}
+		message, finishReason, logprobs = gjson.Result{}, gjson.Result{}, gjson.Result{}
+		return true
+	})
 	if !choice.IsObject() {
 		return nil, shapeError(errors.New("no choices"))
 	}
-	msg := choice.Get("message")
-	finish := choice.Get("finish_reason").String()
-	status, reason := finishStatus(finish)
+	var reasoningContent, reasoning, content, refusal, toolCalls gjson.Result
+	readFields(message, field{"reasoning_content", &reasoningContent}, field{"reasoning", &reasoning}, field{"content", &content},
+		field{"refusal", &refusal}, field{"tool_calls", &toolCalls})
+	status, reason := finishStatus(finishReason.String())
 
 	var items [][]byte
-	if text := reasoningText(msg); text != "" {
+	if text := reasoningText(reasoningContent, reasoning); text != "" {
 		items = append(items, appendReasoningItem(nil, r.newID("rs_"), text, true))
 	}
 	var parts []outputPart
-	if text := contentText(msg.Get("content")); text != "" {
+	if text := contentText(content); text != "" {
 		p := outputPart{text: text}
 		if r.logprobs {
 			var err error
-			if p.logprobs, err = logprobElems(nil, choice.Get("logprobs.content")); err != nil {
+			if p.logprobs, err = logprobElems(nil, logprobs.Get("content")); err != nil {
 				return nil, err
 			}
 		}
 		parts = append(parts, p)
 	}
-	if ref := msg.Get("refusal"); ref.Type == gjson.String && ref.Str != "" {
-		parts = append(parts, outputPart{refusal: true, text: ref.Str})
+	if refusal.Type == gjson.String && refusal.Str != "" {
+		parts = append(parts, outputPart{refusal: true, text: refusal.Str})
 	}
 	msgID := ""
 	if len(parts) > 0 {
@@ -73,19 +87,20 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	}
 	var calls []callItem
 	var err error
-	msg.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
-		fn := tc.Get("function")
-		name := fn.Get("name").String()
-		if name == "" {
+	toolCalls.ForEach(func(_, tc gjson.Result) bool {
+		var id, fn, name, arguments gjson.Result
+		readFields(tc, field{"id", &id}, field{"function", &fn})
+		readFields(fn, field{"name", &name}, field{"arguments", &arguments})
+		if name.String() == "" {
 			err = shapeError(errors.New("a tool call without a function name"))
 			return false
 		}
-		args, aerr := argumentsText(fn.Get("arguments"))
+		args, aerr := argumentsText(arguments)
 		if aerr != nil {
 			err = aerr
 			return false
 		}
-		c := callItem{id: r.newID("fc_"), callID: tc.Get("id").String(), name: name, args: args}
+		c := callItem{id: r.newID("fc_"), callID: id.String(), name: name.String(), args: args}
 		if c.callID == "" {
 			c.callID = r.newID("call_")
 		}
@@ -113,29 +128,15 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	}
 
 	if createdAt == 0 {
-		createdAt = root.Get("created").Int()
+		createdAt = created.Int()
 	}
 	return r.appendResponse(nil, responseState{
 		id: id, createdAt: createdAt, status: status, incomplete: reason,
-		model: root.Get("model").String(), serviceTier: root.Get("service_tier"),
-		output: items, usage: chatUsage(root.Get("usage")),
+		model: model.String(), serviceTier: tier, output: items, usage: chatUsage(usage),
 	}), nil
 }
 
 type callItem struct{ id, callID, name, args string }
-
-// firstChoice returns the choice with index 0 (the only one the translation asks for).
-func firstChoice(root gjson.Result) gjson.Result {
-	var found gjson.Result
-	root.Get("choices").ForEach(func(_, c gjson.Result) bool {
-		if c.Get("index").Int() == 0 {
-			found = c
-			return false
-		}
-		return true
-	})
-	return found
-}
 
 // finishStatus maps a finish_reason to the Response's status and incomplete reason.
 func finishStatus(finish string) (status, reason string) {
@@ -150,12 +151,12 @@ func finishStatus(finish string) (status, reason string) {
 
 // reasoningText returns a message's reasoning: reasoning_content (vLLM until 0.10, DeepSeek,
 // SGLang, llama.cpp), or reasoning (vLLM from 0.10, OpenRouter, Groq).
-func reasoningText(msg gjson.Result) string {
-	if r := msg.Get("reasoning_content"); r.Type == gjson.String && r.Str != "" {
-		return r.Str
+func reasoningText(reasoningContent, reasoning gjson.Result) string {
+	if reasoningContent.Type == gjson.String && reasoningContent.Str != "" {
+		return reasoningContent.Str
 	}
-	if r := msg.Get("reasoning"); r.Type == gjson.String {
-		return r.Str
+	if reasoning.Type == gjson.String {
+		return reasoning.Str
 	}
 	return ""
 }
@@ -246,7 +247,7 @@ func shapeError(cause error) error {
 type responseTemplate struct {
 	model                  string // the request's model, for an upstream that names none
 	seg1, seg2, seg3, seg4 []byte
-	tier                   []byte // the request's service_tier, or "auto"
+	tier                   string // the request's service_tier, or "auto"
 }
 
 // maxClientDepth is encoding/json's nesting limit, which clients' decoders share.
@@ -257,50 +258,57 @@ const maxClientDepth = 10000
 func (e *responseEcho) template() (responseTemplate, error) {
 	var t responseTemplate
 	var err error
-	field := func(dst []byte, key string, raw []byte, def string) []byte {
+	field := func(dst []byte, key, raw, def string) []byte {
 		if err != nil {
 			return dst
 		}
 		dst = append(dst, '"')
 		dst = append(dst, key...)
 		dst = append(dst, `":`...)
-		if len(raw) == 0 {
+		if raw == "" {
 			return append(dst, def...)
 		}
-		if bytes.IndexAny(raw, " \t\r\n") < 0 {
-			// Compact already (the body was validated whole): only the depth is left to check.
-			if !jsondepth.Within(raw, maxClientDepth) {
-				err = fmt.Errorf("%s: nested deeper than %d levels", key, maxClientDepth)
-			}
-			return append(dst, raw...)
+		var ok bool
+		if dst, ok = appendCompacted(dst, raw, maxClientDepth); !ok {
+			err = fmt.Errorf("%s: nested deeper than %d levels", key, maxClientDepth)
 		}
-		var b bytes.Buffer
-		if err = json.Compact(&b, raw); err != nil {
-			err = fmt.Errorf("%s: %w", key, err)
-		}
-		return append(dst, b.Bytes()...)
+		return dst
 	}
-	t.model = gjson.ParseBytes(e.model).String()
-	t.seg1 = field(t.seg1, "instructions", e.instructions, "null")
-	t.seg1 = field(append(t.seg1, ','), "max_output_tokens", e.maxOutputTokens, "null")
-	t.seg1 = field(append(t.seg1, ','), "max_tool_calls", e.maxToolCalls, "null")
-	t.seg2 = field(t.seg2, "parallel_tool_calls", e.parallelToolCalls, "true")
-	t.seg2 = append(t.seg2, `,"previous_response_id":null,`...)
-	t.seg2 = field(t.seg2, "prompt_cache_key", e.promptCacheKey, "null")
-	t.seg2 = field(append(t.seg2, ','), "reasoning", e.reasoning, `{"effort":null,"summary":null}`)
-	t.seg2 = field(append(t.seg2, ','), "safety_identifier", e.safetyIdentifier, "null")
-	t.seg3 = field(t.seg3, "store", e.store, "true")
-	t.seg3 = field(append(t.seg3, ','), "temperature", e.temperature, "1.0")
-	t.seg3 = field(append(t.seg3, ','), "text", e.text, `{"format":{"type":"text"},"verbosity":"medium"}`)
-	t.seg3 = field(append(t.seg3, ','), "tool_choice", e.toolChoice, `"auto"`)
-	t.seg3 = field(append(t.seg3, ','), "tools", e.tools, "[]")
-	t.seg3 = field(append(t.seg3, ','), "top_logprobs", e.topLogprobs, "0")
-	t.seg3 = field(append(t.seg3, ','), "top_p", e.topP, "1.0")
-	t.seg3 = field(append(t.seg3, ','), "truncation", e.truncation, `"disabled"`)
-	t.seg4 = field(t.seg4, "user", e.user, "null")
-	t.seg4 = field(append(t.seg4, ','), "metadata", e.metadata, "{}")
-	t.tier = []byte(`"auto"`)
-	if len(e.serviceTier) > 0 {
+	t.model = gjson.Parse(e.model).String()
+	// The segments share one array (each capped where it ends); when the guess is short, append
+	// moves on to another and the earlier segments keep theirs.
+	b := make([]byte, 0, 640+len(e.instructions)+len(e.promptCacheKey)+len(e.reasoning)+len(e.safetyIdentifier)+
+		len(e.text)+len(e.toolChoice)+len(e.tools)+len(e.user)+len(e.metadata))
+	from := 0
+	segment := func() []byte {
+		s := b[from:len(b):len(b)]
+		from = len(b)
+		return s
+	}
+	b = field(b, "instructions", e.instructions, "null")
+	b = field(append(b, ','), "max_output_tokens", e.maxOutputTokens, "null")
+	b = field(append(b, ','), "max_tool_calls", e.maxToolCalls, "null")
+	t.seg1 = segment()
+	b = field(b, "parallel_tool_calls", e.parallelToolCalls, "true")
+	b = append(b, `,"previous_response_id":null,`...)
+	b = field(b, "prompt_cache_key", e.promptCacheKey, "null")
+	b = field(append(b, ','), "reasoning", e.reasoning, `{"effort":null,"summary":null}`)
+	b = field(append(b, ','), "safety_identifier", e.safetyIdentifier, "null")
+	t.seg2 = segment()
+	b = field(b, "store", e.store, "true")
+	b = field(append(b, ','), "temperature", e.temperature, "1.0")
+	b = field(append(b, ','), "text", e.text, `{"format":{"type":"text"},"verbosity":"medium"}`)
+	b = field(append(b, ','), "tool_choice", e.toolChoice, `"auto"`)
+	b = field(append(b, ','), "tools", e.tools, "[]")
+	b = field(append(b, ','), "top_logprobs", e.topLogprobs, "0")
+	b = field(append(b, ','), "top_p", e.topP, "1.0")
+	b = field(append(b, ','), "truncation", e.truncation, `"disabled"`)
+	t.seg3 = segment()
+	b = field(b, "user", e.user, "null")
+	b = field(append(b, ','), "metadata", e.metadata, "{}")
+	t.seg4 = segment()
+	t.tier = `"auto"`
+	if e.serviceTier != "" {
 		t.tier = e.serviceTier // a string literal, already compact
 	}
 	return t, err

@@ -138,9 +138,9 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 	if s.done {
 		return nil, nil
 	}
-	// Most chunks give one event of about their own size; a fresh buffer each call, as the
-	// caller owns the events' data.
-	s.buf, s.out = make([]byte, 0, len(data)+256), make([]Event, 0, 2)
+	// Most chunks give one event, of about their own size, or none; a fresh buffer each call,
+	// as the caller owns the events' data.
+	s.buf, s.out = make([]byte, 0, len(data)+128), nil
 	if d := bytes.TrimSpace(data); string(d) == "[DONE]" {
 		if !s.finished {
 			return s.fail(cutError())
@@ -155,76 +155,80 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 	if !root.IsObject() {
 		return s.fail(shapeError(errors.New("a chunk is not a JSON object")))
 	}
-	// One pass over the chunk's keys: every event of a long stream pays for this.
-	var choices, usage, errObj, object, created, model, tier gjson.Result
-	root.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
+	// One pass over the chunk, each value parsed only when it is read: every event of a long
+	// stream pays for this.
+	var delta, logprobs, finish, usage, errObj, object, created, model, tier string
+	found := false
+	c := rawCursor{s: root.Raw}
+	c.each(func(k string) {
+		switch k {
 		case "choices":
-			choices = v
+			// The choice with index 0, the only one the translation asks for. A later
+			// "choices" replaces an earlier one, as a later value of any key does.
+			delta, logprobs, finish, found = "", "", "", false
+			c.each(func(string) {
+				if found {
+					return
+				}
+				var index string
+				delta, logprobs, finish = "", "", ""
+				c.each(func(k string) {
+					switch k {
+					case "index":
+						index = c.raw()
+					case "delta":
+						delta = c.raw()
+					case "logprobs":
+						logprobs = c.raw()
+					case "finish_reason":
+						finish = c.raw()
+					}
+				})
+				found = index == "0" || gjson.Parse(index).Int() == 0
+			})
+			if !found {
+				delta, logprobs, finish = "", "", ""
+			}
 		case "usage":
-			usage = v
+			usage = c.raw()
 		case "error":
-			errObj = v
+			errObj = c.raw()
 		case "object":
-			object = v
+			object = c.raw()
 		case "created":
-			created = v
+			created = c.raw()
 		case "model":
-			model = v
+			model = c.raw()
 		case "service_tier":
-			tier = v
+			tier = c.raw()
 		}
-		return true
 	})
-	if present(errObj) || object.Str == "error" {
+	if (errObj != "" && errObj != "null") || gjson.Parse(object).Str == "error" {
 		e := bodyError(root, http.StatusBadGateway)
 		e.Err = fmt.Errorf("%w: the upstream sent an error: %s", ErrChatStream, e.Message)
 		return s.fail(e)
 	}
 	if s.createdAt == 0 {
-		s.createdAt = created.Int()
+		s.createdAt = gjson.Parse(created).Int()
 	}
 	if s.model == "" {
-		s.model = model.String()
+		s.model = gjson.Parse(model).String()
 	}
-	if tier.Type == gjson.String {
-		s.tier = tier
+	if t := gjson.Parse(tier); t.Type == gjson.String {
+		s.tier = t
 	}
 	s.announce()
-	if usage.IsObject() {
-		s.usage = chatUsage(usage) // in the last chunk, or (vLLM's continuous stats) in each
+	if u := gjson.Parse(usage); u.IsObject() {
+		s.usage = chatUsage(u) // in the last chunk, or (vLLM's continuous stats) in each
 	}
-	var delta, logprobs, finish gjson.Result
-	found := false
-	choices.ForEach(func(_, c gjson.Result) bool {
-		var index gjson.Result
-		c.ForEach(func(k, v gjson.Result) bool {
-			switch k.Str {
-			case "index":
-				index = v
-			case "delta":
-				delta = v
-			case "logprobs":
-				logprobs = v
-			case "finish_reason":
-				finish = v
-			}
-			return true
-		})
-		found = index.Int() == 0 // the only choice the translation asks for
-		if !found {
-			delta, logprobs, finish = gjson.Result{}, gjson.Result{}, gjson.Result{}
-		}
-		return !found
-	})
 	if !found {
 		return s.out, nil
 	}
-	if err := s.delta(delta, logprobs.Get("content")); err != nil {
+	if err := s.delta(delta, logprobs); err != nil {
 		return s.fail(err)
 	}
-	if finish.Type == gjson.String && finish.Str != "" && !s.finished {
-		if err := s.finishWith(finish.Str); err != nil {
+	if f := gjson.Parse(finish); f.Type == gjson.String && f.Str != "" && !s.finished {
+		if err := s.finishWith(f.Str); err != nil {
 			return s.fail(err)
 		}
 	}
@@ -302,40 +306,47 @@ func (s *ChatStream) fail(err error) ([]Event, error) {
 	return s.out, err
 }
 
-// delta applies one choice delta: reasoning first, then content, refusal and tool calls, the
-// order in which a model produces them.
-func (s *ChatStream) delta(d, logprobs gjson.Result) error {
-	if !d.Exists() || d.Type == gjson.Null {
+// delta applies one choice delta (raw JSON, "" for none) with the choice's logprobs: reasoning
+// first, then content, refusal and tool calls, the order in which a model produces them.
+func (s *ChatStream) delta(d, logprobs string) error {
+	if d == "" || d == "null" {
 		return nil
 	}
-	if !d.IsObject() {
+	if d[0] != '{' {
 		return shapeError(errors.New("a delta is not an object"))
 	}
-	var reasoning, content, refusal, calls gjson.Result
-	d.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
+	var reasoning, content, refusal gjson.Result
+	var calls string
+	text := func(v string) gjson.Result {
+		if t := gjson.Parse(v); t.Type == gjson.String && t.Str != "" {
+			return t
+		}
+		return gjson.Result{}
+	}
+	c := rawCursor{s: d}
+	c.each(func(k string) {
+		switch k {
 		case "reasoning_content":
-			if v.Type == gjson.String && v.Str != "" {
-				reasoning = v
+			if t := text(c.raw()); t.Exists() {
+				reasoning = t
 			}
 		case "reasoning":
-			if v.Type == gjson.String && v.Str != "" && !reasoning.Exists() {
-				reasoning = v // the same text as reasoning_content where a server sends both
+			if t := text(c.raw()); t.Exists() && !reasoning.Exists() {
+				reasoning = t // the same text as reasoning_content where a server sends both
 			}
 		case "content":
-			if v.Type == gjson.String && v.Str != "" {
-				content = v
+			if t := text(c.raw()); t.Exists() {
+				content = t
 			}
 		case "refusal":
-			if v.Type == gjson.String && v.Str != "" {
-				refusal = v
+			if t := text(c.raw()); t.Exists() {
+				refusal = t
 			}
 		case "tool_calls":
-			calls = v
+			calls = c.raw()
 		}
-		return true
 	})
-	if s.finished && (reasoning.Exists() || content.Exists() || refusal.Exists() || (calls.IsArray() && len(calls.Array()) > 0)) {
+	if s.finished && (reasoning.Exists() || content.Exists() || refusal.Exists() || hasElements(calls)) {
 		return shapeError(errors.New("a delta after finish_reason"))
 	}
 	if reasoning.Exists() {
@@ -352,7 +363,7 @@ func (s *ChatStream) delta(d, logprobs gjson.Result) error {
 		}
 		lp := gjson.Result{}
 		if s.r.logprobs {
-			lp = logprobs
+			lp = gjson.Parse(logprobs).Get("content")
 		}
 		if err := s.addText(s.message, textPart, content, lp); err != nil {
 			return err
@@ -367,11 +378,23 @@ func (s *ChatStream) delta(d, logprobs gjson.Result) error {
 		}
 	}
 	var err error
-	calls.ForEach(func(_, tc gjson.Result) bool {
-		err = s.toolCall(tc)
-		return err == nil
+	c = rawCursor{s: calls}
+	c.each(func(string) {
+		if err == nil {
+			err = s.toolCall(c.raw())
+		}
 	})
 	return err
+}
+
+// hasElements reports whether raw JSON is a non-empty array.
+func hasElements(raw string) bool {
+	n := 0
+	if raw != "" && raw[0] == '[' {
+		c := rawCursor{s: raw}
+		c.each(func(string) { n++ })
+	}
+	return n > 0
 }
 
 // newItem starts an item after the others. What came before is complete if it is text (a model
@@ -468,31 +491,31 @@ func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Re
 	return nil
 }
 
-// toolCall applies one tool_calls[] delta.
-func (s *ChatStream) toolCall(tc gjson.Result) error {
-	if !tc.IsObject() {
+// toolCall applies one tool_calls[] delta (raw JSON).
+func (s *ChatStream) toolCall(tc string) error {
+	if tc[0] != '{' {
 		return shapeError(errors.New("a tool call delta is not an object"))
 	}
-	var id, index, name, args gjson.Result
-	tc.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
+	var rawID, rawIndex, rawName, rawArgs string
+	c := rawCursor{s: tc}
+	c.each(func(k string) {
+		switch k {
 		case "id":
-			id = v
+			rawID = c.raw()
 		case "index":
-			index = v
+			rawIndex = c.raw()
 		case "function":
-			v.ForEach(func(k, v gjson.Result) bool {
-				switch k.Str {
+			c.each(func(k string) {
+				switch k {
 				case "name":
-					name = v
+					rawName = c.raw()
 				case "arguments":
-					args = v
+					rawArgs = c.raw()
 				}
-				return true
 			})
 		}
-		return true
 	})
+	id, index, name, args := gjson.Parse(rawID), gjson.Parse(rawIndex), gjson.Parse(rawName), gjson.Parse(rawArgs)
 	idx := int64(0)
 	switch {
 	case index.Type == gjson.Number:

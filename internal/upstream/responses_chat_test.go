@@ -359,3 +359,43 @@ func TestChatError(t *testing.T) {
 		t.Errorf("long message not cut on a character boundary: %d bytes", len(e.Message))
 	}
 }
+
+// The request body is written by hand; its raw values must come out as encoding/json's
+// RawMessage compaction left them, and its strings as its encoder writes them.
+func TestAppendCompacted(t *testing.T) {
+	for _, in := range []string{
+		`1`, `"a b"`, ` { "a" : [ 1 , 2 ] ,` + "\n\t\r" + ` "b\" c" : "d \\" , "e" : "\\\\" } `,
+		`"\" \\\" x"`, `[ "]" , "}" , "{ [" ]`, `{"k":"v \u2028 <&>"}`, "\"\xff \xc3\"",
+		strings.Repeat("[ ", 10000) + strings.Repeat("] ", 10000),
+	} {
+		var want bytes.Buffer
+		if err := json.Compact(&want, []byte(in)); err != nil {
+			t.Fatalf("json.Compact(%.40q): %v", in, err)
+		}
+		got, ok := appendCompacted([]byte("x"), in, maxClientDepth)
+		if !ok || string(got) != "x"+want.String() {
+			t.Errorf("appendCompacted(%.40q) = %.60q, %v; want %.60q", in, got, ok, want.String())
+		}
+	}
+	deep := strings.Repeat(`{"a":`, 10001) + "1" + strings.Repeat("}", 10001)
+	if err := json.Compact(new(bytes.Buffer), []byte(deep)); err == nil {
+		t.Fatal("json.Compact took 10001 levels")
+	}
+	if got, ok := appendCompacted([]byte("x"), deep, maxClientDepth); ok || string(got) != "x" {
+		t.Errorf("appendCompacted(10001 levels) = %.20q, %v; want nothing appended, false", got, ok)
+	}
+}
+
+func TestAppendGoString(t *testing.T) {
+	for _, in := range []string{"", "plain", "a\b\f\n\r\t\x00\x1f\x7f", `"\`, "<>&", "\u2028\u2029", "\xff\xc3", "é😀"} {
+		var want bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(in); err != nil {
+			t.Fatal(err)
+		}
+		if got := appendGoString(nil, in); string(got)+"\n" != want.String() {
+			t.Errorf("appendGoString(%q) = %s; want %s", in, got, want.String())
+		}
+	}
+}

@@ -174,7 +174,7 @@ import os; os.remove("/mnt/data/sales-1.csv")`, noLimits)
 	}
 
 	// An upload lands beside the others, under a free name.
-	up, err := e.c.AddFile(e.ctx, "total.txt", strings.NewReader("uploaded"), noLimits)
+	up, err := e.c.AddFile(e.ctx, "total.txt", "", strings.NewReader("uploaded"), noLimits)
 	if err != nil || up.Path != "/mnt/data/total-1.txt" || up.Bytes != 8 || up.Source != sandbox.SourceUser {
 		t.Fatalf("AddFile(total.txt) = %+v, %v; want /mnt/data/total-1.txt, 8 bytes, user", up, err)
 	}
@@ -182,11 +182,11 @@ import os; os.remove("/mnt/data/sales-1.csv")`, noLimits)
 		t.Errorf("Execute after an upload collected %v; want the upload not taken for the code's", paths(out.Files))
 	}
 	for _, bad := range []string{"", "..", "a\x00b", "a\u202Eb"} {
-		if _, err := e.c.AddFile(e.ctx, bad, strings.NewReader("x"), noLimits); !errors.Is(err, sandbox.ErrInvalidFilename) {
+		if _, err := e.c.AddFile(e.ctx, bad, "", strings.NewReader("x"), noLimits); !errors.Is(err, sandbox.ErrInvalidFilename) {
 			t.Errorf("AddFile(%q) error = %v; want ErrInvalidFilename", bad, err)
 		}
 	}
-	if f, err := e.c.AddFile(e.ctx, "../../etc/passwd", strings.NewReader("x"), noLimits); err != nil || f.Path != "/mnt/data/passwd" {
+	if f, err := e.c.AddFile(e.ctx, "../../etc/passwd", "", strings.NewReader("x"), noLimits); err != nil || f.Path != "/mnt/data/passwd" {
 		t.Errorf("AddFile(../../etc/passwd) = %+v, %v; want it kept as passwd inside /mnt/data", f, err)
 	}
 
@@ -270,13 +270,13 @@ func testContainerFileLimits(t *testing.T, e *filesEnv) {
 	}
 
 	lim := sandbox.ContainerLimits{FileBytes: 64, TotalBytes: 80, Files: 3}
-	if _, err := e.c.AddFile(e.ctx, "a.txt", strings.NewReader(strings.Repeat("a", 65)), lim); !errors.Is(err, sandbox.ErrFileTooLarge) {
+	if _, err := e.c.AddFile(e.ctx, "a.txt", "", strings.NewReader(strings.Repeat("a", 65)), lim); !errors.Is(err, sandbox.ErrFileTooLarge) {
 		t.Errorf("AddFile(65 bytes, file limit 64) error = %v; want ErrFileTooLarge", err)
 	}
-	if _, err := e.c.AddFile(e.ctx, "a.txt", strings.NewReader(strings.Repeat("a", 60)), lim); err != nil {
+	if _, err := e.c.AddFile(e.ctx, "a.txt", "", strings.NewReader(strings.Repeat("a", 60)), lim); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.c.AddFile(e.ctx, "b.txt", strings.NewReader(strings.Repeat("b", 30)), lim); !errors.Is(err, sandbox.ErrContainerFull) {
+	if _, err := e.c.AddFile(e.ctx, "b.txt", "", strings.NewReader(strings.Repeat("b", 30)), lim); !errors.Is(err, sandbox.ErrContainerFull) {
 		t.Errorf("AddFile(past the container total) error = %v; want ErrContainerFull", err)
 	}
 	if got := paths(e.list()); !slices.Equal(got, []string{"/mnt/data/a.txt"}) {

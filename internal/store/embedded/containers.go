@@ -48,21 +48,6 @@ func containerRecordOf(c store.Container) *containerRecord {
 	}
 }
 
-// cfileRecord is cfiles/<id>.json.
-type cfileRecord struct {
-	ID          string    `json:"id"`
-	ContainerID string    `json:"container_id"`
-	Owner       string    `json:"owner"`
-	Path        string    `json:"path"`
-	Bytes       int64     `json:"bytes"`
-	Source      string    `json:"source"`
-	CreatedAt   time.Time `json:"created_at"`
-}
-
-func (r *cfileRecord) file() store.ContainerFile {
-	return store.ContainerFile{ID: r.ID, ContainerID: r.ContainerID, Owner: r.Owner, Path: r.Path, Bytes: r.Bytes, Source: r.Source, CreatedAt: r.CreatedAt}
-}
-
 func (s *Store) loadContainers() error {
 	ids, err := s.records(dirContainers)
 	if err != nil {
@@ -91,7 +76,7 @@ func (s *Store) loadContainerFiles() error {
 		return err
 	}
 	for _, id := range ids {
-		var r cfileRecord
+		var r store.ContainerFile
 		if err := s.readRecord(dirCFiles, id, &r); err != nil {
 			s.quarantine(dirCFiles, id+".json", err)
 			continue
@@ -119,7 +104,7 @@ func (s *Store) indexContainerLocked(r *containerRecord) {
 	s.placeLocked(r)
 }
 
-func (s *Store) indexCFileLocked(r *cfileRecord) {
+func (s *Store) indexCFileLocked(r *store.ContainerFile) {
 	s.ids.Observe(store.ContainerFileKind, r.ID)
 	s.cfiles[r.ID] = r
 	ix := s.cntrFiles[r.ContainerID]
@@ -333,15 +318,15 @@ func (s *Store) PutContainerFile(_ context.Context, f store.ContainerFile) (stor
 	if f.CreatedAt.IsZero() {
 		f.CreatedAt = s.now()
 	}
-	r := &cfileRecord{ID: f.ID, ContainerID: f.ContainerID, Owner: f.Owner, Path: f.Path, Bytes: f.Bytes, Source: f.Source, CreatedAt: f.CreatedAt}
+	r := &f
 	if err := s.writeRecord(dirCFiles, f.ID, r, synced, time.Time{}); err != nil {
 		return store.ContainerFile{}, err
 	}
 	s.indexCFileLocked(r)
-	return r.file(), nil
+	return f, nil
 }
 
-func (s *Store) liveCFileLocked(owner, containerID, id string) (*cfileRecord, error) {
+func (s *Store) liveCFileLocked(owner, containerID, id string) (*store.ContainerFile, error) {
 	if _, err := s.liveContainerLocked(owner, containerID); err != nil {
 		return nil, err
 	}
@@ -360,7 +345,7 @@ func (s *Store) ContainerFile(_ context.Context, owner, containerID, id string) 
 	if err != nil {
 		return store.ContainerFile{}, err
 	}
-	return r.file(), nil
+	return *r, nil
 }
 
 // ListContainerFiles implements [store.ContainerFiles.ListContainerFiles].
@@ -382,7 +367,7 @@ func (s *Store) ListContainerFiles(_ context.Context, owner, containerID string,
 		if q.Path != "" && r.Path != q.Path {
 			return store.ContainerFile{}, false
 		}
-		return r.file(), true
+		return *r, true
 	}), nil
 }
 

@@ -76,11 +76,11 @@ type Store struct {
 
 	mu         sync.Mutex
 	closed     bool
-	files      map[string]*fileRecord
+	files      map[string]*store.File
 	ownerFiles map[string]*ownerFiles
 	containers map[string]*containerRecord
 	ownerCntrs map[string]*index
-	cfiles     map[string]*cfileRecord
+	cfiles     map[string]*store.ContainerFile
 	cntrFiles  map[string]*index // container id -> its container files
 	claims     map[string]claim
 	places     map[string]map[string]time.Time // owner -> container id -> until when it holds a place
@@ -120,11 +120,11 @@ func Open(opts Options) (*Store, error) {
 		now:        opts.Now,
 		ids:        store.NewIDGenerator(opts.Now),
 		log:        opts.Logger,
-		files:      map[string]*fileRecord{},
+		files:      map[string]*store.File{},
 		ownerFiles: map[string]*ownerFiles{},
 		containers: map[string]*containerRecord{},
 		ownerCntrs: map[string]*index{},
-		cfiles:     map[string]*cfileRecord{},
+		cfiles:     map[string]*store.ContainerFile{},
 		cntrFiles:  map[string]*index{},
 		claims:     map[string]claim{},
 		places:     map[string]map[string]time.Time{},
@@ -261,7 +261,7 @@ func (s *Store) Sweep(ctx context.Context) error {
 	}
 	var errs []error
 	for id, f := range s.files {
-		if f.expired(now) {
+		if f.Expired(now) {
 			errs = append(errs, s.dropFileLocked(id))
 		}
 	}

@@ -137,7 +137,7 @@ func TestOpenRepairsACrash(t *testing.T) {
 	write(filepath.Join(dirTmp, "upload-123"), "an upload in progress")
 	write(filepath.Join(dirFiles, torn.ID+".json"), `{"id":"`+torn.ID+`","own`) // a torn record
 	lost := s.NewID(store.ContainerKind)
-	b, _ := json.Marshal(cfileRecord{ID: s.NewID(store.ContainerFileKind), ContainerID: lost, Owner: "a", Path: "/mnt/data/x"})
+	b, _ := json.Marshal(store.ContainerFile{ID: s.NewID(store.ContainerFileKind), ContainerID: lost, Owner: "a", Path: "/mnt/data/x"})
 	write(filepath.Join(dirCFiles, "orphan.json"), string(b))
 	write(filepath.Join(dirFiles, "notes.txt"), "not a record")
 

@@ -13,25 +13,6 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// fileRecord is files/<id>.json.
-type fileRecord struct {
-	ID        string    `json:"id"`
-	Owner     string    `json:"owner"`
-	Filename  string    `json:"filename"`
-	Purpose   string    `json:"purpose"`
-	Bytes     int64     `json:"bytes"`
-	CreatedAt time.Time `json:"created_at"`
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
-}
-
-func (r *fileRecord) expired(now time.Time) bool {
-	return !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt)
-}
-
-func (r *fileRecord) file() store.File {
-	return store.File{ID: r.ID, Owner: r.Owner, Filename: r.Filename, Purpose: r.Purpose, Bytes: r.Bytes, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt}
-}
-
 // loadFiles reads every file record, then removes the blobs no record names (a crash between
 // storing the bytes and the metadata, or between removing the metadata and the bytes).
 func (s *Store) loadFiles() error {
@@ -40,7 +21,7 @@ func (s *Store) loadFiles() error {
 		return err
 	}
 	for _, id := range ids {
-		var r fileRecord
+		var r store.File
 		err := s.readRecord(dirFiles, id, &r)
 		if err == nil && (r.ID != id || !store.FileKind.Valid(id)) {
 			err = fmt.Errorf("the record names id %q", r.ID)
@@ -74,7 +55,7 @@ func (s *Store) loadFiles() error {
 	return nil
 }
 
-func (s *Store) indexFileLocked(r *fileRecord) {
+func (s *Store) indexFileLocked(r *store.File) {
 	s.ids.Observe(store.FileKind, r.ID)
 	s.files[r.ID] = r
 	of := s.ownerFiles[r.Owner]
@@ -107,12 +88,12 @@ func (s *Store) dropFileLocked(id string) error {
 }
 
 // liveFileLocked returns owner's unexpired file id.
-func (s *Store) liveFileLocked(owner, id string) (*fileRecord, error) {
+func (s *Store) liveFileLocked(owner, id string) (*store.File, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
 	r, ok := s.files[id]
-	if !ok || r.Owner != owner || r.expired(s.now()) {
+	if !ok || r.Owner != owner || r.Expired(s.now()) {
 		return nil, fmt.Errorf("file %s: %w", id, store.ErrNotFound)
 	}
 	return r, nil
@@ -128,7 +109,7 @@ func (s *Store) usedLocked(owner string) (int64, error) {
 	now := s.now()
 	var errs []error
 	for _, id := range append(index(nil), of.ids...) {
-		if s.files[id].expired(now) {
+		if s.files[id].Expired(now) {
 			errs = append(errs, s.dropFileLocked(id))
 		}
 	}
@@ -251,7 +232,7 @@ func (u *upload) Commit(ctx context.Context, f store.File) (store.File, error) {
 		f.CreatedAt = s.now()
 	}
 	f.Owner, f.Bytes = u.owner, u.n
-	r := &fileRecord{ID: f.ID, Owner: f.Owner, Filename: f.Filename, Purpose: f.Purpose, Bytes: f.Bytes, CreatedAt: f.CreatedAt, ExpiresAt: f.ExpiresAt}
+	r := &f
 	blob := s.path(dirBlobs, f.ID)
 	if err := os.Rename(tmp, blob); err != nil {
 		return store.File{}, fmt.Errorf("embedded store: %w", err)
@@ -265,7 +246,7 @@ func (u *upload) Commit(ctx context.Context, f store.File) (store.File, error) {
 		return store.File{}, err
 	}
 	s.indexFileLocked(r)
-	return r.file(), nil
+	return *r, nil
 }
 
 // Abort implements [store.FileUpload.Abort].
@@ -303,7 +284,7 @@ func (s *Store) File(_ context.Context, owner, id string) (store.File, error) {
 	if err != nil {
 		return store.File{}, err
 	}
-	return r.file(), nil
+	return *r, nil
 }
 
 // OpenFile implements [store.Files.OpenFile].
@@ -320,7 +301,7 @@ func (s *Store) OpenFile(_ context.Context, owner, id string) (store.File, io.Re
 	if err != nil {
 		return store.File{}, nil, fmt.Errorf("embedded store: %w", err)
 	}
-	return r.file(), f, nil
+	return *r, f, nil
 }
 
 // ListFiles implements [store.Files.ListFiles].
@@ -340,10 +321,10 @@ func (s *Store) ListFiles(_ context.Context, owner string, q store.FileQuery) (s
 	now := s.now()
 	return page(of.ids, q.Page, func(id string) (store.File, bool) {
 		r := s.files[id]
-		if r.expired(now) || (q.Purpose != "" && r.Purpose != q.Purpose) {
+		if r.Expired(now) || (q.Purpose != "" && r.Purpose != q.Purpose) {
 			return store.File{}, false
 		}
-		return r.file(), true
+		return *r, true
 	}), nil
 }
 
@@ -355,7 +336,7 @@ func (s *Store) DeleteFile(_ context.Context, owner, id string) (store.File, err
 	if err != nil {
 		return store.File{}, err
 	}
-	return r.file(), s.dropFileLocked(id)
+	return *r, s.dropFileLocked(id)
 }
 
 // Usage implements [store.Files.Usage].

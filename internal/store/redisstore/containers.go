@@ -243,21 +243,6 @@ func (s *Store) ExpiringContainers(ctx context.Context, before time.Time, limit 
 	return out, nil
 }
 
-// cfileRecord is one field of cntr:<id>:files.
-type cfileRecord struct {
-	ID          string    `json:"id"`
-	ContainerID string    `json:"container_id"`
-	Owner       string    `json:"owner"`
-	Path        string    `json:"path"`
-	Bytes       int64     `json:"bytes"`
-	Source      string    `json:"source"`
-	CreatedAt   time.Time `json:"created_at"`
-}
-
-func (r cfileRecord) file() store.ContainerFile {
-	return store.ContainerFile{ID: r.ID, ContainerID: r.ContainerID, Owner: r.Owner, Path: r.Path, Bytes: r.Bytes, Source: r.Source, CreatedAt: r.CreatedAt}
-}
-
 // PutContainerFile implements [store.ContainerFiles.PutContainerFile].
 func (s *Store) PutContainerFile(ctx context.Context, f store.ContainerFile) (store.ContainerFile, error) {
 	if f.ID != "" && !store.ContainerFileKind.Valid(f.ID) {
@@ -275,7 +260,7 @@ func (s *Store) PutContainerFile(ctx context.Context, f store.ContainerFile) (st
 	if f.CreatedAt.IsZero() {
 		f.CreatedAt = s.now().Round(0)
 	}
-	rec, err := json.Marshal(cfileRecord{ID: f.ID, ContainerID: f.ContainerID, Owner: f.Owner, Path: f.Path, Bytes: f.Bytes, Source: f.Source, CreatedAt: f.CreatedAt})
+	rec, err := json.Marshal(f)
 	if err != nil {
 		return store.ContainerFile{}, fmt.Errorf("%w: encoding container file %s: %w", store.ErrInvalid, f.ID, err)
 	}
@@ -329,11 +314,11 @@ func (s *Store) ContainerFile(ctx context.Context, owner, containerID, id string
 	if errors.Is(err, redis.Nil) {
 		return store.ContainerFile{}, notFound("container file", id)
 	}
-	var r cfileRecord
+	var r store.ContainerFile
 	if err := json.Unmarshal(b, &r); err != nil {
 		return store.ContainerFile{}, fmt.Errorf("redis store: container file %s: %w", id, err)
 	}
-	return r.file(), nil
+	return r, nil
 }
 
 // ListContainerFiles implements [store.ContainerFiles.ListContainerFiles]. A container's files
@@ -363,12 +348,12 @@ func (s *Store) ListContainerFiles(ctx context.Context, owner, containerID strin
 	}
 	var files []store.ContainerFile
 	for _, b := range recs.Val() {
-		var r cfileRecord
+		var r store.ContainerFile
 		if err := json.Unmarshal([]byte(b), &r); err != nil {
 			return store.List[store.ContainerFile]{}, fmt.Errorf("redis store: a file of container %s: %w", containerID, err)
 		}
 		if q.Path == "" || r.Path == q.Path {
-			files = append(files, r.file())
+			files = append(files, r)
 		}
 	}
 	slices.SortFunc(files, func(a, b store.ContainerFile) int { return cmp.Compare(a.ID, b.ID) })

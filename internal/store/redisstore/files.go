@@ -7,27 +7,11 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ciproxy/ciproxy/internal/store"
 )
-
-// fileRecord is the r field of file:<id>.
-type fileRecord struct {
-	ID        string    `json:"id"`
-	Owner     string    `json:"owner"`
-	Filename  string    `json:"filename"`
-	Purpose   string    `json:"purpose"`
-	Bytes     int64     `json:"bytes"`
-	CreatedAt time.Time `json:"created_at"`
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
-}
-
-func (r fileRecord) file() store.File {
-	return store.File{ID: r.ID, Owner: r.Owner, Filename: r.Filename, Purpose: r.Purpose, Bytes: r.Bytes, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt}
-}
 
 // fileFields are the fields of file:<id> a read needs, in the order decodeFile takes.
 var fileFields = []string{"o", "e", "r", "b"}
@@ -42,11 +26,11 @@ func decodeFile(id, owner string, f []any, now int64) (file store.File, blob str
 	if at, _ := strconv.ParseInt(str(f[1]), 10, 64); expiredMs(at, now) {
 		return store.File{}, "", false, nil
 	}
-	var r fileRecord
+	var r store.File
 	if err := json.Unmarshal([]byte(str(f[2])), &r); err != nil {
 		return store.File{}, "", false, fmt.Errorf("redis store: file %s: %w", id, err)
 	}
-	return r.file(), str(f[3]), true, nil
+	return r, str(f[3]), true, nil
 }
 
 // Usage implements [store.Files.Usage]. The owner's expired files are dropped first.
@@ -198,7 +182,7 @@ func (u *upload) Commit(ctx context.Context, f store.File) (store.File, error) {
 		f.CreatedAt = s.now().Round(0)
 	}
 	f.Owner, f.Bytes = u.owner, u.n
-	rec, err := json.Marshal(fileRecord{ID: f.ID, Owner: f.Owner, Filename: f.Filename, Purpose: f.Purpose, Bytes: f.Bytes, CreatedAt: f.CreatedAt, ExpiresAt: f.ExpiresAt})
+	rec, err := json.Marshal(f)
 	if err != nil {
 		return store.File{}, fmt.Errorf("%w: encoding file %s: %w", store.ErrInvalid, f.ID, err)
 	}
@@ -400,11 +384,11 @@ func (s *Store) DeleteFile(ctx context.Context, owner, id string) (store.File, e
 	case st != "ok" || len(rest) != 1:
 		return store.File{}, notFound("file", id)
 	}
-	var r fileRecord
+	var r store.File
 	if err := json.Unmarshal([]byte(str(rest[0])), &r); err != nil {
 		return store.File{}, fmt.Errorf("redis store: file %s: %w", id, err)
 	}
-	return r.file(), nil
+	return r, nil
 }
 
 var _ store.Files = (*Store)(nil)

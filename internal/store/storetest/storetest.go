@@ -726,17 +726,22 @@ func testContainerFiles(t *testing.T, f Factory) {
 		}
 		return cf
 	}
-	a := put(store.ContainerFile{ContainerID: c.ID, Owner: "alice", Path: "/mnt/data/in.csv", Bytes: 10, Source: "user"})
+	a := put(store.ContainerFile{ContainerID: c.ID, Owner: "alice", Path: "/mnt/data/in.csv", Bytes: 10, Source: "user", Origin: "file:file-abc"})
 	b := put(store.ContainerFile{ContainerID: c.ID, Owner: "alice", Path: "/mnt/data/out.png", Bytes: 2000, Source: "assistant"})
 	put(store.ContainerFile{ContainerID: other.ID, Owner: "alice", Path: "/mnt/data/in.csv", Bytes: 1, Source: "user"})
 	if !store.ContainerFileKind.Valid(a.ID) || a.CreatedAt.IsZero() {
 		t.Fatalf("PutContainerFile = %+v", a)
 	}
-	got, err := e.s.ContainerFile(e.ctx, "alice", c.ID, b.ID)
-	if err != nil || got != b {
-		t.Errorf("ContainerFile = %+v, %v; want %+v", got, err, b)
+	for _, want := range []store.ContainerFile{a, b} {
+		got, err := e.s.ContainerFile(e.ctx, "alice", c.ID, want.ID)
+		if err != nil || got != want {
+			t.Errorf("ContainerFile = %+v, %v; want %+v", got, err, want)
+		}
 	}
-	_, err = e.s.ContainerFile(e.ctx, "bob", c.ID, b.ID)
+	if a.Origin != "file:file-abc" {
+		t.Errorf("PutContainerFile dropped the origin: %+v", a)
+	}
+	_, err := e.s.ContainerFile(e.ctx, "bob", c.ID, b.ID)
 	wantNotFound(t, "ContainerFile(bob)", err)
 	_, err = e.s.ContainerFile(e.ctx, "alice", other.ID, b.ID)
 	wantNotFound(t, "ContainerFile of another container", err)
@@ -1038,7 +1043,7 @@ func testRestart(t *testing.T, f Factory) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cf, err := e.s.PutContainerFile(e.ctx, store.ContainerFile{ContainerID: c.ID, Owner: "alice", Path: "/mnt/data/a", Bytes: 1, Source: "user"})
+	cf, err := e.s.PutContainerFile(e.ctx, store.ContainerFile{ContainerID: c.ID, Owner: "alice", Path: "/mnt/data/a", Bytes: 1, Source: "user", Origin: "data:0123"})
 	if err != nil {
 		t.Fatal(err)
 	}
