@@ -222,6 +222,12 @@ func (s *server) byID(w http.ResponseWriter, r *http.Request) error {
 	if cfg == nil {
 		return notReady()
 	}
+	if id, ok := pathSegment(chi.URLParam(r, "id")); !ok {
+		// The upstream path is built from the decoded, cleaned URL path: such an id would reach
+		// another upstream endpoint (/v1/responses/%2e%2e%2ffiles is GET /v1/files) with the
+		// deployment's key.
+		return apierror.BadRequest(fmt.Sprintf("Invalid 'response_id': %q is not a response id.", id), "response_id", "")
+	}
 	if len(cfg.Models) == 0 {
 		return apierror.NotFound("No response found with id '"+chi.URLParam(r, "id")+"': no upstream is configured in model_list.", "")
 	}
@@ -325,4 +331,20 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
+}
+
+// pathSegment decodes a path parameter as chi gives it (escaped when the URL held escapes) and
+// reports whether it is one plain path segment: not empty, not a dot segment, no slash or
+// backslash, no control character.
+func pathSegment(param string) (string, bool) {
+	id, err := url.PathUnescape(param)
+	if err != nil || id == "" || id == "." || id == ".." {
+		return id, false
+	}
+	for _, c := range id {
+		if c == '/' || c == '\\' || c < 0x20 || c == 0x7f {
+			return id, false
+		}
+	}
+	return id, true
 }

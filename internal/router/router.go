@@ -137,7 +137,7 @@ func New(opts Options) http.Handler {
 	s.started = s.now()
 
 	r := chi.NewRouter()
-	r.Use(requestID, accessLog(s.log), s.metrics.middleware, recoverer(s.log), s.snapshot, s.peerCheck)
+	r.Use(s.unreadBodyDeadline, requestID, accessLog(s.log), s.metrics.middleware, recoverer(s.log), s.snapshot, s.peerCheck)
 	r.NotFound(s.handle(notFound))
 	r.MethodNotAllowed(s.handle(methodNotAllowed))
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -126,6 +127,48 @@ func TestPathForms(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestByIDRefusesPathTricks: a response id is one path segment. An id that decodes to a dot
+// segment or holds a slash would make the pass-through path climb to another upstream endpoint
+// (/v1/responses/%2e%2e%2ffiles -> GET /v1/files) with the deployment's key; it is refused before
+// anything reaches the upstream.
+func TestByIDRefusesPathTricks(t *testing.T) {
+	up := newUpstream(t, nil)
+	p := newProxy(t, testConfig(up.URL+"/v1"))
+	for _, tc := range []struct{ method, path string }{
+		{http.MethodGet, "/v1/responses/%2e%2e"},
+		{http.MethodDelete, "/v1/responses/..%2f..%2ffiles%2ffile-abc"},
+		{http.MethodGet, "/v1/responses/x%2f..%2f..%2ffiles/input_items"},
+		{http.MethodPost, "/v1/responses/%2e%2e%2f%2e%2e%2fbatches%2fbatch_1/cancel"},
+		{http.MethodPost, "/v1/responses/%2e%2e/cancel"},
+		{http.MethodGet, "/v1/responses/%2e"},
+		{http.MethodGet, "/responses/a%5c..%5c..%5cfiles"},
+		{http.MethodGet, "/v1/responses/resp_%00"},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			before := len(up.requests())
+			req, err := http.NewRequest(tc.method, p.URL+tc.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer client-key")
+			resp, err := p.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("%s %s = %d %s; want 400", tc.method, tc.path, resp.StatusCode, body)
+			} else if _, typ, param, _ := decodeError(t, body); typ != "invalid_request_error" || param != "response_id" {
+				t.Errorf("error type %q param %q; want invalid_request_error on response_id", typ, param)
+			}
+			for _, r := range up.requests()[before:] {
+				t.Errorf("upstream got %s %s; want nothing sent", r.Method, r.Path)
+			}
+		})
 	}
 }
 

@@ -108,8 +108,8 @@ func (t *Target) Responses(ctx context.Context, body []byte, h http.Header) (Res
 
 // ReadAnswer returns the events of resp, an upstream's HTTP answer to a Responses request (ctx is
 // the request's): a text/event-stream body is read event by event (data: [DONE] is skipped); any
-// other 2xx body is read whole (at most 64 MiB) as one Response object, which must hold an output
-// list. A non-2xx answer is read (at most 64 MiB), closed and returned as a *StatusError. The
+// other 2xx body is read whole as one Response object (valid JSON of at most 64 MiB), which must
+// hold an output list. A non-2xx answer is read (at most 64 MiB), closed and returned as a *StatusError. The
 // caller closes the events.
 func ReadAnswer(ctx context.Context, resp *http.Response) (ResponseEvents, error) {
 	if resp.StatusCode/100 != 2 {
@@ -157,12 +157,20 @@ func (a *jsonAnswer) Next() ([]byte, error) {
 		return nil, io.EOF
 	}
 	a.read = true
-	b, err := io.ReadAll(io.LimitReader(a.body, maxAnswerBody))
+	b, err := io.ReadAll(io.LimitReader(a.body, maxAnswerBody+1))
 	if err != nil {
 		return nil, err
 	}
+	if len(b) > maxAnswerBody {
+		// Cut at the cap, its start may still parse as a complete answer.
+		return nil, fmt.Errorf("%w: answer over %d bytes", ErrMalformed, maxAnswerBody)
+	}
 	if !jsondepth.Within(b, jsondepth.Max-1) { // its terminal event adds one level
 		return nil, fmt.Errorf("%w: JSON nested deeper than %d levels", ErrMalformed, jsondepth.Max)
+	}
+	// gjson reads a cut or trailing-garbage document leniently; the answer must be whole.
+	if !gjson.ValidBytes(b) {
+		return nil, fmt.Errorf("%w: not valid JSON", ErrMalformed)
 	}
 	root := gjson.ParseBytes(b)
 	if !root.IsObject() || !root.Get("output").IsArray() {

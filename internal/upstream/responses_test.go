@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -50,6 +51,18 @@ func TestTargetResponses(t *testing.T) {
 			[]string{`{"type":"response.failed","response":{"status":"failed","output":[],"error":{"code":"server_error"}}}`}, nil},
 		{"a JSON answer without output is malformed", status(200, `{"id":"resp_up"}`), nil, ErrMalformed},
 		{"a JSON answer that is not an object is malformed", status(200, `[1]`), nil, ErrMalformed},
+		{"a JSON answer cut short is malformed", status(200, `{"status":"completed","output":[],"x":"abc`), nil, ErrMalformed},
+		{"a JSON answer with trailing bytes is malformed", status(200, `{"status":"completed","output":[]} {"y":1}`), nil, ErrMalformed},
+		{"a JSON answer over the size cap is malformed, not truncated", func(w http.ResponseWriter, r *http.Request) {
+			// Valid JSON whose start alone looks like a complete, empty answer.
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"status":"completed","output":[],"x":"`)
+			chunk := []byte(strings.Repeat("a", 1<<20))
+			for range maxAnswerBody / len(chunk) {
+				_, _ = w.Write(chunk)
+			}
+			_, _ = io.WriteString(w, `"}`)
+		}, nil, ErrMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
