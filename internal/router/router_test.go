@@ -40,6 +40,10 @@ func TestRequestValidation(t *testing.T) {
 		{"model that is an object", `{"model":{"name":"gpt-test"}}`, "model", "invalid_type", "Invalid type for 'model': expected a string, but got an object instead."},
 		{"empty model", `{"model":""}`, "model", "", "you must provide a model parameter"},
 		{"unknown model", `{"model":"gpt-nope"}`, "model", "model_not_found", "The model 'gpt-nope' does not exist or you do not have access to it."},
+		{"a key named twice", `{"model":"gpt-test","tools":[],"input":"x","tools":[{"type":"code_interpreter","container":{"type":"auto"}}]}`, "tools", "", "names 'tools' more than once"},
+		{"a key named twice, once escaped", `{"model":"gpt-test","tools":[],"tool\u0073":[{"type":"code_interpreter"}]}`, "tools", "", "names 'tools' more than once"},
+		{"the model named twice", `{"model":"gpt-test","model":"gpt-test"}`, "model", "", "names 'model' more than once"},
+		{"an empty key named twice", `{"model":"gpt-test","":1,"":2}`, "", "", "names '' more than once"},
 	}
 	for _, path := range []string{"/v1/responses", "/chat/completions", "/v1/completions", "/embeddings"} {
 		for _, tc := range cases {
