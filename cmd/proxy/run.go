@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/peer"
@@ -37,7 +38,15 @@ const (
 	idleTimeout = 2 * time.Minute
 	// cleanupTimeout bounds deleting sandboxes and closing backends at shutdown.
 	cleanupTimeout = 30 * time.Second
+	// finalWindow is what the requests still running past shutdown_grace get, once ended, to
+	// write their last bytes before their connections are closed.
+	finalWindow = 5 * time.Second
 )
+
+// errShuttingDown ends the requests still running past shutdown_grace: a JSON request gets it as
+// a 503, a stream as its error event and response.failed (code server_error).
+var errShuttingDown = &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error",
+	Message: "The proxy is shutting down; please retry the request."}
 
 // flags are the command line.
 type flags struct {
@@ -324,11 +333,16 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		Ready:       readiness(&draining, state),
 	})
 
+	// Every request's context descends from requests, which shutdown cancels with errShuttingDown
+	// once the grace is over, so that what still runs ends with an answer the client can read.
+	requests, endRequests := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer endRequests(nil)
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          zap.NewStdLog(log.Named("http")),
+		BaseContext:       func(net.Listener) context.Context { return requests },
 	}
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
@@ -369,8 +383,17 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	log.Info("shutting down", zap.Duration("grace", grace))
 	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
 	if err := srv.Shutdown(shutCtx); err != nil {
-		log.Warn("grace period over; closing the remaining connections", zap.Error(err))
-		_ = srv.Close()
+		// Cut now, a stream would end with no error event and a JSON request with no answer:
+		// the requests are ended first (the engine ends a stream with its error event and
+		// response.failed, the router answers 503), and given a moment to say so.
+		log.Warn("grace period over; ending the requests in flight", zap.Error(err))
+		endRequests(errShuttingDown)
+		finalCtx, cancelFinal := context.WithTimeout(context.WithoutCancel(ctx), finalWindow)
+		if err := srv.Shutdown(finalCtx); err != nil {
+			log.Warn("closing the remaining connections", zap.Error(err))
+			_ = srv.Close()
+		}
+		cancelFinal()
 	}
 	cancel()
 	stopReplica()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -16,7 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
 const testKey = "sk-master-test"
@@ -391,5 +395,123 @@ router_settings:
 				}
 			}
 		})
+	}
+}
+
+// TestShutdownPastTheGrace: requests still running when shutdown_grace is over are ended, not cut:
+// a stream of the engine gets the error event and response.failed (server_error, saying the proxy
+// is shutting down) and its end, a JSON request (the engine's or passed through) an OpenAI-shaped
+// 503; then the process exits 0.
+func TestShutdownPastTheGrace(t *testing.T) {
+	up := upstreamtest.New(t)
+	cfg := `model_list:
+  - model_name: gpt-chat
+    litellm_params: {model: hosted_vllm/m, api_base: ` + up.URL() + `, api_key: sk-upstream, use_chat_completions_api: true}
+  - model_name: gpt-pass
+    litellm_params: {model: hosted_vllm/m, api_base: ` + up.URL() + `, api_key: sk-upstream}
+general_settings:
+  master_key: ` + testKey + `
+  shutdown_grace: 1s
+`
+	p := start(t, "--config", writeConfig(t, t.TempDir(), cfg))
+	hang := func(ctx context.Context, seq int, _ string) error {
+		if seq < 2 {
+			return nil
+		}
+		<-ctx.Done() // mid-stream, until the proxy lets go
+		return ctx.Err()
+	}
+	never := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("never")}, Hold: make(chan struct{})}
+	up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("a long answer that never ends")}, BeforeEvent: hang}, never, never)
+
+	post := func(body string) *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, p.url+"/v1/responses", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	stream := post(`{"model":"gpt-chat","input":"go on","stream":true}`)
+	events := bufio.NewReader(stream.Body)
+	for { // the stream is under way: its first events have reached the client
+		line, err := events.ReadString('\n')
+		if err != nil {
+			t.Fatalf("stream ended before it began: %v", err)
+		}
+		if strings.HasPrefix(line, "event: response.in_progress") {
+			break
+		}
+	}
+	type answer struct {
+		status int
+		body   []byte
+		err    error
+	}
+	models := []string{"gpt-chat", "gpt-pass"}
+	jsonDone := make(chan answer, len(models))
+	for _, model := range models {
+		go func() {
+			req, _ := http.NewRequest(http.MethodPost, p.url+"/v1/responses", strings.NewReader(`{"model":"`+model+`","input":"wait"}`))
+			req.Header.Set("Authorization", "Bearer "+testKey)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				jsonDone <- answer{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			jsonDone <- answer{resp.StatusCode, b, err}
+		}()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := up.Wait(ctx, 3); err != nil {
+		t.Fatalf("the JSON requests did not reach the upstream: %v", err)
+	}
+
+	p.cancel() // SIGTERM; both requests outlive the grace
+	rest, err := io.ReadAll(events)
+	if err != nil {
+		t.Fatalf("the stream was cut (%v) after:\n%s\nlog:\n%s", err, rest, p.stderr)
+	}
+	var errEvent, failed gjson.Result
+	for _, line := range strings.Split(string(rest), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		switch ev := gjson.Parse(data); ev.Get("type").Str {
+		case "error":
+			errEvent = ev
+		case "response.failed":
+			failed = ev
+		}
+	}
+	if e := errEvent.Get("error"); e.Get("type").Str != "server_error" || !strings.Contains(e.Get("message").Str, "shutting down") {
+		t.Errorf("error event = %s; want a server_error saying the proxy is shutting down; stream:\n%s", errEvent.Raw, rest)
+	}
+	if e := failed.Get("response.error"); failed.Get("response.status").Str != "failed" || e.Get("code").Str != "server_error" ||
+		!strings.Contains(e.Get("message").Str, "shutting down") || !strings.HasSuffix(strings.TrimSpace(string(rest)), "}") {
+		t.Errorf("response.failed = %s; want status failed, code server_error, last; stream:\n%s", failed.Raw, rest)
+	}
+
+	for range models {
+		a := <-jsonDone
+		if e := gjson.GetBytes(a.body, "error"); a.err != nil || a.status != http.StatusServiceUnavailable || e.Get("type").Str != "server_error" ||
+			!strings.Contains(e.Get("message").Str, "shutting down") || !e.Get("param").Exists() || !e.Get("code").Exists() {
+			t.Errorf("JSON request = %d %s %v; want an OpenAI-shaped 503 saying the proxy is shutting down", a.status, a.body, a.err)
+		}
+	}
+	select {
+	case code := <-p.exit:
+		if code != 0 {
+			t.Errorf("run = %d; want 0; log:\n%s", code, p.stderr)
+		}
+		p.exit <- code // for the cleanup
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return after the grace")
 	}
 }

@@ -3,11 +3,16 @@
 package apierror
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/tidwall/gjson"
 )
 
 // Error is an error a client may see.
@@ -83,10 +88,47 @@ func From(err error) *Error {
 	return &Error{Status: http.StatusInternalServerError, Message: "The server had an error while processing your request.", Type: "server_error", Err: err}
 }
 
+// Ended returns the *Error ctx was cancelled with (context.WithCancelCause), or nil. A server
+// that ends the requests in flight (shutting down) cancels them with the error their clients
+// are still there to be told; a client that left cancels with no such cause.
+func Ended(ctx context.Context) *Error {
+	var e *Error
+	if ctx.Err() != nil && errors.As(context.Cause(ctx), &e) {
+		return e
+	}
+	return nil
+}
+
 // Constructors for the common cases.
 
 func BadRequest(msg, param, code string) *Error {
 	return &Error{Status: http.StatusBadRequest, Message: msg, Type: "invalid_request_error", Param: param, Code: code}
+}
+
+// InvalidType is the 400 OpenAI answers for a field of the wrong JSON type: want names the type
+// expected ("a boolean", "an array of strings"), got is the value sent.
+func InvalidType(param, want string, got gjson.Result) *Error {
+	return BadRequest(fmt.Sprintf("Invalid type for '%s': expected %s, but got %s instead.", param, want, JSONType(got)), param, "invalid_type")
+}
+
+// JSONType names the JSON type of v as OpenAI's messages do: "a string", "an integer", "a
+// decimal", "a boolean", "an array", "an object" or "null".
+func JSONType(v gjson.Result) string {
+	switch {
+	case v.Type == gjson.String:
+		return "a string"
+	case v.Type == gjson.Number && v.Num == float64(int64(v.Num)) && !strings.ContainsAny(v.Raw, ".eE"):
+		return "an integer"
+	case v.Type == gjson.Number:
+		return "a decimal"
+	case v.Type == gjson.True, v.Type == gjson.False:
+		return "a boolean"
+	case v.IsArray():
+		return "an array"
+	case v.IsObject():
+		return "an object"
+	}
+	return "null"
 }
 
 func NotFound(msg, param string) *Error {

@@ -58,6 +58,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -224,6 +225,14 @@ func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Req
 	case err == nil:
 		result = r.tr.outcome().metric()
 		rend.done()
+		return nil
+	case apierror.Ended(ctx) != nil:
+		// The server ended the request (shutting down): the client is still there to be told.
+		result = "error"
+		if !rend.started() {
+			return apierror.Ended(ctx)
+		}
+		r.failStream(apierror.Ended(ctx))
 		return nil
 	case ctx.Err() != nil:
 		result = "canceled"

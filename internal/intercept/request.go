@@ -142,6 +142,9 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 	if !jsondepth.Valid(body) || !root.IsObject() {
 		return nil, apierror.BadRequest("The request body must be a JSON object.", "", "")
 	}
+	if bad := checkTypes(root); bad != nil {
+		return nil, bad
+	}
 	r := &parsedRequest{
 		raw:          body,
 		fn:           fn,
@@ -280,6 +283,48 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 
 	r.base = base
 	return r, nil
+}
+
+// checkTypes refuses, as OpenAI does (400 invalid_type naming the field), a field the engine reads
+// whose JSON type is not the one CreateResponse declares: read loosely, "stream":"true" would
+// stream and "store":"false" would store. null stands for absent in each (all are optional).
+func checkTypes(root gjson.Result) *apierror.Error {
+	isBool := func(v gjson.Result) bool { return v.Type == gjson.True || v.Type == gjson.False }
+	isString := func(v gjson.Result) bool { return v.Type == gjson.String }
+	for _, f := range []struct {
+		name, want string
+		ok         func(gjson.Result) bool
+	}{
+		{"stream", "a boolean", isBool},
+		{"store", "a boolean", isBool},
+		{"background", "a boolean", isBool},
+		{"parallel_tool_calls", "a boolean", isBool},
+		{"max_tool_calls", "an integer", func(v gjson.Result) bool { return apierror.JSONType(v) == "an integer" }},
+		{"previous_response_id", "a string", isString},
+		{"instructions", "a string", isString},
+		{"input", "a string or an array", func(v gjson.Result) bool { return isString(v) || v.IsArray() }},
+		{"tool_choice", "a string or an object", func(v gjson.Result) bool { return isString(v) || v.IsObject() }},
+		{"tools", "an array of objects", gjson.Result.IsArray},
+		{"include", "an array of strings", gjson.Result.IsArray},
+	} {
+		if v := root.Get(f.name); v.Exists() && v.Type != gjson.Null && !f.ok(v) {
+			return apierror.InvalidType(f.name, f.want, v)
+		}
+	}
+	var bad *apierror.Error
+	root.Get("tools").ForEach(func(k, t gjson.Result) bool {
+		if !t.IsObject() {
+			bad = apierror.InvalidType("tools["+k.String()+"]", "an object", t)
+		}
+		return bad == nil
+	})
+	root.Get("include").ForEach(func(k, v gjson.Result) bool {
+		if bad == nil && !isString(v) {
+			bad = apierror.InvalidType("include["+k.String()+"]", "a string", v)
+		}
+		return bad == nil
+	})
+	return bad
 }
 
 // resolve completes the request with what it refers to in the store, its one I/O step, which the

@@ -102,3 +102,53 @@ func TestContainerValidation(t *testing.T) {
 		})
 	}
 }
+
+// TestFieldTypes: a field the engine reads, sent with the wrong JSON type, is the 400
+// invalid_type OpenAI answers, naming the field; null is accepted for each (all are optional).
+func TestFieldTypes(t *testing.T) {
+	const tool = `{"type":"code_interpreter","container":{"type":"auto"}}`
+	for _, tc := range []struct {
+		field, value string
+		message      string // "" when accepted
+	}{
+		{"stream", `"true"`, "Invalid type for 'stream': expected a boolean, but got a string instead."},
+		{"stream", `1`, "Invalid type for 'stream': expected a boolean, but got an integer instead."},
+		{"stream", `true`, ""},
+		{"stream", `null`, ""},
+		{"store", `"false"`, "Invalid type for 'store': expected a boolean, but got a string instead."},
+		{"parallel_tool_calls", `{}`, "Invalid type for 'parallel_tool_calls': expected a boolean, but got an object instead."},
+		{"background", `0`, "Invalid type for 'background': expected a boolean, but got an integer instead."},
+		{"max_tool_calls", `"3"`, "Invalid type for 'max_tool_calls': expected an integer, but got a string instead."},
+		{"max_tool_calls", `2.5`, "Invalid type for 'max_tool_calls': expected an integer, but got a decimal instead."},
+		{"max_tool_calls", `3`, ""},
+		{"previous_response_id", `7`, "Invalid type for 'previous_response_id': expected a string, but got an integer instead."},
+		{"previous_response_id", `null`, ""},
+		{"instructions", `["be brief"]`, "Invalid type for 'instructions': expected a string, but got an array instead."},
+		{"instructions", `"be brief"`, ""},
+		{"include", `"code_interpreter_call.outputs"`, "Invalid type for 'include': expected an array of strings, but got a string instead."},
+		{"include", `[1]`, "Invalid type for 'include[0]': expected a string, but got an integer instead."},
+		{"include", `["code_interpreter_call.outputs"]`, ""},
+		{"tool_choice", `true`, "Invalid type for 'tool_choice': expected a string or an object, but got a boolean instead."},
+		{"tool_choice", `"auto"`, ""},
+		{"tool_choice", `{"type":"code_interpreter"}`, ""},
+		{"input", `5`, "Invalid type for 'input': expected a string or an array, but got an integer instead."},
+		{"tools", `{"type":"code_interpreter"}`, "Invalid type for 'tools': expected an array of objects, but got an object instead."},
+		{"tools", `[` + tool + `,"python"]`, "Invalid type for 'tools[1]': expected an object, but got a string instead."},
+	} {
+		body := `{"model":"m","input":"x","tools":[` + tool + `],"` + tc.field + `":` + tc.value + `}`
+		switch tc.field {
+		case "input":
+			body = `{"model":"m","input":` + tc.value + `,"tools":[` + tool + `]}`
+		case "tools":
+			body = `{"model":"m","input":"x","tools":` + tc.value + `}`
+		}
+		_, aerr := parseRequest([]byte(body), config.Defaults().Interception, true)
+		switch {
+		case tc.message == "" && aerr != nil:
+			t.Errorf("%s: %s = %v; want accepted", tc.field, tc.value, aerr)
+		case tc.message != "" && (aerr == nil || aerr.Status != 400 || aerr.Type != "invalid_request_error" || aerr.Code != "invalid_type" ||
+			aerr.Message != tc.message || !strings.HasPrefix(aerr.Param, tc.field)):
+			t.Errorf("%s: %s = %+v; want a 400 invalid_type naming the field: %s", tc.field, tc.value, aerr, tc.message)
+		}
+	}
+}

@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
-	"strconv"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/listquery"
 )
 
 // Minted reports whether id is a response id this proxy minted and still remembers, whoever its
@@ -63,6 +63,22 @@ func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller 
 	return nil
 }
 
+// ServeCancel answers POST /v1/responses/{id}/cancel for a response this proxy minted. OpenAI
+// cancels only responses created with background true; every response the proxy mints runs
+// within its own request, so its own responses get the 400 OpenAI answers for cancelling a
+// synchronous one. A response minted for another caller, one not kept, or one
+// deleted, is a 404, as for GET. An error means nothing was written; the caller writes it.
+func (e *Engine) ServeCancel(w http.ResponseWriter, r *http.Request, id, caller string) error {
+	sr, ok, err := e.store.Response(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	if !ok || sr.Owner != caller || sr.Body == nil {
+		return apierror.NotFound("Response with id '"+id+"' not found.", "")
+	}
+	return apierror.BadRequest("Cannot cancel a synchronous response.", "", "")
+}
+
 func writeJSON(w http.ResponseWriter, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
@@ -87,21 +103,13 @@ func (e *Engine) ServeInputItems(w http.ResponseWriter, r *http.Request, id, cal
 		return apierror.NotFound("Response with id '"+id+"' not found.", "")
 	}
 	q := r.URL.Query()
-	limit := 20
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 100 {
-			return apierror.BadRequest("Invalid 'limit': expected an integer between 1 and 100.", "limit", "invalid_value")
-		}
-		limit = n
+	limit, err := listquery.Limit(q, 20, 100)
+	if err != nil {
+		return err
 	}
-	order := q.Get("order")
-	switch order {
-	case "":
-		order = "desc"
-	case "asc", "desc":
-	default:
-		return apierror.BadRequest("Invalid value for 'order': expected one of 'asc' or 'desc'.", "order", "invalid_value")
+	order, err := listquery.Order(q)
+	if err != nil {
+		return err
 	}
 	include := append(q["include[]"], q["include"]...)
 

@@ -46,6 +46,21 @@ func testStoredResponses(t *testing.T, api upstreamAPI) {
 	if ok, _, _ := serve(http.MethodGet, "resp_upstreams", "alice"); ok {
 		t.Error("ServeStored claimed an id the proxy did not mint")
 	}
+	// The proxy makes no background responses: cancelling one of its own is the 400 OpenAI
+	// answers for a synchronous response; another caller's is not found.
+	cancel := func(id, caller string) (int, []byte) {
+		rec := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, "/v1/responses/"+id+"/cancel", nil)
+		serveLikeRouter(rec, r, func() error { return h.eng.ServeCancel(rec, r, id, caller) })
+		return rec.Code, rec.Body.Bytes()
+	}
+	if code, got := cancel(id, "alice"); code != http.StatusBadRequest || gjson.GetBytes(got, "error.type").Str != "invalid_request_error" ||
+		gjson.GetBytes(got, "error.message").Str != "Cannot cancel a synchronous response." {
+		t.Errorf("cancel own response = %d %s; want 400 Cannot cancel a synchronous response.", code, got)
+	}
+	if code, got := cancel(id, "mallory"); code != http.StatusNotFound {
+		t.Errorf("cancel another caller's response = %d %s; want 404", code, got)
+	}
 	if ok, code, got := serve(http.MethodDelete, id, "alice"); !ok || code != http.StatusOK || !gjson.GetBytes(got, "deleted").Bool() {
 		t.Errorf("DELETE own response = %v %d %s; want deleted", ok, code, got)
 	}
@@ -54,6 +69,9 @@ func testStoredResponses(t *testing.T, api upstreamAPI) {
 		if ok, code, _ := serve(method, id, "alice"); !ok || code != http.StatusNotFound {
 			t.Errorf("%s a deleted response = %v %d; want ours, 404", method, ok, code)
 		}
+	}
+	if code, got := cancel(id, "alice"); code != http.StatusNotFound {
+		t.Errorf("cancel a deleted response = %d %s; want 404", code, got)
 	}
 	before := len(h.up.Requests())
 	if status, raw := h.post(bodyIn(cid, `"previous_response_id":"`+id+`"`), "alice"); status != http.StatusBadRequest ||
@@ -168,16 +186,21 @@ func testInputItems(t *testing.T, api upstreamAPI) {
 		t.Fatalf("asc page 2 = %d %s", code, got)
 	}
 
-	for _, tt := range []struct{ query, caller, param string }{
-		{"?limit=0", "alice", "limit"}, {"?limit=101", "alice", "limit"}, {"?order=up", "alice", "order"}, {"", "mallory", ""},
+	// The list parameters are refused as the Files and Containers lists refuse them, as OpenAI does.
+	for _, tt := range []struct{ query, caller, param, code, message string }{
+		{"?limit=0", "alice", "limit", "integer_below_min_value", "Invalid 'limit': integer below minimum value. Expected a value >= 1, but got 0 instead."},
+		{"?limit=101", "alice", "limit", "integer_above_max_value", "Invalid 'limit': integer above maximum value. Expected a value <= 100, but got 101 instead."},
+		{"?limit=ten", "alice", "limit", "invalid_value", "Invalid 'limit': expected an integer, but got 'ten' instead."},
+		{"?order=up", "alice", "order", "invalid_value", "Invalid value for 'order': 'up'. Supported values are: 'asc' and 'desc'."},
+		{"", "mallory", "", "", "Response with id '" + id + "' not found."},
 	} {
 		code, got := list(tt.query, tt.caller)
 		want := http.StatusBadRequest
 		if tt.param == "" {
 			want = http.StatusNotFound
 		}
-		if code != want || gjson.GetBytes(got, "error.param").Str != tt.param {
-			t.Errorf("%s as %s = %d %s; want %d naming %q", tt.query, tt.caller, code, got, want, tt.param)
+		if e := gjson.GetBytes(got, "error"); code != want || e.Get("param").Str != tt.param || e.Get("code").Str != tt.code || e.Get("message").Str != tt.message {
+			t.Errorf("%s as %s = %d %s; want %d naming %q, code %q, %q", tt.query, tt.caller, code, got, want, tt.param, tt.code, tt.message)
 		}
 	}
 

@@ -32,6 +32,21 @@ func bodyLimit(next http.Handler) http.Handler {
 	})
 }
 
+// unreadBodyDeadline bounds what is left of a request once its handler returns. To keep the
+// connection alive, net/http reads up to 256 KiB of a body the handler did not read (a 401, a 404,
+// a 413 on a declared length) before it sends the answer, with no deadline of its own: a client
+// trickling that body, with or without a key, would hold the connection and its goroutine forever.
+// With the body read timeout as the deadline it gets its answer then, and the connection is closed.
+// A body read to its end is unaffected: the next request's read sets its own deadline.
+func (s *server) unreadBodyDeadline(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r)
+		if r.ContentLength != 0 {
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.bodyTimeout))
+		}
+	})
+}
+
 // readBody reads the whole request body under a read deadline of timeout, so a client that sends
 // its headers and then trickles the body cannot hold a connection forever. After a complete read
 // the deadline is cleared (the connection's idle reads must not inherit it); after a failed one it

@@ -95,3 +95,46 @@ func TestBodyReadDeadline(t *testing.T) {
 		t.Errorf("upstream got %d requests for an unfinished body", n)
 	}
 }
+
+// TestUnreadBodyDeadline: a request answered without its body being read (no key, an unknown
+// route, a refused method) must not let the client hold the connection by trickling that body:
+// net/http reads up to 256 KiB of it before sending the answer, so without a deadline the 401
+// waits on the client forever. The answer comes once the body read timeout passes.
+func TestUnreadBodyDeadline(t *testing.T) {
+	up := newUpstream(t, nil)
+	cfg := testConfig(up.URL+"/v1", func(c *config.Config) { c.General.MasterKey = "sk-master" })
+	p := newProxy(t, cfg, func(o *Options) { o.BodyReadTimeout = 200 * time.Millisecond })
+	for _, tc := range []struct {
+		name, head string
+		want       int
+	}{
+		{"no key, chunked", "POST /v1/responses HTTP/1.1\r\nHost: proxy\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n", http.StatusUnauthorized},
+		{"no key, declared length", "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Length: 100000\r\n\r\n{", http.StatusUnauthorized},
+		{"unknown route", "POST /v1/nowhere HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer sk-master\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n", http.StatusNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", p.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, err := io.WriteString(conn, tc.head); err != nil {
+				t.Fatal(err)
+			}
+			_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second)) // the test's own guard
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("no answer while the body trickles: %v", err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.want {
+				t.Fatalf("status %d %s; want %d", resp.StatusCode, body, tc.want)
+			}
+			decodeError(t, body)
+		})
+	}
+	if n := len(up.requests()); n != 0 {
+		t.Errorf("upstream got %d requests", n)
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/listquery"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
@@ -165,29 +166,6 @@ func containerError(err error, id, fileID, param string) error {
 	return err
 }
 
-// jsonType names the JSON type of v as OpenAI's messages do.
-func jsonType(v gjson.Result) string {
-	switch {
-	case v.Type == gjson.String:
-		return "a string"
-	case v.Type == gjson.Number && v.Num == float64(int64(v.Num)) && !strings.ContainsAny(v.Raw, ".eE"):
-		return "an integer"
-	case v.Type == gjson.Number:
-		return "a decimal"
-	case v.Type == gjson.True, v.Type == gjson.False:
-		return "a boolean"
-	case v.IsArray():
-		return "an array"
-	case v.IsObject():
-		return "an object"
-	}
-	return "null"
-}
-
-func invalidType(param, want string, got gjson.Result) *apierror.Error {
-	return apierror.BadRequest(fmt.Sprintf("Invalid type for '%s': expected %s, but got %s instead.", param, want, jsonType(got)), param, "invalid_type")
-}
-
 // jsonObject checks that body is a JSON object the proxy may parse (depth first, see jsondepth).
 func jsonObject(body []byte) (gjson.Result, error) {
 	if !jsondepth.Within(body, jsondepth.Max) {
@@ -217,7 +195,7 @@ func parseNewContainer(body []byte) (newContainer, error) {
 	case !name.Exists() || name.Type == gjson.Null:
 		return nc, apierror.BadRequest("Missing required parameter: 'name'.", "name", "")
 	case name.Type != gjson.String:
-		return nc, invalidType("name", "a string", name)
+		return nc, apierror.InvalidType("name", "a string", name)
 	case len(name.Str) > maxContainerName:
 		return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'name': string too long. Expected a string with maximum length %d, but got a string with length %d instead.", maxContainerName, len(name.Str)), "name", "string_above_max_length")
 	default:
@@ -225,7 +203,7 @@ func parseNewContainer(body []byte) (newContainer, error) {
 	}
 	if ids := obj.Get("file_ids"); ids.Exists() && ids.Type != gjson.Null {
 		if !ids.IsArray() {
-			return nc, invalidType("file_ids", "an array", ids)
+			return nc, apierror.InvalidType("file_ids", "an array", ids)
 		}
 		arr := ids.Array()
 		if len(arr) > sandbox.DefaultMaxContainerFiles {
@@ -233,14 +211,14 @@ func parseNewContainer(body []byte) (newContainer, error) {
 		}
 		for i, id := range arr {
 			if id.Type != gjson.String {
-				return nc, invalidType(fmt.Sprintf("file_ids[%d]", i), "a string", id)
+				return nc, apierror.InvalidType(fmt.Sprintf("file_ids[%d]", i), "a string", id)
 			}
 			nc.fileIDs = append(nc.fileIDs, id.Str)
 		}
 	}
 	if ea := obj.Get("expires_after"); ea.Exists() && ea.Type != gjson.Null {
 		if !ea.IsObject() {
-			return nc, invalidType("expires_after", "an object", ea)
+			return nc, apierror.InvalidType("expires_after", "an object", ea)
 		}
 		switch anchor := ea.Get("anchor"); {
 		case !anchor.Exists():
@@ -252,8 +230,8 @@ func parseNewContainer(body []byte) (newContainer, error) {
 		switch {
 		case !minutes.Exists():
 			return nc, apierror.BadRequest("Missing required parameter: 'expires_after.minutes'.", "expires_after.minutes", "")
-		case jsonType(minutes) != "an integer":
-			return nc, invalidType("expires_after.minutes", "an integer", minutes)
+		case apierror.JSONType(minutes) != "an integer":
+			return nc, apierror.InvalidType("expires_after.minutes", "an integer", minutes)
 		case minutes.Int() < minContainerMinutes:
 			return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'expires_after.minutes': integer below minimum value. Expected a value >= %d, but got %s instead.", minContainerMinutes, minutes.Raw), "expires_after.minutes", "integer_below_min_value")
 		case minutes.Int() > maxContainerMinutes:
@@ -270,7 +248,7 @@ func parseNewContainer(body []byte) (newContainer, error) {
 	if np := obj.Get("network_policy"); np.Exists() && np.Type != gjson.Null {
 		switch t := np.Get("type"); {
 		case !np.IsObject():
-			return nc, invalidType("network_policy", "an object", np)
+			return nc, apierror.InvalidType("network_policy", "an object", np)
 		case t.Str == "disabled" && t.Type == gjson.String:
 			// What every container here has: sandboxes reach no network unless the operator allows it.
 		case t.Str == "allowlist" && t.Type == gjson.String:
@@ -338,25 +316,16 @@ func (s *server) createContainer(w http.ResponseWriter, r *http.Request) error {
 // listPage reads limit, order and after (an id of kind) as OpenAI's list endpoints take them.
 func listPage(r *http.Request, kind store.Kind) (store.Page, error) {
 	q := r.URL.Query()
-	p := store.Page{Limit: defaultContainerListLimit, Order: store.Desc}
-	if v := q.Get("limit"); q.Has("limit") {
-		n, err := strconv.Atoi(v)
-		switch {
-		case err != nil:
-			return p, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': expected an integer, but got '%s' instead.", v), "limit", "invalid_value")
-		case n < 1:
-			return p, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': integer below minimum value. Expected a value >= 1, but got %d instead.", n), "limit", "integer_below_min_value")
-		case n > maxContainerListLimit:
-			return p, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': integer above maximum value. Expected a value <= %d, but got %d instead.", maxContainerListLimit, n), "limit", "integer_above_max_value")
-		}
-		p.Limit = n
+	var p store.Page
+	var err error
+	if p.Limit, err = listquery.Limit(q, defaultContainerListLimit, maxContainerListLimit); err != nil {
+		return p, err
 	}
-	if v := q.Get("order"); q.Has("order") {
-		if v != "asc" && v != "desc" {
-			return p, apierror.BadRequest(fmt.Sprintf("Invalid value for 'order': '%s'. Supported values are: 'asc' and 'desc'.", v), "order", "invalid_value")
-		}
-		p.Order = store.Order(v)
+	order, err := listquery.Order(q)
+	if err != nil {
+		return p, err
 	}
+	p.Order = store.Order(order)
 	if v := q.Get("after"); v != "" {
 		if !kind.Valid(v) {
 			return p, apierror.BadRequest(fmt.Sprintf("Invalid 'after': '%s' is not an id of this list.", v), "after", "invalid_value")
@@ -433,7 +402,7 @@ func (s *server) createContainerFile(w http.ResponseWriter, r *http.Request) err
 		case !fid.Exists() || fid.Type == gjson.Null:
 			return apierror.BadRequest("Missing required parameter: 'file_id' (or upload a 'file' as multipart/form-data).", "file_id", "")
 		case fid.Type != gjson.String:
-			return invalidType("file_id", "a string", fid)
+			return apierror.InvalidType("file_id", "a string", fid)
 		default:
 			return s.placeStoredFile(w, r, id, fid.Str, lim)
 		}

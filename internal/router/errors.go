@@ -31,7 +31,11 @@ func (s *server) handle(h handlerFunc) http.HandlerFunc {
 			return
 		}
 		if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
-			return // the client left; the access log records 499
+			ended := apierror.Ended(r.Context())
+			if ended == nil {
+				return // the client left; the access log records 499
+			}
+			err = ended // the server ended the request (shutting down), with the error to answer
 		}
 		var us *upstream.StatusError
 		if errors.As(err, &us) && !ww.started() {

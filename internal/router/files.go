@@ -18,6 +18,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/filename"
+	"github.com/ciproxy/ciproxy/internal/listquery"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
@@ -396,31 +397,22 @@ func (f *uploadForm) expiry() (time.Duration, error) {
 // list shape.
 func (s *server) listFiles(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	fq := store.FileQuery{Page: store.Page{Limit: defaultFileListLimit, Order: store.Desc}}
+	var fq store.FileQuery
 	if p := q.Get("purpose"); q.Has("purpose") {
 		if !slices.Contains(listPurposes, p) {
 			return apierror.BadRequest(fmt.Sprintf("Invalid value for 'purpose': '%s'. Supported values are: %s.", p, quoteList(listPurposes)), "purpose", "invalid_value")
 		}
 		fq.Purpose = p
 	}
-	if v := q.Get("limit"); q.Has("limit") {
-		n, err := strconv.Atoi(v)
-		switch {
-		case err != nil:
-			return apierror.BadRequest(fmt.Sprintf("Invalid 'limit': expected an integer, but got '%s' instead.", v), "limit", "invalid_value")
-		case n < 1:
-			return apierror.BadRequest(fmt.Sprintf("Invalid 'limit': integer below minimum value. Expected a value >= 1, but got %d instead.", n), "limit", "integer_below_min_value")
-		case n > maxFileListLimit:
-			return apierror.BadRequest(fmt.Sprintf("Invalid 'limit': integer above maximum value. Expected a value <= %d, but got %d instead.", maxFileListLimit, n), "limit", "integer_above_max_value")
-		}
-		fq.Limit = n
+	var err error
+	if fq.Limit, err = listquery.Limit(q, defaultFileListLimit, maxFileListLimit); err != nil {
+		return err
 	}
-	if v := q.Get("order"); q.Has("order") {
-		if v != "asc" && v != "desc" {
-			return apierror.BadRequest(fmt.Sprintf("Invalid value for 'order': '%s'. Supported values are: 'asc' and 'desc'.", v), "order", "invalid_value")
-		}
-		fq.Order = store.Order(v)
+	order, err := listquery.Order(q)
+	if err != nil {
+		return err
 	}
+	fq.Order = store.Order(order)
 	if v := q.Get("after"); v != "" {
 		if !store.FileKind.Valid(v) {
 			return apierror.BadRequest(fmt.Sprintf("Invalid 'after': '%s' is not a file id.", v), "after", "invalid_value")

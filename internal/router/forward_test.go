@@ -52,6 +52,9 @@ func (namedInterceptor) ServeStored(http.ResponseWriter, *http.Request, string, 
 func (namedInterceptor) ServeInputItems(http.ResponseWriter, *http.Request, string, string) error {
 	return nil
 }
+func (namedInterceptor) ServeCancel(http.ResponseWriter, *http.Request, string, string) error {
+	return nil
+}
 
 // replica is one router with its own address, sharing a store with the others.
 type replica struct {

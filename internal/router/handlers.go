@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 
 	"github.com/go-chi/chi/v5"
@@ -83,8 +84,14 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() {
 		return nil, apierror.BadRequest("We could not parse the JSON body of your request. The API expects a JSON object.", "", "")
 	}
+	if k, dup := duplicateKey(body); dup {
+		return nil, apierror.BadRequest("The JSON body of your request names '"+k+"' more than once.", k, "")
+	}
 	m := gjson.GetBytes(body, "model")
-	if m.Type != gjson.String || m.Str == "" {
+	switch {
+	case m.Exists() && m.Type != gjson.Null && m.Type != gjson.String:
+		return nil, apierror.InvalidType("model", "a string", m)
+	case m.Str == "":
 		return nil, apierror.BadRequest("you must provide a model parameter", "model", "")
 	}
 	deps := cfg.Deployments(m.Str)
@@ -94,6 +101,28 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 	deps = s.balancer.Order(deps)
 	annotate(r.Context(), m.Str, deploymentName(deps[0]))
 	return &resolved{cfg: cfg, body: body, model: m.Str, deps: deps, target: s.client.Target(deps)}, nil
+}
+
+// duplicateKey reports a top-level key that body (a valid JSON object) names twice. Readers
+// disagree on such a body: gjson, and so this proxy, takes the first, OpenAI and encoding/json the
+// last. A request whose first "tools" is empty and whose last holds code_interpreter would pass
+// through here and run the upstream's own tool, outside this proxy's sandbox and quotas; so no
+// reading of it is chosen, and it is refused.
+func duplicateKey(body []byte) (string, bool) {
+	var keys [32]string
+	seen := keys[:0]
+	var dup string
+	found := false
+	// @keys reads the body in place and copies out only the keys, not the 4 KiB a parse would.
+	gjson.GetBytes(body, "@keys").ForEach(func(_, k gjson.Result) bool {
+		if slices.Contains(seen, k.Str) {
+			dup, found = k.Str, true
+			return false
+		}
+		seen = append(seen, k.Str)
+		return true
+	})
+	return dup, found
 }
 
 // responses serves POST /v1/responses: the interceptor when it handles the request, pass-through
@@ -179,15 +208,19 @@ func (s *server) modelPassthrough(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
-// storedResponse serves GET and DELETE /v1/responses/{id}, and inputItems GET
-// /v1/responses/{id}/input_items: the interceptor answers for the ids it minted; every other id
-// goes to byID.
+// storedResponse serves GET and DELETE /v1/responses/{id}, inputItems GET
+// /v1/responses/{id}/input_items, and cancelResponse POST /v1/responses/{id}/cancel: the
+// interceptor answers for the ids it minted; every other id goes to byID.
 func (s *server) storedResponse(w http.ResponseWriter, r *http.Request) error {
 	return s.mintedOr(w, r, Interceptor.ServeStored)
 }
 
 func (s *server) inputItems(w http.ResponseWriter, r *http.Request) error {
 	return s.mintedOr(w, r, Interceptor.ServeInputItems)
+}
+
+func (s *server) cancelResponse(w http.ResponseWriter, r *http.Request) error {
+	return s.mintedOr(w, r, Interceptor.ServeCancel)
 }
 
 // mintedOr serves the request with the interceptor's method serve when the id in the path is one
@@ -214,6 +247,12 @@ func (s *server) byID(w http.ResponseWriter, r *http.Request) error {
 	cfg := configFrom(r.Context())
 	if cfg == nil {
 		return notReady()
+	}
+	if id, ok := pathSegment(chi.URLParam(r, "id")); !ok {
+		// The upstream path is built from the decoded, cleaned URL path: such an id would reach
+		// another upstream endpoint (/v1/responses/%2e%2e%2ffiles is GET /v1/files) with the
+		// deployment's key.
+		return apierror.BadRequest(fmt.Sprintf("Invalid 'response_id': %q is not a response id.", id), "response_id", "")
 	}
 	if len(cfg.Models) == 0 {
 		return apierror.NotFound("No response found with id '"+chi.URLParam(r, "id")+"': no upstream is configured in model_list.", "")
@@ -318,4 +357,20 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
+}
+
+// pathSegment decodes a path parameter as chi gives it (escaped when the URL held escapes) and
+// reports whether it is one plain path segment: not empty, not a dot segment, no slash or
+// backslash, no control character.
+func pathSegment(param string) (string, bool) {
+	id, err := url.PathUnescape(param)
+	if err != nil || id == "" || id == "." || id == ".." {
+		return id, false
+	}
+	for _, c := range id {
+		if c == '/' || c == '\\' || c < 0x20 || c == 0x7f {
+			return id, false
+		}
+	}
+	return id, true
 }

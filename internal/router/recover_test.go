@@ -23,6 +23,7 @@ func (panicking) ServeStored(http.ResponseWriter, *http.Request, string, string)
 func (panicking) ServeInputItems(http.ResponseWriter, *http.Request, string, string) error {
 	return nil
 }
+func (panicking) ServeCancel(http.ResponseWriter, *http.Request, string, string) error { return nil }
 
 func (p panicking) ServeResponses(w http.ResponseWriter, _ *http.Request, _ *intercept.Request) error {
 	if p.partial {

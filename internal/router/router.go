@@ -39,6 +39,7 @@ type Interceptor interface {
 	Minted(ctx context.Context, id string) (bool, error)
 	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error
 	ServeInputItems(w http.ResponseWriter, r *http.Request, id, caller string) error
+	ServeCancel(w http.ResponseWriter, r *http.Request, id, caller string) error
 }
 
 var _ Interceptor = (*intercept.Engine)(nil)
@@ -136,7 +137,7 @@ func New(opts Options) http.Handler {
 	s.started = s.now()
 
 	r := chi.NewRouter()
-	r.Use(requestID, accessLog(s.log), s.metrics.middleware, recoverer(s.log), s.snapshot, s.peerCheck)
+	r.Use(s.unreadBodyDeadline, requestID, accessLog(s.log), s.metrics.middleware, recoverer(s.log), s.snapshot, s.peerCheck)
 	r.NotFound(s.handle(notFound))
 	r.MethodNotAllowed(s.handle(methodNotAllowed))
 
@@ -177,7 +178,7 @@ func (s *server) api(r chi.Router) {
 	r.Get("/responses/{id}", s.handle(s.storedResponse))
 	r.Delete("/responses/{id}", s.handle(s.storedResponse))
 	r.Get("/responses/{id}/input_items", s.handle(s.inputItems))
-	r.Post("/responses/{id}/cancel", s.handle(s.byID))
+	r.Post("/responses/{id}/cancel", s.handle(s.cancelResponse))
 	r.Post("/chat/completions", s.handle(s.modelPassthrough))
 	r.Post("/completions", s.handle(s.modelPassthrough))
 	r.Post("/embeddings", s.handle(s.modelPassthrough))

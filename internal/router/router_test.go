@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -34,9 +35,15 @@ func TestRequestValidation(t *testing.T) {
 		{"JSON that is not an object", `["gpt-test"]`, "", "", "parse the JSON body"},
 		{"empty body", ``, "", "", "parse the JSON body"},
 		{"missing model", `{"input":"hi"}`, "model", "", "you must provide a model parameter"},
-		{"model that is not a string", `{"model":42}`, "model", "", "you must provide a model parameter"},
+		{"null model", `{"model":null}`, "model", "", "you must provide a model parameter"},
+		{"model that is not a string", `{"model":42}`, "model", "invalid_type", "Invalid type for 'model': expected a string, but got an integer instead."},
+		{"model that is an object", `{"model":{"name":"gpt-test"}}`, "model", "invalid_type", "Invalid type for 'model': expected a string, but got an object instead."},
 		{"empty model", `{"model":""}`, "model", "", "you must provide a model parameter"},
 		{"unknown model", `{"model":"gpt-nope"}`, "model", "model_not_found", "The model 'gpt-nope' does not exist or you do not have access to it."},
+		{"a key named twice", `{"model":"gpt-test","tools":[],"input":"x","tools":[{"type":"code_interpreter","container":{"type":"auto"}}]}`, "tools", "", "names 'tools' more than once"},
+		{"a key named twice, once escaped", `{"model":"gpt-test","tools":[],"tool\u0073":[{"type":"code_interpreter"}]}`, "tools", "", "names 'tools' more than once"},
+		{"the model named twice", `{"model":"gpt-test","model":"gpt-test"}`, "model", "", "names 'model' more than once"},
+		{"an empty key named twice", `{"model":"gpt-test","":1,"":2}`, "", "", "names '' more than once"},
 	}
 	for _, path := range []string{"/v1/responses", "/chat/completions", "/v1/completions", "/embeddings"} {
 		for _, tc := range cases {
@@ -124,6 +131,48 @@ func TestPathForms(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestByIDRefusesPathTricks: a response id is one path segment. An id that decodes to a dot
+// segment or holds a slash would make the pass-through path climb to another upstream endpoint
+// (/v1/responses/%2e%2e%2ffiles -> GET /v1/files) with the deployment's key; it is refused before
+// anything reaches the upstream.
+func TestByIDRefusesPathTricks(t *testing.T) {
+	up := newUpstream(t, nil)
+	p := newProxy(t, testConfig(up.URL+"/v1"))
+	for _, tc := range []struct{ method, path string }{
+		{http.MethodGet, "/v1/responses/%2e%2e"},
+		{http.MethodDelete, "/v1/responses/..%2f..%2ffiles%2ffile-abc"},
+		{http.MethodGet, "/v1/responses/x%2f..%2f..%2ffiles/input_items"},
+		{http.MethodPost, "/v1/responses/%2e%2e%2f%2e%2e%2fbatches%2fbatch_1/cancel"},
+		{http.MethodPost, "/v1/responses/%2e%2e/cancel"},
+		{http.MethodGet, "/v1/responses/%2e"},
+		{http.MethodGet, "/responses/a%5c..%5c..%5cfiles"},
+		{http.MethodGet, "/v1/responses/resp_%00"},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			before := len(up.requests())
+			req, err := http.NewRequest(tc.method, p.URL+tc.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer client-key")
+			resp, err := p.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("%s %s = %d %s; want 400", tc.method, tc.path, resp.StatusCode, body)
+			} else if _, typ, param, _ := decodeError(t, body); typ != "invalid_request_error" || param != "response_id" {
+				t.Errorf("error type %q param %q; want invalid_request_error on response_id", typ, param)
+			}
+			for _, r := range up.requests()[before:] {
+				t.Errorf("upstream got %s %s; want nothing sent", r.Method, r.Path)
+			}
+		})
 	}
 }
 
@@ -392,6 +441,12 @@ func (ri *recordingInterceptor) ServeInputItems(w http.ResponseWriter, r *http.R
 	return nil
 }
 
+func (ri *recordingInterceptor) ServeCancel(w http.ResponseWriter, r *http.Request, id, caller string) error {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"cancelled":"` + id + `","caller":"` + caller + `"}`))
+	return nil
+}
+
 func (ri *recordingInterceptor) recorded() []interceptCall {
 	ri.mu.Lock()
 	defer ri.mu.Unlock()
@@ -452,6 +507,10 @@ func TestInterceptor(t *testing.T) {
 	if status != http.StatusOK || gjson.GetBytes(got, "input_items_of").Str != "resp_ours" || gjson.GetBytes(got, "caller").Str != "ba7816bf8f01cfea414140de5dae2223" {
 		t.Errorf("GET /v1/responses/resp_ours/input_items = %d %s; want the interceptor's answer with the caller", status, got)
 	}
+	status, _, got = p.do(t, http.MethodPost, "/v1/responses/resp_ours/cancel", "", "Authorization", "Bearer abc")
+	if status != http.StatusOK || gjson.GetBytes(got, "cancelled").Str != "resp_ours" || gjson.GetBytes(got, "caller").Str != "ba7816bf8f01cfea414140de5dae2223" {
+		t.Errorf("POST /v1/responses/resp_ours/cancel = %d %s; want the interceptor's answer with the caller", status, got)
+	}
 	before := len(up.requests())
 	status, _, got = p.do(t, http.MethodGet, "/v1/responses/resp_theirs", "")
 	if status != http.StatusOK || gjson.GetBytes(got, "path").Str != "/v1/responses/resp_theirs" || len(up.requests()) != before+1 {
@@ -460,5 +519,9 @@ func TestInterceptor(t *testing.T) {
 	status, _, got = p.do(t, http.MethodGet, "/v1/responses/resp_theirs/input_items", "")
 	if status != http.StatusOK || gjson.GetBytes(got, "path").Str != "/v1/responses/resp_theirs/input_items" || len(up.requests()) != before+2 {
 		t.Errorf("GET /v1/responses/resp_theirs/input_items = %d %s; want it passed through", status, got)
+	}
+	status, _, got = p.do(t, http.MethodPost, "/v1/responses/resp_theirs/cancel", "")
+	if status != http.StatusOK || gjson.GetBytes(got, "path").Str != "/v1/responses/resp_theirs/cancel" || len(up.requests()) != before+3 {
+		t.Errorf("POST /v1/responses/resp_theirs/cancel = %d %s; want it passed through", status, got)
 	}
 }

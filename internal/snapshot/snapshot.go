@@ -74,8 +74,9 @@ type Store struct {
 	opts Options
 	log  *zap.Logger
 
-	reloading sync.Mutex // one reload at a time
-	failed    []byte     // the bytes of the last rejected file; guarded by reloading
+	reloading sync.Mutex     // one reload at a time
+	failed    []byte         // the bytes of the last rejected file; guarded by reloading
+	started   *config.Config // the configuration the process started with (New)
 
 	mu         sync.Mutex
 	superseded []*Snapshot // replaced snapshots not yet retired, oldest first
@@ -88,6 +89,7 @@ type Store struct {
 // nothing is left running.
 func New(ctx context.Context, cfg *config.Config, opts Options) (*Store, error) {
 	s := newStore(cfg.Path, opts)
+	s.started = cfg
 	s.logWarnings(cfg)
 	reg, err := opts.Provision(ctx, cfg.SandboxTools, nil, s.log)
 	if err != nil {
@@ -170,6 +172,11 @@ func (s *Store) Reload(ctx context.Context) error {
 			zap.Int("models", len(cfg.Models)),
 			zap.Int("sandbox_tools", len(cfg.SandboxTools)),
 			zap.Bool("interception", cfg.InterceptionActive()))
+		if changed := config.StartOnlyChanges(s.started, cfg); len(changed) > 0 {
+			// Published with the rest, but what reads them did so once, at start.
+			s.log.Warn("config reloaded; these settings apply only at the next start", zap.String("path", s.path),
+				zap.Strings("settings", changed))
+		}
 		s.logWarnings(cfg)
 	}
 	if s.opts.OnReload != nil {

@@ -298,6 +298,57 @@ func TestReloadOutcomes(t *testing.T) {
 	}
 }
 
+// A reload that changes settings read only at start (the data directory, Redis, the advertised
+// address) publishes the rest of the edit and logs one warning naming each of them, for as long as
+// the file differs from what the process started with.
+func TestReloadWarnsOfStartOnlySettings(t *testing.T) {
+	with := func(name, general, router string) string {
+		return strings.Replace(version(name, 1, "http://127.0.0.1:1"), "general_settings: {master_key: sk-master}",
+			"general_settings: {master_key: sk-master, container_secret: s3cret-s3cret-s3cret"+general+"}\nrouter_settings: {redis_url: \"redis://127.0.0.1:6379\""+router+"}", 1)
+	}
+	h := newHarness(t, with("alpha", ", data_dir: /var/lib/a", ""))
+	const warning = "config reloaded; these settings apply only at the next start"
+	settings := func() []string {
+		var got []string
+		for _, e := range h.logs.FilterMessage(warning).All() {
+			for _, f := range e.Context {
+				if f.Key == "settings" {
+					got = append(got, fmt.Sprint(f.Interface))
+				}
+			}
+		}
+		return got
+	}
+
+	h.write(with("beta", ", data_dir: /var/lib/b, advertise_url: \"http://10.0.0.2:4000\"", ", redis_db: 3"))
+	if err := h.reload(); err != nil {
+		t.Fatalf("Reload() = %v", err)
+	}
+	if snap := h.store.Load(); snap.Config.Models[0].ModelName != "beta-model-0" || snap.Config.General.DataDir != "/var/lib/b" {
+		t.Errorf("the rest of the edit was not published: %+v", snap.Config.Models)
+	}
+	want := "[general_settings.data_dir general_settings.advertise_url router_settings.redis_db]"
+	if got := settings(); h.logged("config reloaded") != 1 || len(got) != 1 || got[0] != want {
+		t.Errorf("warnings = %v; want one naming %s", got, want)
+	}
+
+	// Still not applied on the next reload; back to the start's values, nothing to warn of.
+	h.write(with("gamma", ", data_dir: /var/lib/b", ""))
+	if err := h.reload(); err != nil {
+		t.Fatalf("Reload() = %v", err)
+	}
+	if got := settings(); len(got) != 2 || got[1] != "[general_settings.data_dir]" {
+		t.Errorf("warnings = %v; want a second naming data_dir", got)
+	}
+	h.write(with("delta", ", data_dir: /var/lib/a", ""))
+	if err := h.reload(); err != nil {
+		t.Fatalf("Reload() = %v", err)
+	}
+	if got := settings(); len(got) != 2 {
+		t.Errorf("warnings = %v; want none for a file back to the start's settings", got)
+	}
+}
+
 // e2bControlPlane answers every create as e2b does a bad key (401), counting the keys it was sent: a
 // create reaching it proves which provider served it.
 // newSessions is Sessions over an embedded store in a temporary directory.

@@ -68,6 +68,10 @@ func modifyResponse(resp *http.Response) error {
 // writeError is the ReverseProxy ErrorHandler. It runs only before anything was written to w.
 func (t *Target) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		if ae := apierror.Ended(r.Context()); ae != nil {
+			apierror.Write(w, ae) // the server ended the request (shutting down): say so
+			return
+		}
 		// The client left; there is nobody to answer and nothing failed upstream.
 		w.WriteHeader(StatusClientClosedRequest)
 		return

@@ -90,8 +90,23 @@ func (e *StatusError) Write(w http.ResponseWriter) {
 	_, _ = w.Write(e.Body)
 }
 
-// maxAnswerBody bounds a non-streaming answer, or an error body, read into memory.
-const maxAnswerBody = 64 << 20
+// maxAnswerBody bounds a non-streaming answer read into memory; maxErrorBody an error answer's
+// body (OpenAI's are a few hundred bytes; one larger says nothing a client needs).
+const (
+	maxAnswerBody = 64 << 20
+	maxErrorBody  = 1 << 20
+)
+
+// readErrorBody reads an upstream's error answer of the given status, at most maxErrorBody: a
+// larger one is replaced by an OpenAI-shaped error saying so, since a cut body would reach the
+// client as broken JSON.
+func readErrorBody(r io.Reader, status int) []byte {
+	b, _ := io.ReadAll(io.LimitReader(r, maxErrorBody+1))
+	if len(b) <= maxErrorBody {
+		return b
+	}
+	return fmt.Appendf(nil, `{"error":{"message":"The upstream answered %d with an error body over %d bytes, which this proxy does not relay.","type":"upstream_error","param":null,"code":null}}`, status, maxErrorBody)
+}
 
 var _ ResponsesAPI = (*Target)(nil)
 
@@ -108,13 +123,18 @@ func (t *Target) Responses(ctx context.Context, body []byte, h http.Header) (Res
 
 // ReadAnswer returns the events of resp, an upstream's HTTP answer to a Responses request (ctx is
 // the request's): a text/event-stream body is read event by event (data: [DONE] is skipped); any
-// other 2xx body is read whole (at most 64 MiB) as one Response object, which must hold an output
-// list. A non-2xx answer is read (at most 64 MiB), closed and returned as a *StatusError. The
-// caller closes the events.
+// other 2xx body is read whole as one Response object (valid JSON of at most 64 MiB), which must
+// hold an output list. A 4xx or 5xx answer is read (see readErrorBody), closed and returned as a
+// *StatusError. Any other status (a redirect, which is never followed, or a stray 1xx) is
+// ErrMalformed: relayed, it would be a bodyless answer no client can read. The caller closes the
+// events.
 func ReadAnswer(ctx context.Context, resp *http.Response) (ResponseEvents, error) {
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody))
+		if resp.StatusCode < 400 {
+			return nil, fmt.Errorf("%w: the upstream answered %d (redirects are not followed)", ErrMalformed, resp.StatusCode)
+		}
+		b := readErrorBody(resp.Body, resp.StatusCode)
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("reading the upstream's error: %w", ctx.Err())
 		}
@@ -157,12 +177,20 @@ func (a *jsonAnswer) Next() ([]byte, error) {
 		return nil, io.EOF
 	}
 	a.read = true
-	b, err := io.ReadAll(io.LimitReader(a.body, maxAnswerBody))
+	b, err := io.ReadAll(io.LimitReader(a.body, maxAnswerBody+1))
 	if err != nil {
 		return nil, err
 	}
+	if len(b) > maxAnswerBody {
+		// Cut at the cap, its start may still parse as a complete answer.
+		return nil, fmt.Errorf("%w: answer over %d bytes", ErrMalformed, maxAnswerBody)
+	}
 	if !jsondepth.Within(b, jsondepth.Max-1) { // its terminal event adds one level
 		return nil, fmt.Errorf("%w: JSON nested deeper than %d levels", ErrMalformed, jsondepth.Max)
+	}
+	// gjson reads a cut or trailing-garbage document leniently; the answer must be whole.
+	if !gjson.ValidBytes(b) {
+		return nil, fmt.Errorf("%w: not valid JSON", ErrMalformed)
 	}
 	root := gjson.ParseBytes(b)
 	if !root.IsObject() || !root.Get("output").IsArray() {

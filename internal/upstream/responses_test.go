@@ -2,10 +2,13 @@ package upstream
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -50,6 +53,18 @@ func TestTargetResponses(t *testing.T) {
 			[]string{`{"type":"response.failed","response":{"status":"failed","output":[],"error":{"code":"server_error"}}}`}, nil},
 		{"a JSON answer without output is malformed", status(200, `{"id":"resp_up"}`), nil, ErrMalformed},
 		{"a JSON answer that is not an object is malformed", status(200, `[1]`), nil, ErrMalformed},
+		{"a JSON answer cut short is malformed", status(200, `{"status":"completed","output":[],"x":"abc`), nil, ErrMalformed},
+		{"a JSON answer with trailing bytes is malformed", status(200, `{"status":"completed","output":[]} {"y":1}`), nil, ErrMalformed},
+		{"a JSON answer over the size cap is malformed, not truncated", func(w http.ResponseWriter, r *http.Request) {
+			// Valid JSON whose start alone looks like a complete, empty answer.
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"status":"completed","output":[],"x":"`)
+			chunk := []byte(strings.Repeat("a", 1<<20))
+			for range maxAnswerBody / len(chunk) {
+				_, _ = w.Write(chunk)
+			}
+			_, _ = io.WriteString(w, `"}`)
+		}, nil, ErrMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -97,6 +112,35 @@ func TestTargetResponsesErrors(t *testing.T) {
 		if w.Code != http.StatusTooManyRequests || w.Body.String() != body || w.Header().Get("Retry-After") != "3" ||
 			w.Header().Get("Content-Type") != "application/json" || w.Header().Get("X-Internal") != "" {
 			t.Errorf("Write = %d %v %s", w.Code, w.Header(), w.Body.String())
+		}
+	})
+	t.Run("a redirect is malformed, never followed", func(t *testing.T) {
+		for _, code := range []int{http.StatusFound, http.StatusTemporaryRedirect, http.StatusNotModified} {
+			var followed atomic.Bool
+			elsewhere := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { followed.Store(true) })
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Location", elsewhere.URL+"/v1/responses")
+				w.WriteHeader(code)
+			})
+			target := newTestClient(t, nil).Target([]config.Deployment{dep("m-up", up.URL, "")})
+			_, err := target.Responses(context.Background(), []byte(`{"model":"m"}`), http.Header{})
+			if !errors.Is(err, ErrMalformed) || followed.Load() {
+				t.Errorf("%d: Responses = %v, followed %v; want ErrMalformed, not followed", code, err, followed.Load())
+			}
+		}
+	})
+	t.Run("an error body over the cap is replaced, not cut", func(t *testing.T) {
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"`+strings.Repeat("x", maxErrorBody)+`"}}`)
+		})
+		target := newTestClient(t, nil).Target([]config.Deployment{dep("m-up", up.URL, "")})
+		_, err := target.Responses(context.Background(), []byte(`{"model":"m"}`), http.Header{})
+		var se *StatusError
+		if !errors.As(err, &se) || se.Status != http.StatusBadRequest || !json.Valid(se.Body) || len(se.Body) > 1024 ||
+			!strings.Contains(string(se.Body), "error body over") {
+			t.Fatalf("Responses = %v; want a 400 StatusError with a short valid body", err)
 		}
 	})
 	t.Run("an upstream nobody answers is a 502", func(t *testing.T) {
