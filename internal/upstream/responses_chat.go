@@ -96,7 +96,7 @@ func NewChatRequest(body []byte, opts ChatOptions) (*ChatRequest, error) {
 	}
 	t := &chatTranslation{opts: opts, out: chatBody{}}
 	t.msgs.field = opts.ReasoningField
-	t.msgs.open = -1
+	t.msgs.open, t.msgs.lastOther = -1, -1
 	var err error
 	root.ForEach(func(k, v gjson.Result) bool {
 		err = t.field(k.Str, v)
@@ -494,6 +494,16 @@ func (t *chatTranslation) finish() error {
 		if err != nil {
 			return err
 		}
+		if t.msgs.items == 0 {
+			return emptyArray("input")
+		}
+		if err := t.msgs.checkAnswered(); err != nil {
+			return err
+		}
+	default:
+		// OpenAI's answer to a request without input (and without previous_response_id, which
+		// the caller has resolved into input items), instructions or not.
+		return missing("input")
 	}
 	t.out.Messages = t.msgs.list
 	if t.out.Messages == nil {
