@@ -43,6 +43,12 @@ func TestChatDeploymentRefusesAsOpenAI(t *testing.T) {
 		{"instructions without input", `{"model":"gpt-test","instructions":"be brief",` + ci + `}`, "input", "missing_required_parameter", "Missing required parameter: 'input'."},
 		{"input of the wrong type", `{"model":"gpt-test","input":5,` + ci + `}`, "input", "invalid_type", "Invalid type for 'input'"},
 		{"tools of the wrong type", `{"model":"gpt-test","input":"x","tools":{"type":"code_interpreter","container":{"type":"auto"}}}`, "tools", "invalid_type", "Invalid type for 'tools'"},
+		{"tool_choice code_interpreter without the tool",
+			`{"model":"gpt-test","input":"x","tools":[` + fn + `],"tool_choice":{"type":"code_interpreter"}}`,
+			"tool_choice", "", "Tool choice 'code_interpreter' not found in 'tools' parameter."},
+		{"tool_choice web_search_preview without the tool",
+			`{"model":"gpt-test","input":"x","tool_choice":{"type":"web_search_preview"}}`,
+			"tool_choice", "", "Tool choice 'web_search_preview' not found in 'tools' parameter."},
 	}
 	for _, api := range []upstreamAPI{vllmAPI, llamaCppAPI} {
 		for _, tt := range tests {

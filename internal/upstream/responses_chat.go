@@ -77,6 +77,14 @@ var chatOwned = map[string]bool{
 	"verbosity": true, "modalities": true, "audio": true, "prediction": true, "web_search_options": true,
 }
 
+// hostedToolChoice are the types of tool_choice that force a built-in tool ({"type":"web_search"}):
+// OpenAI's ToolChoiceTypes, and the later tools chosen the same way.
+var hostedToolChoice = map[string]bool{
+	"code_interpreter": true, "file_search": true, "web_search": true, "web_search_preview": true,
+	"web_search_preview_2025_03_11": true, "image_generation": true, "computer": true, "computer_use": true,
+	"computer_use_preview": true, "apply_patch": true, "shell": true,
+}
+
 // NewChatRequest translates a Responses request body into a Chat Completions request; see
 // docs/chat-completions.md for the mapping. body is neither modified nor retained.
 //
@@ -636,6 +644,11 @@ func (t *chatTranslation) toolList() error {
 			tools = allowed
 			t.out.ToolChoice = `"` + mode + `"`
 		default:
+			if hostedToolChoice[typ] {
+				// Every tool in tools is a function by now (any other was refused above), so the
+				// hosted tool it forces is not there: OpenAI's answer for a choice not in tools.
+				return invalid("tool_choice", "Tool choice '"+typ+"' not found in 'tools' parameter.")
+			}
 			return unsupportedValue("tool_choice.type", "Tool choice type '"+typ+"' is not supported for this model: its upstream speaks only "+
 				"Chat Completions, which takes function tools only.")
 		}

@@ -158,7 +158,6 @@ func TestNewChatRequestRefuses(t *testing.T) {
 		{"a custom tool", `{"model":"m","input":"x","tools":[{"type":"custom","name":"c"}]}`, ErrChatUnsupported, "tools[0].type", "unsupported_value"},
 		{"a function without a name", `{"model":"m","input":"x","tools":[{"type":"function","parameters":{}}]}`, ErrChatInvalid, "tools[0].name", "missing_required_parameter"},
 		{"parameters that are not an object", `{"model":"m","input":"x","tools":[{"type":"function","name":"f","parameters":[]}]}`, ErrChatInvalid, "tools[0].parameters", "invalid_type"},
-		{"a hosted tool_choice", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"code_interpreter"}}`, ErrChatUnsupported, "tool_choice.type", "unsupported_value"},
 		{"a tool_choice naming no tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"g"}}`, ErrChatInvalid, "tool_choice", "invalid_value"},
 		{"required without tools", `{"model":"m","input":"x","tool_choice":"required"}`, ErrChatInvalid, "tool_choice", "invalid_value"},
 		{"an unknown tool_choice", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":"any"}`, ErrChatInvalid, "tool_choice", "invalid_value"},
@@ -189,6 +188,8 @@ func TestNewChatRequestRefuses(t *testing.T) {
 		{"a json_schema without a name", `{"model":"m","input":"x","text":{"format":{"type":"json_schema","schema":{}}}}`, ErrChatInvalid, "text.format.name", "missing_required_parameter"},
 		{"a Chat Completions field", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, ErrChatUnsupported, "messages", "unsupported_parameter"},
 		{"max_tokens", `{"model":"m","input":"x","max_tokens":5}`, ErrChatUnsupported, "max_tokens", "unsupported_parameter"},
+		{"a hosted tool_choice without its tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"code_interpreter"}}`, ErrChatInvalid, "tool_choice", ""},
+		{"an unknown tool_choice type", `{"model":"m","input":"x","tool_choice":{"type":"telepathy"}}`, ErrChatUnsupported, "tool_choice.type", "unsupported_value"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
