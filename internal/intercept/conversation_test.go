@@ -192,6 +192,15 @@ func testUpstreamErrors(t *testing.T, api upstreamAPI) {
 		{"second call stream", true, []upstreamtest.Turn{calls("1"), {Error: rate}}, 200, "", "rate_limit_exceeded"},
 		{"failed mid-stream", true, []upstreamtest.Turn{calls("1"), {Items: []upstreamtest.Item{upstreamtest.Text("x")}, Fail: &upstreamtest.Failure{After: 0, Code: "server_error", Message: "boom"}}}, 200, "", "server_error"},
 		{"cut mid-stream", true, []upstreamtest.Turn{{Items: []upstreamtest.Item{upstreamtest.Text("hello there")}, Cut: true, CutAfter: 4}}, 200, "", "upstream_error"},
+		// A JSON answer whose body breaks off, or is not JSON: the upstream was reached.
+		{"json cut after the headers", false, []upstreamtest.Turn{{Items: []upstreamtest.Item{upstreamtest.Text("hello there")}, Cut: true}}, 502, "upstream_error", ""},
+		{"json cut mid-body", false, []upstreamtest.Turn{calls("1"), {Items: []upstreamtest.Item{upstreamtest.Text("hello there")}, Cut: true, CutAfter: 30}}, 502, "upstream_error", ""},
+		{"json not JSON", false, []upstreamtest.Turn{{Error: &upstreamtest.HTTPError{Status: 200, Body: "<html>busy</html>"}}}, 502, "upstream_error", ""},
+	}
+	messages := map[string]string{
+		"json cut after the headers": "The upstream's response ended early.",
+		"json cut mid-body":          "The upstream's response ended early.",
+		"json not JSON":              "The upstream's response could not be read.",
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -212,6 +221,9 @@ func testUpstreamErrors(t *testing.T, api upstreamAPI) {
 			if tt.code != "" {
 				if c := gjson.GetBytes(raw, "error.code").String(); c != tt.code {
 					t.Errorf("error code = %q; want %q (%s)", c, tt.code, raw)
+				}
+				if m, ok := messages[tt.name]; ok && gjson.GetBytes(raw, "error.message").String() != m {
+					t.Errorf("error message = %s; want %q", gjson.GetBytes(raw, "error.message").Raw, m)
 				}
 				return
 			}

@@ -70,10 +70,13 @@ var (
 	responsesAPI = upstreamAPI{name: "responses"}
 	vllmAPI      = upstreamAPI{name: "vllm", chat: true, server: []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM)}}
 	llamaCppAPI  = upstreamAPI{name: "llamacpp", chat: true, server: []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatLlamaCpp)}}
+	// nullsAPI is vLLM's answers with every field of the openai SDK's models that they leave
+	// out sent as null, as servers and proxies built on those models send them.
+	nullsAPI = upstreamAPI{name: "vllm-nulls", chat: true, server: []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM), upstreamtest.WithChatNulls()}}
 )
 
 // upstreamAPIs are the APIs the interception tests run against, once each.
-var upstreamAPIs = []upstreamAPI{responsesAPI, vllmAPI, llamaCppAPI}
+var upstreamAPIs = []upstreamAPI{responsesAPI, vllmAPI, llamaCppAPI, nullsAPI}
 
 // onAPI makes the harness's upstream speak api.
 func onAPI(api upstreamAPI) harnessOpt { return func(h *harness) { h.api = api } }

@@ -239,7 +239,7 @@ func testUsageIsSummed(t *testing.T, api upstreamAPI) {
 	want := map[string]int64{"input_tokens": 600, "input_tokens_details.cached_tokens": 120, "output_tokens": 90, "output_tokens_details.reasoning_tokens": 12, "total_tokens": 690}
 	// What each chat server reports: vLLM no reasoning tokens, llama.cpp no details at all.
 	switch api.name {
-	case vllmAPI.name:
+	case vllmAPI.name, nullsAPI.name:
 		want["output_tokens_details.reasoning_tokens"] = 0
 	case llamaCppAPI.name:
 		want["output_tokens_details.reasoning_tokens"], want["input_tokens_details.cached_tokens"] = 0, 0

@@ -374,6 +374,9 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 		r.base, _ = sjson.DeleteBytes(r.base, "previous_response_id") // null or "": not sent
 	}
 	in := gjson.GetBytes(r.raw, "input")
+	if in.Type == gjson.Null {
+		in = gjson.Result{} // null stands for absent: no [null] input
+	}
 	switch {
 	case in.Type == gjson.String && len(pending) == 0:
 		r.inputString = true

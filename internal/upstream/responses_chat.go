@@ -77,6 +77,14 @@ var chatOwned = map[string]bool{
 	"verbosity": true, "modalities": true, "audio": true, "prediction": true, "web_search_options": true,
 }
 
+// hostedToolChoice are the types of tool_choice that force a built-in tool ({"type":"web_search"}):
+// OpenAI's ToolChoiceTypes, and the later tools chosen the same way.
+var hostedToolChoice = map[string]bool{
+	"code_interpreter": true, "file_search": true, "web_search": true, "web_search_preview": true,
+	"web_search_preview_2025_03_11": true, "image_generation": true, "computer": true, "computer_use": true,
+	"computer_use_preview": true, "apply_patch": true, "shell": true,
+}
+
 // NewChatRequest translates a Responses request body into a Chat Completions request; see
 // docs/chat-completions.md for the mapping. body is neither modified nor retained.
 //
@@ -96,7 +104,7 @@ func NewChatRequest(body []byte, opts ChatOptions) (*ChatRequest, error) {
 	}
 	t := &chatTranslation{opts: opts, out: chatBody{}}
 	t.msgs.field = opts.ReasoningField
-	t.msgs.open = -1
+	t.msgs.open, t.msgs.lastOther = -1, -1
 	var err error
 	root.ForEach(func(k, v gjson.Result) bool {
 		err = t.field(k.Str, v)
@@ -494,6 +502,16 @@ func (t *chatTranslation) finish() error {
 		if err != nil {
 			return err
 		}
+		if t.msgs.items == 0 {
+			return emptyArray("input")
+		}
+		if err := t.msgs.checkAnswered(); err != nil {
+			return err
+		}
+	default:
+		// OpenAI's answer to a request without input (and without previous_response_id, which
+		// the caller has resolved into input items), instructions or not.
+		return missing("input")
 	}
 	t.out.Messages = t.msgs.list
 	if t.out.Messages == nil {
@@ -626,6 +644,11 @@ func (t *chatTranslation) toolList() error {
 			tools = allowed
 			t.out.ToolChoice = `"` + mode + `"`
 		default:
+			if hostedToolChoice[typ] {
+				// Every tool in tools is a function by now (any other was refused above), so the
+				// hosted tool it forces is not there: OpenAI's answer for a choice not in tools.
+				return invalid("tool_choice", "Tool choice '"+typ+"' not found in 'tools' parameter.")
+			}
 			return unsupportedValue("tool_choice.type", "Tool choice type '"+typ+"' is not supported for this model: its upstream speaks only "+
 				"Chat Completions, which takes function tools only.")
 		}

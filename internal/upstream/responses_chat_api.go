@@ -15,6 +15,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
@@ -39,7 +40,8 @@ var _ ResponsesAPI = (*ChatAPI)(nil)
 // /chat/completions with Post's failover. A streamed answer is translated chunk by chunk as the
 // events are read (ChatStream); a JSON answer is read whole here and arrives as one terminal
 // event, so an error object sent with a 2xx status is returned here as the *apierror.Error it
-// maps to. A non-2xx answer is a *StatusError with the upstream's status and retry headers, and
+// maps to, and so is a body that breaks off (502 upstream_error "ended early") or cannot be
+// read (502 upstream_error, wrapping ErrMalformed or ErrChatShape). A non-2xx answer is a *StatusError with the upstream's status and retry headers, and
 // its body as it came when it is OpenAI's error shape, else mapped into it (ChatError).
 func (c *ChatAPI) Responses(ctx context.Context, body []byte, h http.Header) (ResponseEvents, error) {
 	r, err := NewChatRequest(body, c.opts)
@@ -63,21 +65,31 @@ func (c *ChatAPI) Responses(ctx context.Context, body []byte, h http.Header) (Re
 		return &chatStreamAnswer{rd: NewSSEReader(resp.Body), body: resp.Body, s: r.NewStream(id, 0)}, nil
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody+1))
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("reading the upstream's answer: %w", ctx.Err())
 		}
-		return nil, fmt.Errorf("reading the upstream's answer: %w", err)
+		// The upstream was reached and answered 2xx: its body broke off, as a stream can.
+		return nil, apierror.BadGateway("The upstream's response ended early.", "upstream_error", fmt.Errorf("reading the upstream's answer: %w", err))
+	}
+	if len(b) > maxAnswerBody {
+		return nil, malformedAnswer(fmt.Errorf("%w: answer over %d bytes", ErrMalformed, maxAnswerBody))
 	}
 	if !jsondepth.Within(b, jsondepth.Max-2) { // the Response nests it one level down, its event two
-		return nil, fmt.Errorf("%w: JSON nested deeper than %d levels", ErrMalformed, jsondepth.Max)
+		return nil, malformedAnswer(fmt.Errorf("%w: JSON nested deeper than %d levels", ErrMalformed, jsondepth.Max))
 	}
 	out, err := r.Response(b, id, 0)
 	if err != nil {
 		return nil, err
 	}
 	return &terminalAnswer{data: TerminalEvent(out)}, nil
+}
+
+// malformedAnswer is a 2xx JSON answer that cannot be read, as the client is told of it: what
+// the engine says of a native upstream's unreadable answer.
+func malformedAnswer(err error) error {
+	return apierror.BadGateway("The upstream's response could not be read.", "upstream_error", err)
 }
 
 // terminalAnswer is an answer read in full: its one terminal event.

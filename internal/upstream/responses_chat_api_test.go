@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -163,6 +164,18 @@ func TestChatAPIErrors(t *testing.T) {
 			}
 			if m := gjson.Get(evs[n-2], "error.message").String(); m != "boom" {
 				t.Errorf("error event = %s", evs[n-2])
+			}
+		})
+	}
+
+	for _, cut := range []int{0, 25} {
+		t.Run(fmt.Sprintf("a JSON answer cut after %d bytes ended early", cut), func(t *testing.T) {
+			up := upstreamtest.New(t, upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM))
+			up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("hello there")}, Cut: true, CutAfter: cut})
+			_, err := chatAPI(t, up, ChatOptions{}).Responses(context.Background(), []byte(`{"model":"m","input":"x"}`), http.Header{})
+			var ae *apierror.Error
+			if !errors.As(err, &ae) || ae.Status != 502 || ae.Code != "upstream_error" || ae.Message != "The upstream's response ended early." {
+				t.Errorf("Responses = %v; want 502 upstream_error, ended early", err)
 			}
 		})
 	}

@@ -225,3 +225,8 @@ func missing(param string) error {
 	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "missing_required_parameter",
 		Message: "Missing required parameter: '" + param + "'.", Err: ErrChatInvalid}
 }
+
+func emptyArray(param string) error {
+	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "empty_array",
+		Message: "Invalid '" + param + "': empty array. Expected an array with minimum length 1, but got an empty array instead.", Err: ErrChatInvalid}
+}

@@ -19,6 +19,19 @@ type messageList struct {
 	// reasoning is the text of reasoning items waiting for the next assistant message.
 	reasoning    strings.Builder
 	hasReasoning bool
+
+	// The pairing of function calls and outputs, checked as OpenAI checks it: every output
+	// answers a call before it, and every call is answered unless nothing but calls follows it.
+	items     int            // input items so far
+	calls     map[string]int // call_id → index of its call among calls, while unanswered
+	callOrder []callSeen     // the calls in input order
+	lastOther int            // index of the last item that is not a function_call, -1 for none
+}
+
+type callSeen struct {
+	id       string
+	item     int // its input item's index
+	answered bool
 }
 
 func (m *messageList) add(msg chatMessage) {
@@ -73,6 +86,9 @@ func (m *messageList) item(param string, it gjson.Result) error {
 	typ := f.typ.String()
 	if typ == "" && f.role.Exists() {
 		typ = "message"
+	}
+	if m.items++; typ != "function_call" {
+		m.lastOther = m.items - 1
 	}
 	switch typ {
 	case "message":
@@ -266,6 +282,13 @@ func (m *messageList) functionCall(param string, it inputItem) error {
 	if args.Type != gjson.String {
 		return invalidType(param+".arguments", "a string")
 	}
+	if m.calls == nil {
+		m.calls = map[string]int{}
+	}
+	if _, dup := m.calls[callID.Str]; !dup {
+		m.calls[callID.Str] = len(m.callOrder)
+		m.callOrder = append(m.callOrder, callSeen{id: callID.Str, item: m.items - 1})
+	}
 	call := chatToolCall{ID: callID.Str, Name: name.Str, Arguments: raw(args)}
 	if m.open < 0 {
 		// A turn that starts with calls: the message has no text.
@@ -282,6 +305,12 @@ func (m *messageList) functionOutput(param string, it inputItem) error {
 	if callID.Type != gjson.String || callID.Str == "" {
 		return missing(param + ".call_id")
 	}
+	k, ok := m.calls[callID.Str]
+	if !ok {
+		// What a chat server would refuse as an orphan tool message, in OpenAI's own words.
+		return invalid("input", "No tool call found for function call output with call_id "+callID.Str+".")
+	}
+	m.callOrder[k].answered = true
 	out := it.output
 	var content string
 	switch {
@@ -309,5 +338,17 @@ func (m *messageList) functionOutput(param string, it inputItem) error {
 		return invalidType(param+".output", "a string or an array of content parts")
 	}
 	m.add(chatMessage{Role: "tool", Content: content, ToolCallID: callID.Str})
+	return nil
+}
+
+// checkAnswered returns OpenAI's error for the first function call that no output answers
+// although more input than calls follows it: a chat server would refuse the assistant message
+// whose tool call is unanswered. Calls at the very end may stay unanswered.
+func (m *messageList) checkAnswered() error {
+	for _, c := range m.callOrder {
+		if !c.answered && c.item < m.lastOther {
+			return invalid("input", "No tool output found for function call "+c.id+".")
+		}
+	}
 	return nil
 }

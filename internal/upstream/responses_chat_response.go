@@ -87,6 +87,9 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	}
 	var calls []callItem
 	var err error
+	if !present(toolCalls) {
+		toolCalls = gjson.Result{} // null beside text, as OpenAI and vLLM send it: no calls
+	}
 	toolCalls.ForEach(func(_, tc gjson.Result) bool {
 		var id, fn, name, arguments gjson.Result
 		readFields(tc, field{"id", &id}, field{"function", &fn})
@@ -193,6 +196,9 @@ func argumentsText(a gjson.Result) (string, error) {
 // logprobElems appends the elements of a chat logprobs.content array (the same objects
 // Responses uses: token, logprob, bytes, top_logprobs) to dst, comma-separated and compacted.
 func logprobElems(dst []byte, content gjson.Result) ([]byte, error) {
+	if !content.IsArray() {
+		return dst, nil // absent, or null as OpenAI sends it beside a refusal
+	}
 	var err error
 	content.ForEach(func(_, lp gjson.Result) bool {
 		if len(dst) > 0 {
@@ -220,13 +226,13 @@ func chatUsage(u gjson.Result) *responseUsage {
 		return nil
 	}
 	out := &responseUsage{input: u.Get("prompt_tokens").Int(), output: u.Get("completion_tokens").Int()}
-	if c := u.Get("prompt_tokens_details.cached_tokens"); c.Exists() {
+	if c := u.Get("prompt_tokens_details.cached_tokens"); present(c) {
 		out.cached = c.Int()
 	} else {
 		out.cached = u.Get("prompt_cache_hit_tokens").Int() // DeepSeek
 	}
 	out.reasoning = u.Get("completion_tokens_details.reasoning_tokens").Int()
-	if t := u.Get("total_tokens"); t.Exists() {
+	if t := u.Get("total_tokens"); present(t) {
 		out.total = t.Int()
 	} else {
 		out.total = out.input + out.output

@@ -28,6 +28,8 @@ var chatFlavours = []struct {
 	{"vLLM", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM)}, ChatOptions{ReasoningField: "reasoning_content"}, true},
 	{"vLLM 0.10", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM), upstreamtest.WithChatReasoningField("reasoning")}, ChatOptions{ReasoningField: "reasoning"}, true},
 	{"llama.cpp", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatLlamaCpp)}, ChatOptions{ReasoningField: "reasoning_content"}, true},
+	{"OpenAI with the SDK's nulls", []upstreamtest.Option{upstreamtest.WithChatNulls()}, ChatOptions{MaxCompletionTokens: true}, false},
+	{"vLLM with the SDK's nulls", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM), upstreamtest.WithChatNulls()}, ChatOptions{ReasoningField: "reasoning_content"}, true},
 }
 
 // exchange posts the translated request to the scripted server and translates its answer into

@@ -343,7 +343,9 @@ func (s *ChatStream) delta(d, logprobs string) error {
 				refusal = t
 			}
 		case "tool_calls":
-			calls = c.raw()
+			if v := c.raw(); v != "null" { // null: no calls, as OpenAI's SDK models dump a text delta
+				calls = v
+			}
 		}
 	})
 	if s.finished && (reasoning.Exists() || content.Exists() || refusal.Exists() || hasElements(calls)) {

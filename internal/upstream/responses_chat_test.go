@@ -111,9 +111,9 @@ func TestNewChatRequest(t *testing.T) {
 		{"fields Responses does not define pass through",
 			`{"model":"m","input":"x","top_k":20,"chat_template_kwargs":{"enable_thinking":false},"top_k":40}`,
 			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"top_k":40,"chat_template_kwargs":{"enable_thinking":false}}`},
-		{"an empty input array gives no messages",
-			`{"model":"m","input":[]}`,
-			ChatOptions{}, `{"model":"m","messages":[]}`},
+		{"calls at the end may stay unanswered",
+			`{"model":"m","input":[{"role":"user","content":"x"},{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call","call_id":"b","name":"f","arguments":"{}"}]}`,
+			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -158,7 +158,6 @@ func TestNewChatRequestRefuses(t *testing.T) {
 		{"a custom tool", `{"model":"m","input":"x","tools":[{"type":"custom","name":"c"}]}`, ErrChatUnsupported, "tools[0].type", "unsupported_value"},
 		{"a function without a name", `{"model":"m","input":"x","tools":[{"type":"function","parameters":{}}]}`, ErrChatInvalid, "tools[0].name", "missing_required_parameter"},
 		{"parameters that are not an object", `{"model":"m","input":"x","tools":[{"type":"function","name":"f","parameters":[]}]}`, ErrChatInvalid, "tools[0].parameters", "invalid_type"},
-		{"a hosted tool_choice", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"code_interpreter"}}`, ErrChatUnsupported, "tool_choice.type", "unsupported_value"},
 		{"a tool_choice naming no tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"g"}}`, ErrChatInvalid, "tool_choice", "invalid_value"},
 		{"required without tools", `{"model":"m","input":"x","tool_choice":"required"}`, ErrChatInvalid, "tool_choice", "invalid_value"},
 		{"an unknown tool_choice", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":"any"}`, ErrChatInvalid, "tool_choice", "invalid_value"},
@@ -174,7 +173,13 @@ func TestNewChatRequestRefuses(t *testing.T) {
 		{"an unknown role", `{"model":"m","input":[{"role":"critic","content":"x"}]}`, ErrChatInvalid, "input[0].role", "invalid_value"},
 		{"a call without call_id", `{"model":"m","input":[{"type":"function_call","name":"f","arguments":"{}"}]}`, ErrChatInvalid, "input[0].call_id", "missing_required_parameter"},
 		{"arguments that are not a string", `{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":{}}]}`, ErrChatInvalid, "input[0].arguments", "invalid_type"},
-		{"an image in a function output", `{"model":"m","input":[{"type":"function_call_output","call_id":"a","output":[{"type":"input_image","image_url":"https://x"}]}]}`, ErrChatUnsupported, "input[0].output[0].type", "unsupported_value"},
+		{"an image in a function output", `{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"a","output":[{"type":"input_image","image_url":"https://x"}]}]}`, ErrChatUnsupported, "input[1].output[0].type", "unsupported_value"},
+		// OpenAI's own errors for what a chat server would refuse in its terms (messages[...]).
+		{"no input", `{"model":"m","instructions":"be brief"}`, ErrChatInvalid, "input", "missing_required_parameter"},
+		{"an empty input", `{"model":"m","input":[]}`, ErrChatInvalid, "input", "empty_array"},
+		{"an output answering no call", `{"model":"m","input":[{"role":"user","content":"x"},{"type":"function_call_output","call_id":"a","output":"1"}]}`, ErrChatInvalid, "input", ""},
+		{"a call unanswered before more input", `{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call","call_id":"b","name":"f","arguments":"{}"},` +
+			`{"type":"function_call_output","call_id":"b","output":"1"}]}`, ErrChatInvalid, "input", ""},
 		{"an item that is not an object", `{"model":"m","input":["x"]}`, ErrChatInvalid, "input[0]", "invalid_type"},
 		{"input that is a number", `{"model":"m","input":1}`, ErrChatInvalid, "input", "invalid_type"},
 		{"a temperature that is a string", `{"model":"m","input":"x","temperature":"hot"}`, ErrChatInvalid, "temperature", "invalid_type"},
@@ -183,6 +188,8 @@ func TestNewChatRequestRefuses(t *testing.T) {
 		{"a json_schema without a name", `{"model":"m","input":"x","text":{"format":{"type":"json_schema","schema":{}}}}`, ErrChatInvalid, "text.format.name", "missing_required_parameter"},
 		{"a Chat Completions field", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, ErrChatUnsupported, "messages", "unsupported_parameter"},
 		{"max_tokens", `{"model":"m","input":"x","max_tokens":5}`, ErrChatUnsupported, "max_tokens", "unsupported_parameter"},
+		{"a hosted tool_choice without its tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"code_interpreter"}}`, ErrChatInvalid, "tool_choice", ""},
+		{"an unknown tool_choice type", `{"model":"m","input":"x","tool_choice":{"type":"telepathy"}}`, ErrChatUnsupported, "tool_choice.type", "unsupported_value"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

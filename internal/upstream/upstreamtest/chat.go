@@ -17,9 +17,11 @@ type ChatFlavour int
 
 const (
 	// ChatOpenAI answers as OpenAI's API does: no reasoning text (reasoning items are dropped),
-	// a role chunk with content "" and refusal null, a tool call's first delta with id, type,
-	// name and empty arguments, finish_reason in a chunk with an empty delta, usage in a last
-	// chunk with no choices, obfuscation padding on chunks. Assistant messages that carry
+	// a role chunk with content "" and refusal null (for an answer that is calls only, the role
+	// comes in the first call's chunk, with content and refusal null), a tool call's first delta
+	// with id, type, name and empty arguments, finish_reason in a chunk with an empty delta,
+	// usage in a last chunk with no choices ("usage":null on the others), obfuscation padding on
+	// chunks. Assistant messages that carry
 	// reasoning_content or reasoning are refused.
 	ChatOpenAI ChatFlavour = iota
 	// ChatVLLM answers as vLLM's OpenAI server does: reasoning as reasoning_content (see
@@ -430,7 +432,11 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, req Request, 
 		}
 	}
 	if !req.Stream {
-		body := mustMarshal(s.chatCompletion(ct, id, created, model, chatUsage))
+		completion := s.chatCompletion(ct, id, created, model, chatUsage)
+		if s.nulls {
+			completion = nullChunk(completion, true, s.reasoningKey())
+		}
+		body := mustMarshal(completion)
 		w.Header().Set("Content-Type", "application/json")
 		if t.Cut {
 			w.WriteHeader(http.StatusOK)
@@ -535,7 +541,12 @@ func llamaTimings(u obj) obj {
 // "error: ..."), in order.
 func (s *Server) chatChunks(ct chatTurn, t Turn, id string, created int64, model string, u obj, includeUsage bool) []string {
 	var lines []string
-	add := func(o obj) { lines = append(lines, "data: "+string(mustMarshal(o))) }
+	add := func(o obj) {
+		if s.nulls {
+			o = nullChunk(o, false, s.reasoningKey())
+		}
+		lines = append(lines, "data: "+string(mustMarshal(o)))
+	}
 	chunk := func(delta obj, finish any) {
 		switch s.flavour {
 		case ChatVLLM:
@@ -548,10 +559,13 @@ func (s *Server) chatChunks(ct chatTurn, t Turn, id string, created int64, model
 			add(obj{{"choices", []any{obj{{"finish_reason", finish}, {"index", 0}, {"delta", delta}}}}, {"created", created},
 				{"id", id}, {"model", model}, {"system_fingerprint", "b6000-ciproxy"}, {"object", "chat.completion.chunk"}})
 		default:
-			add(obj{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+			o := obj{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
 				{"service_tier", "default"}, {"system_fingerprint", nil},
-				{"choices", []any{obj{{"index", 0}, {"delta", delta}, {"logprobs", nil}, {"finish_reason", finish}}}},
-				{"obfuscation", s.obfuscation()}})
+				{"choices", []any{obj{{"index", 0}, {"delta", delta}, {"logprobs", nil}, {"finish_reason", finish}}}}}
+			if includeUsage {
+				o = append(o, kv{"usage", nil}) // on every chunk but the usage chunk
+			}
+			add(append(o, kv{"obfuscation", s.obfuscation()}))
 		}
 	}
 	textChunk := t.TextChunk
@@ -569,7 +583,19 @@ func (s *Server) chatChunks(ct chatTurn, t Turn, id string, created int64, model
 	case ChatLlamaCpp:
 		chunk(obj{{"role", "assistant"}, {"content", nil}}, nil)
 	default:
-		chunk(obj{{"role", "assistant"}, {"content", ""}, {"refusal", nil}}, nil)
+		// An answer that is calls only starts with its first call, beside content and refusal null.
+		if ct.text != nil || len(ct.calls) == 0 {
+			chunk(obj{{"role", "assistant"}, {"content", ""}, {"refusal", nil}}, nil)
+		}
+	}
+	callsFirst := s.flavour == ChatOpenAI && ct.text == nil && len(ct.calls) > 0
+	callChunk := func(tcs []any) {
+		if callsFirst {
+			callsFirst = false
+			chunk(obj{{"role", "assistant"}, {"content", nil}, {"tool_calls", tcs}, {"refusal", nil}}, nil)
+			return
+		}
+		chunk(obj{{"tool_calls", tcs}}, nil)
 	}
 	if ct.reasoning != "" && s.flavour != ChatOpenAI {
 		for _, d := range split(ct.reasoning, textChunk) {
@@ -624,12 +650,12 @@ func (s *Server) chatChunks(ct chatTurn, t Turn, id string, created int64, model
 			if tcs == nil {
 				break
 			}
-			chunk(obj{{"tool_calls", tcs}}, nil)
+			callChunk(tcs)
 		}
 	} else {
 		for _, l := range perCall {
 			for _, d := range l {
-				chunk(obj{{"tool_calls", []any{d}}}, nil)
+				callChunk([]any{d})
 			}
 		}
 	}

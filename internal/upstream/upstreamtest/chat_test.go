@@ -166,7 +166,21 @@ func TestChatFlavours(t *testing.T) {
 			if !strings.Contains(strings.Join(data, "\n"), `"function":{"name":"python","arguments":""}`) {
 				t.Error("first tool delta without empty arguments")
 			}
+			for _, d := range data[:len(data)-2] {
+				if !strings.Contains(d, `"usage":null`) {
+					t.Errorf("chunk %s without usage null", d)
+				}
+			}
 		}, func(id string) bool { return strings.HasPrefix(id, "call_") }},
+		{"vLLM with the SDK's nulls", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM), upstreamtest.WithChatNulls()}, "reasoning_content", func(t *testing.T, data []string) {
+			for _, want := range []string{`"delta":{"role":"assistant","content":"","function_call":null,"refusal":null,"tool_calls":null,"reasoning_content":null}`,
+				`"function_call":null,"refusal":null,"role":null,"tool_calls":null,"reasoning_content":null}`,
+				`"function":{"arguments":"{\"c","name":null},"id":null,"type":null}`, `"service_tier":null,"system_fingerprint":null,"usage":null}`} {
+				if !strings.Contains(strings.Join(data, "\n"), want) {
+					t.Errorf("no %s in the stream:\n%s", want, strings.Join(data, "\n"))
+				}
+			}
+		}, func(id string) bool { return strings.HasPrefix(id, "chatcmpl-tool-") }},
 		{"vLLM", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM)}, "reasoning_content", func(t *testing.T, data []string) {
 			if !strings.Contains(data[0], `"delta":{"role":"assistant","content":""}`) {
 				t.Errorf("role chunk %s", data[0])
@@ -259,6 +273,8 @@ func TestChatJSONFlavours(t *testing.T) {
 		{"OpenAI", nil, []string{`"object":"chat.completion"`, `"refusal":null`, `"service_tier":"default"`, `"cached_tokens":1`}, "hm"},
 		{"vLLM", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM)},
 			[]string{`"reasoning_content":"hm","content":"a"`, `"stop_reason":null`, `"prompt_logprobs":null`, `"prompt_tokens_details":{"cached_tokens":1}`}, `"refusal"`},
+		{"vLLM with the SDK's nulls", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM), upstreamtest.WithChatNulls()},
+			[]string{`"refusal":null,"annotations":null,"audio":null,"function_call":null}`, `"service_tier":null,"system_fingerprint":null}`}, `"refusal":"`},
 		{"llama.cpp", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatLlamaCpp)},
 			[]string{`{"choices":[{"finish_reason":"tool_calls","index":0,"message":{"role":"assistant","content":"a","reasoning_content":"hm"`, `"timings":`}, `"refusal"`},
 	} {

@@ -91,6 +91,7 @@ type Server struct {
 
 	flavour        ChatFlavour
 	reasoningField string
+	nulls          bool // WithChatNulls
 
 	mu        sync.Mutex
 	rng       *rand.Rand
