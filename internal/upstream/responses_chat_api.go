@@ -54,7 +54,10 @@ func (c *ChatAPI) Responses(ctx context.Context, body []byte, h http.Header) (Re
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody))
+		if resp.StatusCode < 400 {
+			return nil, fmt.Errorf("%w: the upstream answered %d (redirects are not followed)", ErrMalformed, resp.StatusCode)
+		}
+		b := readErrorBody(resp.Body, resp.StatusCode)
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("reading the upstream's error: %w", ctx.Err())
 		}

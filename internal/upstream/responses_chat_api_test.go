@@ -129,6 +129,28 @@ func TestChatAPIErrors(t *testing.T) {
 		})
 	}
 
+	t.Run("a redirect is malformed, and an oversized error body is replaced", func(t *testing.T) {
+		for _, tc := range []struct {
+			status int
+			body   string
+		}{{http.StatusFound, ""}, {http.StatusBadRequest, strings.Repeat("x", maxErrorBody+1)}} {
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Location", "http://127.0.0.1:1/elsewhere")
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, tc.body)
+			})
+			d := config.Deployment{ModelName: "m", Provider: "openai", UpstreamModel: "m-up", APIBase: up.URL, API: config.APIChatCompletions}
+			_, err := NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), ChatOptions{}).Responses(context.Background(), []byte(`{"model":"m","input":"x"}`), http.Header{})
+			var se *StatusError
+			switch {
+			case tc.status < 400 && !errors.Is(err, ErrMalformed):
+				t.Errorf("%d: Responses = %v; want ErrMalformed", tc.status, err)
+			case tc.status >= 400 && (!errors.As(err, &se) || len(se.Body) > 1024 || !strings.Contains(string(se.Body), "error body over")):
+				t.Errorf("%d: Responses = %v; want a StatusError with a short body", tc.status, err)
+			}
+		}
+	})
+
 	t.Run("an untranslatable field is a 400 naming it, and nothing is sent", func(t *testing.T) {
 		up := upstreamtest.New(t)
 		_, err := chatAPI(t, up, ChatOptions{}).Responses(context.Background(), []byte(`{"model":"m","input":"x","tools":[{"type":"web_search"}]}`), http.Header{})
