@@ -31,6 +31,7 @@ type suite struct {
 	time    string // -benchtime; "" for the default flag
 	method  string
 	results []bench
+	env     []string // added to the environment of the run, and printed with its command
 	out     string
 	err     error
 }
@@ -66,14 +67,14 @@ func main() {
 	suites := []*suite{
 		{title: "Pass-through in process (internal/upstream)", pkg: "./internal/upstream", bench: ".", time: *benchtime,
 			method: "`Target.Proxy` behind an httptest server versus the same upstream called directly, one request at a time over loopback: a JSON answer, and a 20-event SSE stream flushed per event. Also the SSE reader alone and the surgical model rewrite of a request body."},
-		{title: "Interception engine (internal/intercept)", pkg: "./internal/intercept", bench: ".", time: *benchtime,
-			method: "The engine's own cost with an upstream and a sandbox that answer at once (recorded upstream bodies, an instant sandbox provider): `Iteration` is one request of 5 upstream calls (4 run code, 1 answers), reported per iteration; `StreamEvent` is a text answer of many deltas translated, numbered and written to the client, reported per event."},
+		{title: "Interception engine (internal/intercept)", pkg: "./internal/intercept", bench: ".", time: *benchtime, env: tmpfsEnv(),
+			method: "The engine's own cost with an upstream and a sandbox that answer at once (recorded upstream bodies, an instant sandbox provider): `Iteration` is one request of 5 upstream calls (4 run code, 1 answers), reported per iteration; `StreamEvent` is a text answer of many deltas translated, numbered and written to the client, reported per event; `RequestByAPI` and `StreamEventByAPI` are the same over a Responses and a Chat Completions upstream. The embedded store's directory is on a tmpfs (TMPDIR=/dev/shm, where there is one), so the fsyncs of a disk are not counted here: the store's own cost is under Shared store."},
 		{title: "Code argument decoder (internal/intercept/argstream)", pkg: "./internal/intercept/argstream", bench: ".", time: *benchtime,
 			method: "Decoding the `code` field out of streamed function-call arguments (16 KiB of code with escapes and multi-byte text) fed in chunks of 4 bytes, 64 bytes, or all at once."},
 		{title: "Execution decoder (internal/sandbox)", pkg: "./internal/sandbox", bench: "DecodeExecution", time: *benchtime,
 			method: "`sandbox.DecodeExecution` on NDJSON transcripts of the code-interpreter protocol: a short print-and-result, 100 stdout chunks, one 512 KiB figure."},
 		{title: "Local sandbox start (internal/sandbox/local)", pkg: "./internal/sandbox/local", bench: "Start", time: "5x",
-			method: "Create to the first result of `1 + 1`: cold (bubblewrap and the Python kernel start, pre-imports included) versus warm (a kernel taken from the warm pool). 5 iterations each: every cold start is about a second."},
+			method: "Create to the first result of `1 + 1`: cold (a kernel forked from the zygote into a new bubblewrap sandbox, its imports already done) versus warm (a kernel taken from the warm pool). 5 iterations each; the ratio compares the medians (time/op also counts the pool's refill between iterations)."},
 		{title: "Local sandbox round trip (internal/sandbox/local)", pkg: "./internal/sandbox/local", bench: "RoundTrip", time: *benchtime,
 			method: "One execution of `1 + 1` in a started kernel: the local backend's floor per execution."},
 		{title: "e2b client overhead (internal/sandbox/e2b)", pkg: "./internal/sandbox/e2b", bench: ".", time: *benchtime,
@@ -97,8 +98,8 @@ func main() {
 			args = append(args, "-benchtime", s.time)
 		}
 		args = append(args, s.pkg)
-		fmt.Fprintf(os.Stderr, "report: go %s\n", strings.Join(args, " "))
-		s.out, s.err = runCmd("go", args...)
+		fmt.Fprintf(os.Stderr, "report: %s go %s\n", strings.Join(s.env, " "), strings.Join(args, " "))
+		s.out, s.err = runCmdEnv(s.env, "go", args...)
 		s.results = parseBench(s.out)
 	}
 	for _, p := range programs {
@@ -116,7 +117,7 @@ func main() {
 	ratios := []ratio{
 		{"pass-through JSON", "BenchmarkProxyJSON/direct", "BenchmarkProxyJSON/proxy", "ns/op", "proxy / direct time per request"},
 		{"pass-through SSE, 20 events", "BenchmarkProxySSE20/direct", "BenchmarkProxySSE20/proxy", "ns/op", "proxy / direct time per stream"},
-		{"local sandbox start", "BenchmarkWarmStart", "BenchmarkColdStart", "ns/op", "cold / warm time to first result (what the warm pool saves)"},
+		{"local sandbox start", "BenchmarkWarmStart", "BenchmarkColdStart", "p50-ms", "cold / warm median time to first result (what the warm pool saves)"},
 		{"e2b execution", "BenchmarkRunDirect", "BenchmarkRunViaEmulator", "ns/op", "via e2b client and emulator / direct"},
 		{"argument decoder, 4-byte chunks", "BenchmarkDecoder/chunk=", "BenchmarkDecoder/chunk=4", "ns/op", "4-byte chunks / one chunk (baseline: the largest chunk size)"},
 		{"argument decoder, 64-byte chunks", "BenchmarkDecoder/chunk=", "BenchmarkDecoder/chunk=64", "ns/op", "64-byte chunks / one chunk"},
@@ -146,7 +147,11 @@ func main() {
 	w("\n")
 	for _, s := range suites {
 		w("## %s\n\n%s\n\n", s.title, s.method)
-		w("`go test -run '^$' -bench '%s' -benchmem", s.bench)
+		w("`")
+		for _, e := range s.env {
+			w("%s ", e)
+		}
+		w("go test -run '^$' -bench '%s' -benchmem", s.bench)
 		if s.time != "" {
 			w(" -benchtime %s", s.time)
 		}
@@ -253,13 +258,26 @@ func parseBench(out string) []bench {
 	return res
 }
 
-func runCmd(name string, args ...string) (string, error) {
+func runCmd(name string, args ...string) (string, error) { return runCmdEnv(nil, name, args...) }
+
+func runCmdEnv(env []string, name string, args ...string) (string, error) {
 	cmd := exec.Command(name, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var buf bytes.Buffer
 	cmd.Stdout = io.MultiWriter(&buf, os.Stderr)
 	cmd.Stderr = io.MultiWriter(&buf, os.Stderr)
 	err := cmd.Run()
 	return buf.String(), err
+}
+
+// tmpfsEnv points TMPDIR at /dev/shm when it is a writable directory, else changes nothing.
+func tmpfsEnv() []string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		return []string{"TMPDIR=/dev/shm"}
+	}
+	return nil
 }
 
 func machine() string {
