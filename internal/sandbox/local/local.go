@@ -34,6 +34,7 @@
 package local
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -72,8 +73,10 @@ const (
 	DefaultMaxProcesses = 64
 	DefaultPoolSize     = 2
 	DefaultExecTimeout  = 120 * time.Second
-	DefaultCPULimit     = 1.0
-	DefaultMaxOpenFiles = 256
+	// DefaultInterruptGrace is Options.InterruptGrace's default.
+	DefaultInterruptGrace = 3 * time.Second
+	DefaultCPULimit       = 1.0
+	DefaultMaxOpenFiles   = 256
 )
 
 // Options configure a Provider. DecodeSettings makes them from a sandbox tool's litellm_params.
@@ -96,6 +99,9 @@ type Options struct {
 	PoolSize int
 	// ExecTimeout bounds an execution when RunOptions.Timeout is zero.
 	ExecTimeout time.Duration
+	// InterruptGrace is how long an interrupted execution (timed out, or its caller gone) may
+	// take to stop before the sandbox is killed; 0 means DefaultInterruptGrace.
+	InterruptGrace time.Duration
 	// CPULimit is the CPU time a sandbox may use, in CPUs (cgroup cpu controller; 1 = one core).
 	CPULimit float64
 	// MaxOpenFiles is every sandboxed process's RLIMIT_NOFILE.
@@ -267,7 +273,7 @@ func newProvider(opts Options, k knobs) (*Provider, error) {
 	p := &Provider{
 		opts: opts, knobs: k, bwrap: bwrap, id: id, base: base, lock: lock, log: opts.Logger,
 		uids: uids, cg: cg, codeFilter: codeFilter, zygoteFilter: zygoteFilter,
-		grace: 3 * time.Second,
+		grace: cmp.Or(opts.InterruptGrace, DefaultInterruptGrace),
 		ctx:   ctx, cancel: cancel, refill: make(chan struct{}, 1),
 		live: map[string]*box{},
 	}
