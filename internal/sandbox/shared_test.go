@@ -12,24 +12,23 @@ import (
 	"github.com/ciproxy/ciproxy/internal/testutil/redisserver"
 )
 
-// Three replicas, each with its own client of one real Redis (the shared store): a container made
-// on one is opened and run on another, reaped exactly once, and a host-bound one is reported as
-// hosted elsewhere.
-func TestSessionsOnASharedStore(t *testing.T) {
-	srv := redisserver.Start(t)
+// sharedReplicas is one real Redis, a clock, and two registries: shared (an e2b-like backend, the
+// recording provider p) and onHost (a host-bound one). replica makes a Sessions on its own
+// client of that Redis, named host, closed at the end of the test.
+func sharedReplicas(t *testing.T) (srv *redisserver.Server, clk *clock, p *recProvider, shared, onHost *Registry, replica func(host string, reg *Registry) *Sessions) {
+	t.Helper()
 	ctx := context.Background()
-	clk := newClock()
-	p := newRecProvider()
-	shared, err := NewRegistry(nil, RegistryEntry{Name: "cloud", Provider: p, Backend: "rec"})
-	if err != nil {
+	srv = redisserver.Start(t)
+	clk = newClock()
+	p = newRecProvider()
+	var err error
+	if shared, err = NewRegistry(nil, RegistryEntry{Name: "cloud", Provider: p, Backend: "rec"}); err != nil {
 		t.Fatal(err)
 	}
-	bound := newRecProvider()
-	onHost, err := NewRegistry(nil, RegistryEntry{Name: "cloud", Provider: bound, Backend: "rec", HostBound: true})
-	if err != nil {
+	if onHost, err = NewRegistry(nil, RegistryEntry{Name: "cloud", Provider: newRecProvider(), Backend: "rec", HostBound: true}); err != nil {
 		t.Fatal(err)
 	}
-	replica := func(host string, reg *Registry) *Sessions {
+	replica = func(host string, reg *Registry) *Sessions {
 		t.Helper()
 		st, err := redisstore.Open(ctx, redisstore.Options{URL: srv.URL(), Now: clk.Now})
 		if err != nil {
@@ -46,6 +45,15 @@ func TestSessionsOnASharedStore(t *testing.T) {
 		})
 		return s
 	}
+	return srv, clk, p, shared, onHost, replica
+}
+
+// Three replicas, each with its own client of one real Redis (the shared store): a container made
+// on one is opened and run on another, reaped exactly once, and a host-bound one is reported as
+// hosted elsewhere.
+func TestSessionsOnASharedStore(t *testing.T) {
+	_, clk, p, shared, onHost, replica := sharedReplicas(t)
+	ctx := context.Background()
 	a, b, c := replica("a", shared), replica("b", shared), replica("c", shared)
 
 	made, err := a.Create(ctx, "cloud", "alice", CreateOptions{Name: "shared"}, 10*time.Minute)
@@ -108,36 +116,8 @@ func TestSessionsOnASharedStore(t *testing.T) {
 // or opened them, its creation bucket, and the total of shared (e2b-like) containers; the total of
 // host-bound ones is each replica's. Redis gone, a create that needs a quota fails, never unlimited.
 func TestSessionsQuotasAcrossReplicas(t *testing.T) {
-	srv := redisserver.Start(t)
+	srv, _, p, shared, onHost, replica := sharedReplicas(t)
 	ctx := context.Background()
-	clk := newClock()
-	p := newRecProvider()
-	shared, err := NewRegistry(nil, RegistryEntry{Name: "cloud", Provider: p, Backend: "rec"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bound := newRecProvider()
-	onHost, err := NewRegistry(nil, RegistryEntry{Name: "cloud", Provider: bound, Backend: "rec", HostBound: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	replica := func(host string, reg *Registry) *Sessions {
-		t.Helper()
-		st, err := redisstore.Open(ctx, redisstore.Options{URL: srv.URL(), Now: clk.Now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := NewSessions(ctx, SessionOptions{Store: st, Host: host, Now: clk.Now, SweepInterval: -1,
-			Registry: func() *Registry { return reg }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = s.Close(ctx)
-			_ = st.Close()
-		})
-		return s
-	}
 	a, b := replica("a", shared), replica("b", shared)
 	create := func(s *Sessions, owner string, l Limits, idle time.Duration) (*Container, error) {
 		return s.Create(WithLimits(ctx, l), "cloud", owner, CreateOptions{}, idle)
