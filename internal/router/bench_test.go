@@ -45,17 +45,23 @@ func BenchmarkPassthrough(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+masterKey)
-		resp, err := client.Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			b.Fatalf("status %d", resp.StatusCode)
-		}
+		postOK(b, client, srv.URL+"/v1/chat/completions", body)
+	}
+}
+
+// postOK posts body to url with the master key and fails b unless the answer is a 200, read to
+// its end.
+func postOK(b *testing.B, client *http.Client, url string, body []byte) {
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+masterKey)
+	resp, err := client.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b.Fatalf("status %d", resp.StatusCode)
 	}
 }
 
@@ -101,17 +107,7 @@ func BenchmarkResponsesPassthrough(b *testing.B) {
 			client := srv.Client()
 			b.ReportAllocs()
 			for b.Loop() {
-				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses", bytes.NewReader(body.Bytes()))
-				req.Header.Set("Authorization", "Bearer "+masterKey)
-				resp, err := client.Do(req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					b.Fatalf("status %d", resp.StatusCode)
-				}
+				postOK(b, client, srv.URL+"/v1/responses", body.Bytes())
 			}
 		})
 	}
