@@ -97,9 +97,7 @@ func BenchmarkHotCalls(b *testing.B) {
 					}
 					lat = append(lat, time.Since(start))
 				}
-				slices.Sort(lat)
-				b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
-				b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+				reportPercentiles(b, lat)
 			})
 		}
 	}
@@ -232,13 +230,18 @@ func BenchmarkQuotaCalls(b *testing.B) {
 					}
 					lat = append(lat, time.Since(start))
 				}
-				slices.Sort(lat)
-				b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
-				b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+				reportPercentiles(b, lat)
 			})
 		}
 		for i := range held { // leave the store as it was for the next run
 			_ = s.CancelPlace(ctx, owner(i), ring[i])
 		}
 	}
+}
+
+// reportPercentiles reports the median and the 99th percentile of lat, in µs.
+func reportPercentiles(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
 }
