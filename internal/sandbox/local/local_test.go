@@ -359,6 +359,33 @@ func TestContextCancelInterrupts(t *testing.T) {
 	}
 }
 
+// TestInterruptAfterSignalCheck: a SIGINT that lands after the interpreter last looked for
+// signals and before a blocking call starts leaves the handler queued while the call blocks; the
+// kernel must still stop the call, or the sandbox is killed at the end of the grace period and
+// loses its state. The cell makes that state certain instead of rare: with SA_RESTART on SIGINT
+// (siginterrupt False), the signal is taken and the read goes on, exactly as a read entered just
+// after the signal.
+func TestInterruptAfterSignalCheck(t *testing.T) {
+	p := newTestProvider(t, Options{PoolSize: -1})
+	p.grace = 2 * time.Second
+	h := create(t, p, sandbox.CreateOptions{})
+	run(t, p, h, "n = 1")
+	res, err := p.Run(context.Background(), h, `import os, signal
+signal.siginterrupt(signal.SIGINT, False)
+r, w = os.pipe()
+os.read(r, 1)`, sandbox.RunOptions{Timeout: 300 * time.Millisecond})
+	if !errors.Is(err, sandbox.ErrTimeout) || res.Error == nil || res.Error.Name != "KeyboardInterrupt" {
+		t.Fatalf("err = %v, result error %+v; want ErrTimeout and KeyboardInterrupt", err, res.Error)
+	}
+	if strings.Contains(res.Error.Traceback, "kernel.py") {
+		t.Errorf("traceback shows the kernel's frames:\n%s", res.Error.Traceback)
+	}
+	res, err = p.Run(context.Background(), h, "n + 1", sandbox.RunOptions{})
+	if err != nil || mainText(res) != "2" {
+		t.Fatalf("after the interrupt: %q, %v; want 2 (the sandbox kept)", mainText(res), err)
+	}
+}
+
 // TestIsolation checks that code in a sandbox cannot reach the host: each case prints lines that
 // name what it could reach; an empty output is a pass.
 func TestIsolation(t *testing.T) {
