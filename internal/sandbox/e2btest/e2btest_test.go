@@ -24,10 +24,7 @@ import (
 
 // sandboxes is the local sandbox every emulator in these tests executes through; one provider
 // serves the whole package, since tests run one at a time. Tests skip where it cannot run.
-// The interrupt grace is long: TestClientDisconnectInterrupts needs the interrupted cell to stop
-// rather than its sandbox to be killed, and under a full -race run of the repository the kernel
-// once took longer than the default 3 s to answer the interrupt.
-var sandboxes = testutil.NewLocalSandbox(local.Options{PoolSize: -1, InterruptGrace: 15 * time.Second})
+var sandboxes = testutil.NewLocalSandbox(local.Options{PoolSize: -1})
 
 func TestMain(m *testing.M) { testutil.Main(m, sandboxes.Close) }
 

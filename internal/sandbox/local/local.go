@@ -34,7 +34,6 @@
 package local
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -73,10 +72,12 @@ const (
 	DefaultMaxProcesses = 64
 	DefaultPoolSize     = 2
 	DefaultExecTimeout  = 120 * time.Second
-	// DefaultInterruptGrace is Options.InterruptGrace's default.
-	DefaultInterruptGrace = 3 * time.Second
-	DefaultCPULimit       = 1.0
-	DefaultMaxOpenFiles   = 256
+	DefaultCPULimit     = 1.0
+	DefaultMaxOpenFiles = 256
+
+	// interruptGrace is how long an interrupted execution may take to stop before the sandbox
+	// is killed.
+	interruptGrace = 3 * time.Second
 )
 
 // Options configure a Provider. DecodeSettings makes them from a sandbox tool's litellm_params.
@@ -99,9 +100,6 @@ type Options struct {
 	PoolSize int
 	// ExecTimeout bounds an execution when RunOptions.Timeout is zero.
 	ExecTimeout time.Duration
-	// InterruptGrace is how long an interrupted execution (timed out, or its caller gone) may
-	// take to stop before the sandbox is killed; 0 means DefaultInterruptGrace.
-	InterruptGrace time.Duration
 	// CPULimit is the CPU time a sandbox may use, in CPUs (cgroup cpu controller; 1 = one core).
 	CPULimit float64
 	// MaxOpenFiles is every sandboxed process's RLIMIT_NOFILE.
@@ -273,7 +271,7 @@ func newProvider(opts Options, k knobs) (*Provider, error) {
 	p := &Provider{
 		opts: opts, knobs: k, bwrap: bwrap, id: id, base: base, lock: lock, log: opts.Logger,
 		uids: uids, cg: cg, codeFilter: codeFilter, zygoteFilter: zygoteFilter,
-		grace: cmp.Or(opts.InterruptGrace, DefaultInterruptGrace),
+		grace: interruptGrace,
 		ctx:   ctx, cancel: cancel, refill: make(chan struct{}, 1),
 		live: map[string]*box{},
 	}
