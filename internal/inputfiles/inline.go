@@ -13,9 +13,13 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// fileIDKey is what a body must hold for Inline to look further: a part naming a file by id. (A
-// client that escapes the key's letters gets its id passed through, which the upstream refuses.)
-var fileIDKey = []byte("file_id")
+// Inline looks further only into a body that holds fileIDKey, or a \u escape, which can spell the
+// key without its bytes ("file\u005fid"; gjson reads such keys as the key itself). Bodies escaped
+// throughout (Python's json.dumps escapes every non-ASCII character) pay the walk.
+var (
+	fileIDKey     = []byte("file_id")
+	unicodeEscape = []byte(`\u`)
+)
 
 // Inline returns body, a POST /v1/responses body that goes to a Responses upstream as it is,
 // with the input parts that name one of owner's Files API files by file_id carrying that file
@@ -24,11 +28,11 @@ var fileIDKey = []byte("file_id")
 // messages' content and in function_call_output output lists. Every other byte is the client's.
 //
 // An id that is not one of owner's files (an id the upstream issued itself, or another owner's,
-// which owner must not read) is left as sent. A body without "file_id" costs one scan of its
-// bytes and comes back as it is. Files over the limits are the 400 naming the part's file_id; an
-// error that is not an *apierror.Error is the store's.
+// which owner must not read) is left as sent. A body with neither "file_id" nor a \u escape
+// costs two scans of its bytes and comes back as it is. Files over the limits are the 400 naming
+// the part's file_id; an error that is not an *apierror.Error is the store's.
 func Inline(ctx context.Context, files Store, owner string, body []byte) ([]byte, error) {
-	if files == nil || !bytes.Contains(body, fileIDKey) {
+	if files == nil || !bytes.Contains(body, fileIDKey) && !bytes.Contains(body, unicodeEscape) {
 		return body, nil
 	}
 	input := gjson.GetBytes(body, "input")
