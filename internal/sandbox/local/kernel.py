@@ -38,7 +38,6 @@ import sys
 import termios
 import threading
 import traceback
-import types
 
 CONFIG = {}
 
@@ -179,25 +178,18 @@ _current = None  # id of the running execution
 _requests = queue.Queue()
 
 # Interrupts. A SIGINT that arrives after the interpreter last looked for signals and before a
-# blocking call starts (time.sleep, a lock, a read; the interpreter may even be waiting for the
-# GIL held by the thread that sent the signal) finds nothing to interrupt: the handler stays
-# queued until that call returns on its own, a minute later for time.sleep(60). So after sending
-# SIGINT, the interrupter wakes the main thread with a signal whose handler does nothing, until
-# the SIGINT handler has run: the woken call fails with EINTR, and the interpreter runs the
-# queued handler before it would retry. A wake that comes too late is harmless, where a second
-# SIGINT could land in the user's own except clause.
-_sigints = 0  # SIGINTs turned into KeyboardInterrupt so far
+# blocking call starts (time.sleep, a lock, a read; on a loaded host the main thread is easily
+# preempted just there) runs the C handler and interrupts nothing: the Python handler waits until
+# that call returns on its own, a minute later for time.sleep(60). So after the SIGINT, the main
+# thread is woken every _WAKE_EVERY by a signal whose handler does nothing, until the user's code
+# is over: the woken call fails with EINTR and the interpreter runs the queued SIGINT handler
+# before it would retry. A wake after the KeyboardInterrupt only makes a call retry, where a
+# second SIGINT could land in the user's own except clause. SIGINT keeps Python's own handler
+# (asyncio.run and others look for it).
 _WAKE_SIGNAL = signal.SIGRTMIN + 4
-_WAKE_EVERY = 0.02  # seconds between wakes
-# How long to keep waking when the handler never runs (the code installed its own): by then the
-# host has given up on the interrupt and stopped the sandbox.
+_WAKE_EVERY = 0.02  # seconds
+# The host kills the sandbox when the code has not stopped 3 s after the interrupt.
 _WAKE_FOR = 5.0
-
-
-def _on_sigint(signum, frame):
-    global _sigints
-    _sigints += 1
-    raise KeyboardInterrupt
 
 
 def _interrupt(exec_id):
@@ -205,19 +197,18 @@ def _interrupt(exec_id):
     with _state_lock:
         if _current is None or _current != exec_id:
             return
-        seen = _sigints
         signal.pthread_kill(MAIN_THREAD, signal.SIGINT)
     try:
-        threading.Thread(target=_wake, args=(exec_id, seen), daemon=True).start()
-    except RuntimeError:
-        pass  # no thread to be had (the code used up RLIMIT_NPROC): the SIGINT alone must do
+        threading.Thread(target=_wake, args=(exec_id,), daemon=True).start()
+    except Exception:
+        pass  # no thread to be had (RLIMIT_NPROC, memory): the SIGINT alone must do
 
 
-def _wake(exec_id, seen):
+def _wake(exec_id):
     for _ in range(int(_WAKE_FOR / _WAKE_EVERY)):
         select.select([], [], [], _WAKE_EVERY)
         with _state_lock:
-            if _current != exec_id or _sigints != seen:
+            if _current != exec_id:
                 return
             signal.pthread_kill(MAIN_THREAD, _WAKE_SIGNAL)
 
@@ -344,20 +335,10 @@ def _show(*args, **kwargs):
 
 
 def _error(exc, cell):
-    """An error message with a traceback without this file's frames around the user's: the
-    cell's callers before them, and the SIGINT handler after them."""
-    frames = []
+    """An error message with a traceback whose frames from this file are removed."""
     tb = exc.__traceback__
-    while tb is not None:
-        frames.append(tb)
+    while tb is not None and tb.tb_frame.f_code.co_filename == KERNEL_FILE:
         tb = tb.tb_next
-    while frames and frames[0].tb_frame.f_code.co_filename == KERNEL_FILE:
-        frames.pop(0)
-    if frames and frames[-1].tb_frame.f_code is _on_sigint.__code__:
-        frames.pop()
-    tb = None
-    for t in reversed(frames):
-        tb = types.TracebackType(tb, t.tb_frame, t.tb_lasti, t.tb_lineno)
     exc = exc.with_traceback(tb)
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     return {"type": "error", "name": type(exc).__name__, "value": str(exc), "traceback": text}
@@ -442,7 +423,7 @@ def _next_request():
 def serve():
     """Runs the kernel on fds 0 and 1 until its requests end."""
     global _current
-    signal.signal(signal.SIGINT, _on_sigint)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(_WAKE_SIGNAL, lambda *_: None)
     _setup_protocol()
     if CONFIG.get("preload"):

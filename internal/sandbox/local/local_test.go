@@ -384,6 +384,21 @@ os.read(r, 1)`, sandbox.RunOptions{Timeout: 300 * time.Millisecond})
 	if err != nil || mainText(res) != "2" {
 		t.Fatalf("after the interrupt: %q, %v; want 2 (the sandbox kept)", mainText(res), err)
 	}
+
+	// The wakes that follow the SIGINT only make a blocking call retry: cleanup code that caught
+	// the KeyboardInterrupt sleeps its whole time. And SIGINT keeps Python's own handler, which
+	// asyncio.run looks for.
+	res, err = p.Run(context.Background(), h, `import signal, time
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    t0 = time.monotonic()
+    time.sleep(0.5)
+    print("cleanup slept", time.monotonic() - t0 >= 0.5)
+signal.getsignal(signal.SIGINT) is signal.default_int_handler`, sandbox.RunOptions{Timeout: 300 * time.Millisecond})
+	if !errors.Is(err, sandbox.ErrTimeout) || res.Error != nil || res.Stdout != "cleanup slept True\n" || mainText(res) != "True" {
+		t.Errorf("caught interrupt: err %v, result %+v; want the cleanup's whole sleep and the default handler", err, res)
+	}
 }
 
 // TestIsolation checks that code in a sandbox cannot reach the host: each case prints lines that
