@@ -204,11 +204,17 @@ def _interrupt(exec_id):
         pass  # no thread to be had (RLIMIT_NPROC, memory): the SIGINT alone must do
 
 
+def _on_wake(signum, frame):
+    pass
+
+
 def _wake(exec_id):
     for _ in range(int(_WAKE_FOR / _WAKE_EVERY)):
         select.select([], [], [], _WAKE_EVERY)
         with _state_lock:
-            if _current != exec_id:
+            # Code that reset the signal (to its default action, which ends the process) gets
+            # no more wakes.
+            if _current != exec_id or signal.getsignal(_WAKE_SIGNAL) is not _on_wake:
                 return
             signal.pthread_kill(MAIN_THREAD, _WAKE_SIGNAL)
 
@@ -424,7 +430,7 @@ def serve():
     """Runs the kernel on fds 0 and 1 until its requests end."""
     global _current
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(_WAKE_SIGNAL, lambda *_: None)
+    signal.signal(_WAKE_SIGNAL, _on_wake)
     _setup_protocol()
     if CONFIG.get("preload"):
         _preload()

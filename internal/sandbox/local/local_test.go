@@ -399,6 +399,23 @@ signal.getsignal(signal.SIGINT) is signal.default_int_handler`, sandbox.RunOptio
 	if !errors.Is(err, sandbox.ErrTimeout) || res.Error != nil || res.Stdout != "cleanup slept True\n" || mainText(res) != "True" {
 		t.Errorf("caught interrupt: err %v, result %+v; want the cleanup's whole sleep and the default handler", err, res)
 	}
+
+	// Code that sets every signal to its default action (which for the wake signal ends the
+	// process) gets no wakes, and its sandbox lives on.
+	res, err = p.Run(context.Background(), h, `import signal, time
+for s in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
+    signal.signal(s, signal.SIG_DFL)
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    time.sleep(0.3)
+print("done")`, sandbox.RunOptions{Timeout: 300 * time.Millisecond})
+	if !errors.Is(err, sandbox.ErrTimeout) || res.Stdout != "done\n" {
+		t.Errorf("signals reset: err %v, result %+v; want the cell to end on its own", err, res)
+	}
+	if res, err := p.Run(context.Background(), h, "n + 2", sandbox.RunOptions{}); err != nil || mainText(res) != "3" {
+		t.Errorf("after the signals were reset: %q, %v; want 3 (the sandbox kept)", mainText(res), err)
+	}
 }
 
 // TestIsolation checks that code in a sandbox cannot reach the host: each case prints lines that
