@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 )
 
 // ordinaryBody is a 4 KiB /v1/responses body of a few messages and a tool, none naming a file.
@@ -25,10 +27,10 @@ func ordinaryBody() []byte {
 // walk and one lookup), and one naming a 100 KB image of the caller's (read and spliced in).
 func BenchmarkInline(b *testing.B) {
 	ctx := context.Background()
-	ff := newFakeFiles()
+	ff := storetest.NewMemFiles()
 	var files Store = ff // as the router holds it
 	img := pngData + strings.Repeat("x", 100_000)
-	ff.add("k", "file-png", "photo.png", img, int64(len(img)))
+	ff.Add("k", "file-png", "photo.png", img, int64(len(img)))
 	plain := ordinaryBody()
 	withID := func(id string) []byte {
 		s := string(plain)

@@ -9,17 +9,18 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 )
 
 func TestInline(t *testing.T) {
 	const pdf = "%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj\n<<>>\nendobj\n"
-	files := newFakeFiles()
-	files.add("k", "file-png", "photo.png", pngData, int64(len(pngData)))
-	files.add("k", "file-pdf", "report.pdf", pdf, int64(len(pdf)))
-	files.add("k", "file-json", "rows.json", `{"a":1}`, 7)
-	files.add("k", "file-notimage", "a.png", "hello", 5)
-	files.add("k", "file-huge", "big.pdf", pdf, MaxFileBytes+1)
-	files.add("other", "file-theirs", "secret.pdf", pdf, int64(len(pdf)))
+	files := storetest.NewMemFiles()
+	files.Add("k", "file-png", "photo.png", pngData, int64(len(pngData)))
+	files.Add("k", "file-pdf", "report.pdf", pdf, int64(len(pdf)))
+	files.Add("k", "file-json", "rows.json", `{"a":1}`, 7)
+	files.Add("k", "file-notimage", "a.png", "hello", 5)
+	files.Add("k", "file-huge", "big.pdf", pdf, MaxFileBytes+1)
+	files.Add("other", "file-theirs", "secret.pdf", pdf, int64(len(pdf)))
 	png, pdfURL := dataURL("image/png", pngData), dataURL("application/pdf", pdf)
 
 	msg := func(parts string) string {
@@ -81,7 +82,7 @@ func TestInline(t *testing.T) {
 }
 
 func TestInlineLeavesAnUntouchedBodyUncopied(t *testing.T) {
-	files := newFakeFiles()
+	files := storetest.NewMemFiles()
 	for _, body := range []string{
 		`{"model":"m","input":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","input":[{"role":"user","content":[{"type":"input_file","file_id":"file-nope"}]}]}`,
@@ -95,8 +96,8 @@ func TestInlineLeavesAnUntouchedBodyUncopied(t *testing.T) {
 }
 
 func TestInlineCountsOnlyTheProxysImages(t *testing.T) {
-	files := newFakeFiles()
-	files.add("k", "file-png", "photo.png", pngData, int64(len(pngData)))
+	files := storetest.NewMemFiles()
+	files.Add("k", "file-png", "photo.png", pngData, int64(len(pngData)))
 	body := `{"input":[{"role":"user","content":[` + strings.Repeat(`{"type":"input_image","file_id":"file-nope"},`, MaxInputImages+1) +
 		strings.Repeat(`{"type":"input_image","file_id":"file-png"},`, MaxInputImages-1) + `{"type":"input_image","file_id":"file-png"}]}]}`
 	out, err := Inline(context.Background(), files, "k", []byte(body))
@@ -108,8 +109,8 @@ func TestInlineCountsOnlyTheProxysImages(t *testing.T) {
 func TestInlineFilesTogether(t *testing.T) {
 	// Two files that each fit, and do not together.
 	data := "%PDF-1.4\n" + strings.Repeat("x", MaxInputFileBytes/2)
-	files := newFakeFiles()
-	files.add("k", "file-a", "a.pdf", data, int64(len(data)))
+	files := storetest.NewMemFiles()
+	files.Add("k", "file-a", "a.pdf", data, int64(len(data)))
 	body := `{"input":[{"role":"user","content":[{"type":"input_file","file_id":"file-a"}]},{"type":"function_call_output","call_id":"c","output":[{"type":"input_file","file_id":"file-a"}]}]}`
 	_, err := Inline(context.Background(), files, "k", []byte(body))
 	var ae *apierror.Error
@@ -123,12 +124,12 @@ func TestInlineFilesTogether(t *testing.T) {
 }
 
 func TestInlineStoreFailure(t *testing.T) {
-	files := newFakeFiles()
-	files.fail = errors.New("disk on fire")
+	files := storetest.NewMemFiles()
+	files.Fail = errors.New("disk on fire")
 	body := `{"input":[{"role":"user","content":[{"type":"input_file","file_id":"file-a"}]}]}`
 	_, err := Inline(context.Background(), files, "k", []byte(body))
 	var ae *apierror.Error
-	if err == nil || errors.As(err, &ae) || !errors.Is(err, files.fail) {
+	if err == nil || errors.As(err, &ae) || !errors.Is(err, files.Fail) {
 		t.Fatalf("Inline = %v; want the store's error", err)
 	}
 	// No lookup at all for a body that names no file of the proxy's shape.

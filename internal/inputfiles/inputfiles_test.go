@@ -5,52 +5,12 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"testing"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
-	"github.com/ciproxy/ciproxy/internal/store"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 )
-
-// fakeFiles is a Store of owner → file id → file, and file id → bytes.
-type fakeFiles struct {
-	meta map[string]map[string]store.File
-	data map[string]string
-	fail error // what every call returns, when set
-}
-
-func newFakeFiles() fakeFiles {
-	return fakeFiles{meta: map[string]map[string]store.File{}, data: map[string]string{}}
-}
-
-// add gives owner the file id, named name, of data; size is what the store says it takes.
-func (ff fakeFiles) add(owner, id, name, data string, size int64) {
-	if ff.meta[owner] == nil {
-		ff.meta[owner] = map[string]store.File{}
-	}
-	ff.meta[owner][id] = store.File{ID: id, Owner: owner, Filename: name, Bytes: size}
-	ff.data[id] = data
-}
-
-func (ff fakeFiles) File(_ context.Context, owner, id string) (store.File, error) {
-	if ff.fail != nil {
-		return store.File{}, ff.fail
-	}
-	f, ok := ff.meta[owner][id]
-	if !ok {
-		return store.File{}, store.ErrNotFound
-	}
-	return f, nil
-}
-
-func (ff fakeFiles) OpenFile(ctx context.Context, owner, id string) (store.File, io.ReadCloser, error) {
-	f, err := ff.File(ctx, owner, id)
-	if err != nil {
-		return f, nil, err
-	}
-	return f, io.NopCloser(strings.NewReader(ff.data[id])), nil
-}
 
 // pngData is enough of a PNG for its type to be recognised.
 const pngData = "\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01"
@@ -64,8 +24,8 @@ func TestImageURL(t *testing.T) {
 	gif := "GIF89a\x01\x00\x01\x00"
 	webp := "RIFF\x10\x00\x00\x00WEBPVP8 "
 	big := pngData + strings.Repeat("x", 100_000) // more than the first read
-	files := newFakeFiles()
-	add := func(id, name, data string, size int64) { files.add("k", id, name, data, size) }
+	files := storetest.NewMemFiles()
+	add := func(id, name, data string, size int64) { files.Add("k", id, name, data, size) }
 	add("file-png", "a.png", pngData, int64(len(pngData)))
 	add("file-big", "a.png", big, int64(len(big)))
 	add("file-jpeg", "a.png", jpeg, int64(len(jpeg))) // the bytes decide, not the name
@@ -77,7 +37,7 @@ func TestImageURL(t *testing.T) {
 	add("file-huge", "a.png", pngData, MaxImageBytes+1) // too large by its size
 	add("file-lying", "a.png", pngData+"123", 3)        // a store whose size understates the bytes
 	add("file-lyingbig", "a.png", big, 3)
-	files.add("other", "file-theirs", "a.png", pngData, int64(len(pngData)))
+	files.Add("other", "file-theirs", "a.png", pngData, int64(len(pngData)))
 	tests := []struct {
 		id       string
 		left     int64
@@ -104,8 +64,8 @@ func TestImageURL(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/%d", tt.id, tt.left), func(t *testing.T) {
 			url, n, err := ImageURL(context.Background(), files, "k", tt.id, param, tt.left)
 			if tt.wantType != "" {
-				want := dataURL(tt.wantType, files.data[tt.id])
-				if err != nil || url != want || n != int64(len(files.data[tt.id])) {
+				want := dataURL(tt.wantType, files.Data(tt.id))
+				if err != nil || url != want || n != int64(len(files.Data(tt.id))) {
 					t.Fatalf("ImageURL = %.80q, %d, %v; want %.80q", url, n, err, want)
 				}
 				return

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"path"
 	"sort"
 	"strconv"
@@ -305,26 +304,4 @@ func (f *fakeContainers) ContainerFiles(_ context.Context, c runner, _ string) (
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, nil
-}
-
-// fakeFiles is a FileStore of caller → file id → file, and file id → bytes.
-type fakeFiles struct {
-	meta map[string]map[string]store.File
-	data map[string]string
-}
-
-func (ff fakeFiles) File(_ context.Context, owner, id string) (store.File, error) {
-	f, ok := ff.meta[owner][id]
-	if !ok {
-		return store.File{}, store.ErrNotFound
-	}
-	return f, nil
-}
-
-func (ff fakeFiles) OpenFile(ctx context.Context, owner, id string) (store.File, io.ReadCloser, error) {
-	f, err := ff.File(ctx, owner, id)
-	if err != nil {
-		return f, nil, err
-	}
-	return f, io.NopCloser(strings.NewReader(ff.data[id])), nil
 }

@@ -13,19 +13,17 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/inputfiles"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
-	"github.com/ciproxy/ciproxy/internal/store"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
 // setFiles gives the engine (with fake containers) the Files API files of callers:
 // caller → file id → (name, content).
 func (h *harness) setFiles(files map[string]map[string][2]string) {
-	ff := fakeFiles{meta: map[string]map[string]store.File{}, data: map[string]string{}}
+	ff := storetest.NewMemFiles()
 	for owner, byID := range files {
-		ff.meta[owner] = map[string]store.File{}
 		for id, nc := range byID {
-			ff.meta[owner][id] = store.File{ID: id, Owner: owner, Filename: nc[0], Bytes: int64(len(nc[1]))}
-			ff.data[id] = nc[1]
+			ff.Add(owner, id, nc[0], nc[1], int64(len(nc[1])))
 			h.fake.stored[id] = nc[1]
 		}
 	}

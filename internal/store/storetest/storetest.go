@@ -1,5 +1,6 @@
 // Package storetest is the conformance suite of store.Store: every implementation (the embedded
-// one, a shared one) passes Run.
+// one, a shared one) passes Run. MemFiles is a read-only Files store in memory for the unit tests
+// of code that reads files by id; end-to-end tests use the real stores.
 package storetest
 
 import (
