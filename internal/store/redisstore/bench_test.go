@@ -15,22 +15,30 @@ import (
 	"github.com/ciproxy/ciproxy/internal/testutil/redisserver"
 )
 
-// BenchmarkHotCalls measures the store calls an intercepted request makes, on the embedded store
-// and on Redis over loopback in the same run: reading the previous response, reading and
-// touching its container, storing the new response; "request" is the four in a row. Besides
-// ns/op (the mean) it reports the median and the 99th percentile of single calls.
-func BenchmarkHotCalls(b *testing.B) {
-	ctx := context.Background()
+// benchStore is one side of a comparison: the embedded store or Redis over loopback.
+type benchStore struct {
+	name string
+	s    store.Store
+}
+
+// benchStores opens the two stores every benchmark here compares in the same run.
+func benchStores(b *testing.B) []benchStore {
 	srv := redisserver.Start(b)
 	emb, err := embedded.Open(embedded.Options{Dir: b.TempDir(), SweepEvery: -1})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = emb.Close() })
-	impls := []struct {
-		name string
-		s    store.Store
-	}{{"embedded", emb}, {"redis", open(b, srv, Options{})}}
+	return []benchStore{{"embedded", emb}, {"redis", open(b, srv, Options{})}}
+}
+
+// BenchmarkHotCalls measures the store calls an intercepted request makes, on the embedded store
+// and on Redis over loopback in the same run: reading the previous response, reading and
+// touching its container, storing the new response; "request" is the four in a row. Besides
+// ns/op (the mean) it reports the median and the 99th percentile of single calls.
+func BenchmarkHotCalls(b *testing.B) {
+	ctx := context.Background()
+	impls := benchStores(b)
 
 	// A response of the size a short code-interpreter turn has.
 	body, _ := json.Marshal(map[string]any{"id": "resp_prev", "object": "response", "status": "completed",
@@ -107,22 +115,14 @@ func BenchmarkHotCalls(b *testing.B) {
 // (1 MiB chunks) in the same run; MB/s counts the bytes each way once.
 func BenchmarkFileStream(b *testing.B) {
 	ctx := context.Background()
-	srv := redisserver.Start(b)
-	emb, err := embedded.Open(embedded.Options{Dir: b.TempDir(), SweepEvery: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = emb.Close() })
 	const size = 64 << 20
-	for _, impl := range []struct {
-		name string
-		s    store.Store
-	}{{"embedded", emb}, {"redis", open(b, srv, Options{})}} {
+	for _, impl := range benchStores(b) {
 		for _, way := range []string{"upload", "download"} {
 			b.Run(impl.name+"/"+way, func(b *testing.B) {
 				b.SetBytes(size)
 				var f store.File
 				if way == "download" {
+					var err error
 					if f, err = store.CreateFile(ctx, impl.s, store.File{Owner: "bench", Filename: "f", Purpose: "user_data"}, &patternReader{left: size}, store.FileLimits{}); err != nil {
 						b.Fatal(err)
 					}
@@ -163,18 +163,9 @@ func BenchmarkFileStream(b *testing.B) {
 // the take only) do not.
 func BenchmarkQuotaCalls(b *testing.B) {
 	ctx := context.Background()
-	srv := redisserver.Start(b)
-	emb, err := embedded.Open(embedded.Options{Dir: b.TempDir(), SweepEvery: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = emb.Close() })
 	ids := store.NewIDGenerator(time.Now)
 	const owners, held = 8, 128
-	for _, impl := range []struct {
-		name string
-		s    store.Store
-	}{{"embedded", emb}, {"redis", open(b, srv, Options{})}} {
+	for _, impl := range benchStores(b) {
 		s := impl.s
 		owner := func(i int) string { return fmt.Sprintf("bench-%d", i%owners) }
 		var ring [held]string
