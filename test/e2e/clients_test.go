@@ -31,6 +31,16 @@ func sdk(p *proxy, key string) openai.Client {
 	)
 }
 
+// uploadUserData uploads a user_data file through the Files API with c and returns its id.
+func uploadUserData(t *testing.T, c openai.Client, name, typ string, data []byte) string {
+	t.Helper()
+	f, err := c.Files.New(ctx(t, 30*time.Second), openai.FileNewParams{File: openai.File(bytes.NewReader(data), name, typ), Purpose: openai.FilePurposeUserData})
+	if err != nil {
+		t.Fatalf("Files.New(%s): %v", name, err)
+	}
+	return f.ID
+}
+
 // ciParams is a Responses request with the code_interpreter tool whose user message is code.
 func ciParams(code string, container string) responses.ResponseNewParams {
 	c := responses.ToolCodeInterpreterContainerUnionParam{OfCodeInterpreterToolAuto: &responses.ToolCodeInterpreterContainerCodeInterpreterContainerAutoParam{}}

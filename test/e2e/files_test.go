@@ -111,17 +111,11 @@ func TestFilesRoundTripOpenAIGo(t *testing.T) {
 			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: workDir(t)}.yaml())
 			client := sdk(p, "sk-files")
 
-			f, err := client.Files.New(ctx(t, 30*time.Second), openai.FileNewParams{
-				File:    openai.File(strings.NewReader(salesCSV), "sales.csv", "text/csv"),
-				Purpose: openai.FilePurposeUserData,
-			})
-			if err != nil {
-				t.Fatalf("Files.New: %v", err)
-			}
+			fileID := uploadUserData(t, client, "sales.csv", "text/csv", []byte(salesCSV))
 
 			var created *responses.Response
 			t.Run("json", func(t *testing.T) {
-				r, err := client.Responses.New(ctx(t, 120*time.Second), filesParams(f.ID))
+				r, err := client.Responses.New(ctx(t, 120*time.Second), filesParams(fileID))
 				if err != nil {
 					t.Fatalf("Responses.New: %v", err)
 				}
@@ -129,7 +123,7 @@ func TestFilesRoundTripOpenAIGo(t *testing.T) {
 				created = r
 			})
 			t.Run("stream", func(t *testing.T) {
-				stream := client.Responses.NewStreaming(ctx(t, 120*time.Second), filesParams(f.ID))
+				stream := client.Responses.NewStreaming(ctx(t, 120*time.Second), filesParams(fileID))
 				var final *responses.Response
 				var announced []responses.ResponseOutputTextAnnotationAddedEvent
 				sawDone := false
@@ -330,16 +324,7 @@ func TestInputPartsOpenAIGo(t *testing.T) {
 			p := startProxy(t, setup{Upstream: up.URL(), Tool: "local", WorkDir: workDir(t), ChatOnly: chat}.yaml())
 			client := sdk(p, "sk-inputs")
 			pixel := onePixelPNG(t)
-			upload := func(name, typ string, data []byte) string {
-				f, err := client.Files.New(ctx(t, 30*time.Second), openai.FileNewParams{
-					File: openai.File(bytes.NewReader(data), name, typ), Purpose: openai.FilePurposeUserData,
-				})
-				if err != nil {
-					t.Fatalf("Files.New(%s): %v", name, err)
-				}
-				return f.ID
-			}
-			imgID, csvID := upload("pixel.png", "image/png", pixel), upload("sales.csv", "text/csv", []byte(salesCSV))
+			imgID, csvID := uploadUserData(t, client, "pixel.png", "image/png", pixel), uploadUserData(t, client, "sales.csv", "text/csv", []byte(salesCSV))
 
 			params := responses.ResponseNewParams{
 				Model: clientModel,

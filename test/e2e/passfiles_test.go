@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/base64"
 	"strings"
 	"testing"
@@ -27,17 +26,10 @@ func TestPassThroughFilesOpenAIGo(t *testing.T) {
 	})
 	p := startProxy(t, setup{Upstream: up.URL(), Tool: "local", WorkDir: workDir(t)}.yaml())
 	alice, bob := sdk(p, "sk-alice"), sdk(p, "sk-bob")
-	upload := func(c openai.Client, name, typ string, data []byte) string {
-		f, err := c.Files.New(ctx(t, 30*time.Second), openai.FileNewParams{File: openai.File(bytes.NewReader(data), name, typ), Purpose: openai.FilePurposeUserData})
-		if err != nil {
-			t.Fatalf("Files.New(%s): %v", name, err)
-		}
-		return f.ID
-	}
 	pixel := onePixelPNG(t)
 	pdf := []byte("%PDF-1.4\n1 0 obj\n<< /Type /Catalog >>\nendobj\ntrailer\n<< /Root 1 0 R >>\n%%EOF\n")
-	imgID, pdfID := upload(alice, "pixel.png", "image/png", pixel), upload(alice, "report.pdf", "application/pdf", pdf)
-	bobsID := upload(bob, "bob.pdf", "application/pdf", pdf)
+	imgID, pdfID := uploadUserData(t, alice, "pixel.png", "image/png", pixel), uploadUserData(t, alice, "report.pdf", "application/pdf", pdf)
+	bobsID := uploadUserData(t, bob, "bob.pdf", "application/pdf", pdf)
 	const unknownID = "file-IssuedByTheUpstream42"
 
 	params := responses.ResponseNewParams{
