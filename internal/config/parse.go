@@ -438,7 +438,7 @@ func (d *decoder) general(n *yaml.Node) General {
 	g.DataDir = strings.TrimSpace(p.String("data_dir").S)
 	g.MaxFileUploadSize, _ = p.Size("max_file_upload_size", DefaultMaxFileUploadSize)
 	g.MaxFileStoragePerKey, _ = p.Size("max_file_storage_per_key", DefaultMaxFileStoragePerKey)
-	g.Quotas = d.quotas(p)
+	g.Quotas = d.quotas(p, keyCount(g.MasterKey, p.Node("client_keys")))
 	g.ClientKeys = d.clientKeys(p.Node("client_keys"), g.Quotas, g.MasterKey)
 	if v := p.String("advertise_url"); v.Present && strings.TrimSpace(v.S) != "" {
 		if err := CheckAdvertiseURL(strings.TrimSpace(v.S)); err != nil {
