@@ -46,8 +46,8 @@ litellm_settings:
 	}{
 		{"sk-alice-SECRET", "alice", true, 2, 7, 3},
 		{"sk-bob-SECRET", "bob", true, 5, 7, DefaultMaxConcurrentRequests / 4}, // a fair share among 4 keys
-		{"sk-master-SECRET", "", false, 0, 0, 0}, // the master key is not a client key
-		{"", "", false, 0, 0, 0},                 // carol's unset variable matches nothing
+		{"sk-master-SECRET", "", false, 0, 0, 0},                               // the master key is not a client key
+		{"", "", false, 0, 0, 0},                                               // carol's unset variable matches nothing
 		{"sk-nobody", "", false, 0, 0, 0},
 	} {
 		k, ok := g.ClientKeyFor(tc.key)
