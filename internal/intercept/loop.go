@@ -202,6 +202,10 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 		runErr = nil
 	}
 	ex := r.charge(describe(res, runErr, r.ic.ExecutionTimeout, r.ic.ModelOutputLimit))
+	if res.KernelRestarted {
+		// The model's only: the client's logs are the code's output, and the code ran as shown.
+		ex.model = joinLines(kernelRestartedNote, ex.model)
+	}
 	ex.model = withWrittenFiles(ex.model, written)
 	r.tr.addFiles(written.Files, true)
 	r.e.m.executions.WithLabelValues(ex.status).Inc()
