@@ -212,7 +212,8 @@ func TestQuotaConcurrentRequests(t *testing.T) {
 }
 
 func TestQuotaContainers(t *testing.T) {
-	q := newQuotaProxy(t, "  max_containers: 3\n", true)
+	// An explicit share: by default 4 keys would share the 3 containers, one each.
+	q := newQuotaProxy(t, "  max_containers: 3\n  max_containers_per_key: 3\n", true)
 	code := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", `{"code":"1+1"}`)}}
 	done := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("2")}}
 	ok := func(who, key string) {
