@@ -40,7 +40,13 @@ func privateMemory(t *testing.T, p *Provider, h sandbox.Handle) (bytes int64, pr
 // TestRestartKernel: a restart gives back the memory of the kernel's Python state and of the
 // processes the code left, and keeps the sandbox's files; the next execution runs in a fresh kernel.
 func TestRestartKernel(t *testing.T) {
-	p := sharedProvider(t)
+	t.Run("cgroup freezer", func(t *testing.T) { testRestartKernel(t, sharedProvider(t)) })
+	t.Run("SIGSTOP fallback", func(t *testing.T) {
+		testRestartKernel(t, newTestProviderWith(t, Options{PoolSize: -1}, knobs{noCgroups: true}))
+	})
+}
+
+func testRestartKernel(t *testing.T, p *Provider) {
 	h := create(t, p, sandbox.CreateOptions{})
 	fresh, freshProcs := privateMemory(t, p, h)
 	run(t, p, h, `
