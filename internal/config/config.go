@@ -231,6 +231,10 @@ type Interception struct {
 	ExecutionTimeout     time.Duration // default 120s
 	ModelOutputLimit     int           // bytes of execution output the model sees, default 16384
 	ContainerIdleTimeout time.Duration // default 20m; 0 deletes the sandbox when the request ends
+	// KernelIdleTimeout is how long a container's kernel may stay unused before it is restarted,
+	// giving back the memory of its Python state and keeping its files (local tools); default 5m;
+	// 0: never.
+	KernelIdleTimeout time.Duration
 
 	// Limits of one response (quotas.go): stand-in calls run per model turn, executions per
 	// response (max_tool_calls lowers it), bytes of one call's code, and bytes of execution output

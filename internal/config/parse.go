@@ -26,6 +26,7 @@ const (
 	DefaultExecutionTimeout     = 120 * time.Second
 	DefaultModelOutputLimit     = 16384
 	DefaultContainerIdleTimeout = 20 * time.Minute
+	DefaultKernelIdleTimeout    = 5 * time.Minute
 	DefaultMaxRequestBodySize   = 32 << 20
 	DefaultShutdownGrace        = 30 * time.Second
 	DefaultMaxFileUploadSize    = 512 << 20 // OpenAI's limit for one file
@@ -357,7 +358,7 @@ func (d *decoder) litellmSettings(s *settings.Map, cfg *Config, tools map[string
 	given := s.Has("code_interpreter_interception_params") && !settings.IsNull(s.Node("code_interpreter_interception_params"))
 	p := d.Map(s.Node("code_interpreter_interception_params"), ipath, ipath, []string{
 		"enabled", "enabled_providers", "sandbox_tool_name", "function_name", "max_iterations",
-		"execution_timeout", "model_output_limit", "container_idle_timeout",
+		"execution_timeout", "model_output_limit", "container_idle_timeout", "kernel_idle_timeout",
 		"max_calls_per_turn", "max_executions", "max_code_size", "max_response_output",
 	}, nil)
 	in := &cfg.Interception
@@ -395,6 +396,7 @@ func (d *decoder) litellmSettings(s *settings.Map, cfg *Config, tools map[string
 	}
 	in.ModelOutputLimit = int(limit)
 	in.ContainerIdleTimeout = p.Duration("container_idle_timeout", DefaultContainerIdleTimeout, true)
+	in.KernelIdleTimeout = p.Duration("kernel_idle_timeout", DefaultKernelIdleTimeout, true)
 	d.limits(p, in)
 
 	if given && in.Enabled && !slices.Contains(cbs, InterceptionCallback) {
@@ -438,7 +440,7 @@ func (d *decoder) general(n *yaml.Node) General {
 	g.DataDir = strings.TrimSpace(p.String("data_dir").S)
 	g.MaxFileUploadSize, _ = p.Size("max_file_upload_size", DefaultMaxFileUploadSize)
 	g.MaxFileStoragePerKey, _ = p.Size("max_file_storage_per_key", DefaultMaxFileStoragePerKey)
-	g.Quotas = d.quotas(p)
+	g.Quotas = d.quotas(p, keyCount(g.MasterKey, p.Node("client_keys")))
 	g.ClientKeys = d.clientKeys(p.Node("client_keys"), g.Quotas, g.MasterKey)
 	if v := p.String("advertise_url"); v.Present && strings.TrimSpace(v.S) != "" {
 		if err := CheckAdvertiseURL(strings.TrimSpace(v.S)); err != nil {

@@ -12,14 +12,13 @@ import (
 
 // Defaults of the quotas (general_settings) and of the per-request limits
 // (code_interpreter_interception_params). They are meant to be out of reach of a real client and
-// within reach of an abusive one; config.example.yaml documents the same values.
+// within reach of an abusive one; config.example.yaml documents the same values. The per-key
+// shares of the totals have no constant: they derive from the keys configured (fairShare).
 const (
-	DefaultMaxContainers               = 128 // in total, the warm pools included
-	DefaultMaxContainersPerKey         = 32
-	DefaultContainerCreatesPerMinute   = 600 // per key, refilled continuously: 10 a second
-	DefaultContainerCreateBurst        = 100 // per key
-	DefaultMaxConcurrentRequests       = 256
-	DefaultMaxConcurrentRequestsPerKey = 32
+	DefaultMaxContainers             = 128 // in total, the warm pools included
+	DefaultContainerCreatesPerMinute = 600 // per key, refilled continuously: 10 a second
+	DefaultContainerCreateBurst      = 100 // per key
+	DefaultMaxConcurrentRequests     = 256
 
 	DefaultMaxCallsPerTurn   = 16
 	DefaultMaxExecutions     = 64
@@ -88,17 +87,42 @@ func (g General) ClientKeyFor(presented string) (ClientKey, bool) {
 	return g.ClientKeys[found], true
 }
 
-// quotas reads general_settings' quota keys.
-func (d *decoder) quotas(p *settings.Map) Quotas {
+// quotas reads general_settings' quota keys; keys is how many keys callers may present (see
+// fairShare).
+func (d *decoder) quotas(p *settings.Map, keys int) Quotas {
 	q := Quotas{
-		MaxContainers:               p.Int("max_containers", DefaultMaxContainers, 1),
-		MaxContainersPerKey:         p.Int("max_containers_per_key", DefaultMaxContainersPerKey, 1),
-		ContainerCreatesPerMinute:   p.Int("container_creates_per_minute", DefaultContainerCreatesPerMinute, 1),
-		ContainerCreateBurst:        p.Int("container_create_burst", DefaultContainerCreateBurst, 1),
-		MaxConcurrentRequests:       p.Int("max_concurrent_requests", DefaultMaxConcurrentRequests, 1),
-		MaxConcurrentRequestsPerKey: p.Int("max_concurrent_requests_per_key", DefaultMaxConcurrentRequestsPerKey, 1),
+		MaxContainers:             p.Int("max_containers", DefaultMaxContainers, 1),
+		ContainerCreatesPerMinute: p.Int("container_creates_per_minute", DefaultContainerCreatesPerMinute, 1),
+		ContainerCreateBurst:      p.Int("container_create_burst", DefaultContainerCreateBurst, 1),
+		MaxConcurrentRequests:     p.Int("max_concurrent_requests", DefaultMaxConcurrentRequests, 1),
 	}
+	q.MaxContainersPerKey = p.Int("max_containers_per_key", fairShare(q.MaxContainers, keys), 1)
+	q.MaxConcurrentRequestsPerKey = p.Int("max_concurrent_requests_per_key", fairShare(q.MaxConcurrentRequests, keys), 1)
 	return q
+}
+
+// fairShare is the default per-key share of a total when keys keys are configured (master_key and
+// the client_keys entries): the whole total for one key or none (an open proxy, whose callers are
+// as many as the keys they make up, is bound by the total alone), else an equal share rounded up,
+// so that one key cannot take the host from the others while a client that uses one key as it
+// would use OpenAI reaches the host's real capacity before any per-key 429.
+func fairShare(total, keys int) int {
+	if keys <= 1 {
+		return total
+	}
+	return (total + keys - 1) / keys
+}
+
+// keyCount is how many keys general_settings configures: master_key and each client_keys entry.
+func keyCount(master string, clientKeys *yaml.Node) int {
+	n := 0
+	if master != "" {
+		n++
+	}
+	if l := settings.Deref(clientKeys); l != nil && l.Kind == yaml.SequenceNode {
+		n += len(l.Content)
+	}
+	return n
 }
 
 // clientKeys reads general_settings.client_keys. Keys are secrets: no message quotes one.

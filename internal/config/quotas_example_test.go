@@ -22,6 +22,8 @@ func TestExampleConfigQuotas(t *testing.T) {
 		t.Fatalf("config.example.yaml with client_keys uncommented: %v", err)
 	}
 	d := config.Defaults()
+	// With its client key uncommented the example has one key (its master_key is commented
+	// out), whose share is the totals.
 	if c.General.Quotas != d.General.Quotas {
 		t.Errorf("the example's quotas = %+v; want the defaults %+v", c.General.Quotas, d.General.Quotas)
 	}

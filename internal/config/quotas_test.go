@@ -35,7 +35,7 @@ litellm_settings:
 	}
 	g := cfg.General
 	if g.Quotas.MaxContainers != 50 || g.Quotas.MaxContainersPerKey != 5 || g.Quotas.ContainerCreatesPerMinute != 7 ||
-		g.Quotas.ContainerCreateBurst != DefaultContainerCreateBurst || g.Quotas.MaxConcurrentRequestsPerKey != DefaultMaxConcurrentRequestsPerKey {
+		g.Quotas.ContainerCreateBurst != DefaultContainerCreateBurst || g.Quotas.MaxConcurrentRequestsPerKey != DefaultMaxConcurrentRequests/4 {
 		t.Errorf("quotas = %+v", g.Quotas)
 	}
 	for _, tc := range []struct {
@@ -45,9 +45,9 @@ litellm_settings:
 		creates, conc int
 	}{
 		{"sk-alice-SECRET", "alice", true, 2, 7, 3},
-		{"sk-bob-SECRET", "bob", true, 5, 7, DefaultMaxConcurrentRequestsPerKey},
-		{"sk-master-SECRET", "", false, 0, 0, 0}, // the master key is not a client key
-		{"", "", false, 0, 0, 0},                 // carol's unset variable matches nothing
+		{"sk-bob-SECRET", "bob", true, 5, 7, DefaultMaxConcurrentRequests / 4}, // a fair share among 4 keys
+		{"sk-master-SECRET", "", false, 0, 0, 0},                               // the master key is not a client key
+		{"", "", false, 0, 0, 0},                                               // carol's unset variable matches nothing
 		{"sk-nobody", "", false, 0, 0, 0},
 	} {
 		k, ok := g.ClientKeyFor(tc.key)
@@ -69,6 +69,40 @@ litellm_settings:
 	warn := strings.Join(cfg.Warnings, "\n")
 	if !strings.Contains(warn, "CAROL_KEY") || !strings.Contains(warn, "refused until it is set") {
 		t.Errorf("warnings = %q; want carol's unset variable named", warn)
+	}
+}
+
+// TestPerKeyDefaults: unset, the per-key quotas are the totals when one key or none is configured
+// (a client that uses the only key as it would use OpenAI reaches the host's capacity first), and
+// an equal share, rounded up, among several; an explicit value wins.
+func TestPerKeyDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		name, general        string
+		containers, requests int
+	}{
+		{"open", "max_request_body_size: 1m\n", DefaultMaxContainers, DefaultMaxConcurrentRequests},
+		{"master key", "master_key: sk-m\n", DefaultMaxContainers, DefaultMaxConcurrentRequests},
+		{"one client key", "client_keys: [{name: a, key: k1}]\n", DefaultMaxContainers, DefaultMaxConcurrentRequests},
+		{"master and a client key", "master_key: sk-m\nclient_keys: [{name: a, key: k1}]\n", 64, 128},
+		{"three keys of 100", "max_containers: 100\nclient_keys: [{name: a, key: k1}, {name: b, key: k2}, {name: c, key: k3}]\n", 34, 86},
+		{"explicit", "max_containers_per_key: 7\nmax_concurrent_requests_per_key: 9\n", 7, 9},
+		{"explicit with keys", "master_key: sk-m\nmax_containers_per_key: 200\nclient_keys: [{name: a, key: k1}]\n", 200, 128},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse([]byte("general_settings:\n  "+strings.ReplaceAll(strings.TrimSuffix(tc.general, "\n"), "\n", "\n  ")+"\n"), "t.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := cfg.General.Quotas
+			if q.MaxContainersPerKey != tc.containers || q.MaxConcurrentRequestsPerKey != tc.requests {
+				t.Errorf("per key: %d containers, %d requests; want %d, %d", q.MaxContainersPerKey, q.MaxConcurrentRequestsPerKey, tc.containers, tc.requests)
+			}
+			for _, k := range cfg.General.ClientKeys {
+				if k.Quotas.MaxContainersPerKey != tc.containers || k.Quotas.MaxConcurrentRequestsPerKey != tc.requests {
+					t.Errorf("client key %s: %+v", k.Name, k.Quotas)
+				}
+			}
+		})
 	}
 }
 

@@ -296,7 +296,7 @@ func (r *run) startContainer(ctx context.Context) *apierror.Error {
 				return
 			}
 		}
-		f.c, f.err = r.e.sessions.Create(cctx, r.tool, r.caller, sandbox.CreateOptions{MemoryLimit: r.req.container.memoryLimit}, r.ic.ContainerIdleTimeout)
+		f.c, f.err = r.e.sessions.Create(cctx, r.tool, r.caller, sandbox.CreateOptions{MemoryLimit: r.req.container.memoryLimit, KernelIdle: r.ic.KernelIdleTimeout}, r.ic.ContainerIdleTimeout)
 		f.created = f.err == nil
 	}()
 	return nil

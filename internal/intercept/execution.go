@@ -103,6 +103,11 @@ func describe(res sandbox.Result, runErr error, timeout time.Duration, limit int
 	return ex
 }
 
+// kernelRestartedNote opens what the model is told of an execution that ran in a fresh kernel: the
+// container's was restarted while idle (kernel_idle_timeout), and code that relies on earlier
+// variables fails without it knowing why otherwise.
+const kernelRestartedNote = "[Note: the Python state was reset: this container's kernel was restarted after being idle, so variables, imports and functions of earlier executions are gone; files in /mnt/data are kept. Re-run what this code needs.]"
+
 // maxWrittenLines bounds the files an execution's output lists for the model.
 const maxWrittenLines = 20
 

@@ -57,6 +57,31 @@ func TestLimitCallsPerTurn(t *testing.T) {
 	}
 }
 
+// TestManyCallsBoundRecords: a model turn with thousands of calls writes a call record for the
+// calls run (max_calls_per_turn a turn), not one per call, while the client still sees every call.
+func TestManyCallsBoundRecords(t *testing.T) {
+	const many, turns, perTurn = 3000, 3, 4
+	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.MaxCallsPerTurn = perTurn }))
+	codes := make([]string, many)
+	for i := range codes {
+		codes[i] = "x = 1"
+	}
+	for range turns {
+		h.up.Enqueue(calls(codes...))
+	}
+	h.up.Enqueue(text("done"))
+	resp := h.final(t, body(""), false)
+	if got := len(statuses(resp)); got != many*turns {
+		t.Errorf("the response shows %d calls; want %d", got, many*turns)
+	}
+	if got := len(h.fake.Codes()); got != perTurn*turns {
+		t.Errorf("ran %d calls; want %d", got, perTurn*turns)
+	}
+	if _, recs := h.store.Len(); recs > perTurn*turns {
+		t.Errorf("%d call records for one response; want at most %d (max_calls_per_turn a turn)", recs, perTurn*turns)
+	}
+}
+
 func TestLimitExecutionsPerResponse(t *testing.T) {
 	for _, tc := range []struct {
 		name, extra string

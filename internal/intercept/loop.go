@@ -109,7 +109,12 @@ func (r *run) loop(ctx context.Context) error {
 				return err
 			}
 			outputs = append(outputs, functionOutput(c.callID, ex.model))
-			r.stored[c.ciID] = StoredCall{Owner: r.caller, ContainerID: r.tr.container, CallID: c.callID, Code: c.code, Output: ex.model}
+			if !stop && !over {
+				// Only calls that went to the container are recorded: at most max_calls_per_turn
+				// a turn, however many the model made. A replayed item without a record is rebuilt
+				// from what the client sends (translateInputItem).
+				r.stored[c.ciID] = StoredCall{Owner: r.caller, ContainerID: r.tr.container, CallID: c.callID, Code: c.code, Output: ex.model}
+			}
 		}
 		if stop || r.tr.clientCalls() {
 			// The client's own function is the client's to run: return with its call; ours are
@@ -197,6 +202,10 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 		runErr = nil
 	}
 	ex := r.charge(describe(res, runErr, r.ic.ExecutionTimeout, r.ic.ModelOutputLimit))
+	if res.KernelRestarted {
+		// The model's only: the client's logs are the code's output, and the code ran as shown.
+		ex.model = joinLines(kernelRestartedNote, ex.model)
+	}
 	ex.model = withWrittenFiles(ex.model, written)
 	r.tr.addFiles(written.Files, true)
 	r.e.m.executions.WithLabelValues(ex.status).Inc()

@@ -299,7 +299,7 @@ func (s *server) createContainer(w http.ResponseWriter, r *http.Request) error {
 	if idle <= 0 {
 		idle = sandbox.DefaultIdleTimeout // a container made to be used later outlives its request
 	}
-	c, err := s.containers.Create(ctx, cfg.Interception.SandboxToolName, owner, sandbox.CreateOptions{Name: nc.name, MemoryLimit: nc.memory}, idle)
+	c, err := s.containers.Create(ctx, cfg.Interception.SandboxToolName, owner, sandbox.CreateOptions{Name: nc.name, MemoryLimit: nc.memory, KernelIdle: cfg.Interception.KernelIdleTimeout}, idle)
 	if err != nil {
 		return quotaError(containerError(err, "", "", ""))
 	}

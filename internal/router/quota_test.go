@@ -58,13 +58,20 @@ type quotaProxy struct {
 	*proxy
 	up   *upstreamtest.Server
 	path string
+	sess *sandbox.Sessions
 }
 
 func newQuotaProxy(t *testing.T, extra string, sandboxed bool) *quotaProxy {
 	t.Helper()
+	return newConfiguredProxy(t, func(base string) string { return quotaYAML(base, extra) }, sandboxed)
+}
+
+// newConfiguredProxy is newQuotaProxy over the configuration yaml returns for the upstream's URL.
+func newConfiguredProxy(t *testing.T, yaml func(base string) string, sandboxed bool) *quotaProxy {
+	t.Helper()
 	up := upstreamtest.New(t)
 	path := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(path, []byte(quotaYAML(up.URL(), extra)), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(yaml(up.URL())), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	parse := config.ParseOptions{LookupEnv: func(n string) (string, bool) {
@@ -122,7 +129,7 @@ func newQuotaProxy(t *testing.T, extra string, sandboxed bool) *quotaProxy {
 		o.Logger = log
 	})
 	p.logs = logs
-	return &quotaProxy{proxy: p, up: up, path: path}
+	return &quotaProxy{proxy: p, up: up, path: path, sess: sess}
 }
 
 func (q *quotaProxy) post(t *testing.T, key, body string) (int, http.Header, []byte) {
@@ -205,7 +212,8 @@ func TestQuotaConcurrentRequests(t *testing.T) {
 }
 
 func TestQuotaContainers(t *testing.T) {
-	q := newQuotaProxy(t, "  max_containers: 3\n", true)
+	// An explicit share: by default 4 keys would share the 3 containers, one each.
+	q := newQuotaProxy(t, "  max_containers: 3\n  max_containers_per_key: 3\n", true)
 	code := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", `{"code":"1+1"}`)}}
 	done := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("2")}}
 	ok := func(who, key string) {
@@ -249,6 +257,39 @@ func TestQuotaContainers(t *testing.T) {
 		t.Fatalf("after the reload: %d %s", status, body)
 	}
 	noSecretLogged(t, q.logs)
+}
+
+// TestOneKeyReachesMaxContainers: with the master key alone, a client suite that leaves an auto
+// container behind per case, as clients of OpenAI do, gets no 429 before max_containers: one key
+// has no cap of its own below the host's.
+func TestOneKeyReachesMaxContainers(t *testing.T) {
+	const cases = 38 // past the old per-key default of 32
+	q := newConfiguredProxy(t, func(base string) string {
+		return `model_list:
+  - model_name: gpt-test
+    litellm_params: {model: openai/gpt-up, api_base: ` + base + `, api_key: sk-upstream-SECRET}
+litellm_settings:
+  callbacks: ["code_interpreter_interception"]
+general_settings:
+  master_key: ` + quotaMK + "\n"
+	}, true)
+	code := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", `{"code":"1+1"}`)}}
+	done := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("2")}}
+	containers := map[string]bool{}
+	for i := range cases {
+		q.up.Enqueue(code, done)
+		status, _, body := q.post(t, quotaMK, ciBody)
+		if status != http.StatusOK {
+			t.Fatalf("case %d: %d %s", i+1, status, body)
+		}
+		containers[gjson.GetBytes(body, `output.#(type=="code_interpreter_call").container_id`).String()] = true
+	}
+	if len(containers) != cases {
+		t.Errorf("%d cases made %d containers; want one each", cases, len(containers))
+	}
+	if live := q.sess.Live(); live != cases {
+		t.Errorf("%d containers live; want %d", live, cases)
+	}
 }
 
 // Two client keys own their files and stored responses apart; a key's entry keeps its owner

@@ -14,6 +14,7 @@ const (
 	opRun       = "run"
 	opDelete    = "delete"
 	opKeepAlive = "keepalive"
+	opRestart   = "restart"
 )
 
 // metrics are the Sessions' instruments. The zero-registerer case still records into unregistered
@@ -32,7 +33,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ciproxy_sandbox_operation_duration_seconds",
-			Help:    "Duration of sandbox operations by op (create, run, delete, keepalive) and tool.",
+			Help:    "Duration of sandbox operations by op (create, run, delete, keepalive, restart) and tool.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
 		}, []string{"op", "tool"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{

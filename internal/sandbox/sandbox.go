@@ -42,6 +42,16 @@ type Provider interface {
 	KeepAlive(ctx context.Context, h Handle, d time.Duration) error
 }
 
+// KernelRestarter is implemented by providers that can replace a sandbox's kernel by a fresh one
+// and keep the sandbox and its files (local): the memory of an idle container's Python state is
+// then given back (CreateOptions.KernelIdle). A provider that is not one (e2b) keeps its kernels
+// until the container expires.
+type KernelRestarter interface {
+	// RestartKernel replaces the kernel of h by a fresh one, with none of the earlier executions'
+	// state; a sandbox found gone is ErrNotFound.
+	RestartKernel(ctx context.Context, h Handle) error
+}
+
 // Handle identifies a live sandbox. It is kept in the container's store record (never shown to a
 // client), so it holds only what is needed to reach the sandbox again, never a provider-wide
 // credential such as an API key.
@@ -65,6 +75,9 @@ type CreateOptions struct {
 	Lifetime time.Duration
 	// Metadata is attached where the backend supports it.
 	Metadata map[string]string
+	// KernelIdle is how long the container's kernel may stay unused before Sessions restarts it
+	// (a KernelRestarter's), keeping the files; 0: never. Providers ignore it.
+	KernelIdle time.Duration
 }
 
 // RunOptions are per-execution choices.
@@ -85,6 +98,10 @@ type Result struct {
 	ExecutionCount int        `json:"execution_count"`
 	// Truncated reports that output went over the cap and was cut (a note is appended to Stdout).
 	Truncated bool `json:"truncated,omitempty"`
+	// KernelRestarted reports that the container's kernel was restarted while idle
+	// (CreateOptions.KernelIdle) since its last execution: this one ran without the Python state
+	// of the earlier ones. Set by Container.Run.
+	KernelRestarted bool `json:"-"`
 }
 
 // Output is one rich result (Jupyter execute_result or display_data).

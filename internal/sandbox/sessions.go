@@ -177,6 +177,10 @@ type Container struct {
 	expiresAt    time.Time // as last written to the store
 	backendUntil time.Time // the backend keeps the sandbox at least until then
 	deleting     bool
+	// kernelIdle is CreateOptions.KernelIdle; restarted says that the kernel was restarted since
+	// the last execution (restartIdleKernels), which the next one reports.
+	kernelIdle time.Duration
+	restarted  bool
 
 	// Guarded by runMu: the files under DataDir after the last execution, placement or listing;
 	// nil when unknown (see Execute).
@@ -389,7 +393,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	c := &Container{
 		s: s, id: id, owner: owner, name: opts.Name, memory: opts.MemoryLimit, h: h, ent: ent,
 		hostBound: ent.HostBound, created: now, runMu: make(chan struct{}, 1), slot: slot,
-		users: 1, idle: idle, lastUse: now, backendUntil: now.Add(opts.Lifetime),
+		users: 1, idle: idle, lastUse: now, backendUntil: now.Add(opts.Lifetime), kernelIdle: opts.KernelIdle,
 		baseline: map[string]fileStamp{}, // a new sandbox's /mnt/data is empty
 	}
 	c.expiresAt = c.dueLocked(now)
@@ -822,7 +826,8 @@ func (s *Sessions) deleteSandbox(ctx context.Context, c *Container, why string) 
 // Sweep deletes every container that is expired at Now (idle past its timeout with no holder, or
 // past its hard end of life) and not running code, whichever process made it, waits for those
 // deletions, and returns how many it claimed. It first renews the hold lease of the containers this
-// process's requests hold. The reaper calls it; tests call it directly.
+// process's requests hold, and restarts the kernels idle past their kernel idle timeout
+// (restartIdleKernels). The reaper calls it; tests call it directly.
 func (s *Sessions) Sweep(ctx context.Context) int {
 	now := s.now()
 	var renew []*Container
@@ -838,6 +843,8 @@ func (s *Sessions) Sweep(ctx context.Context) int {
 			s.log.Warn("renewing a held container's lease", zap.String("container", c.id), zap.Error(err))
 		}
 	}
+
+	s.restartIdleKernels(ctx, now)
 
 	due, err := s.st.ExpiringContainers(ctx, now, sweepBatch)
 	if err != nil {
@@ -899,6 +906,65 @@ func (s *Sessions) Sweep(ctx context.Context) int {
 	}
 	wg.Wait()
 	return int(n.Load())
+}
+
+// restartIdleKernels restarts the kernel of every container of this process that nobody has used
+// for its kernel idle timeout (CreateOptions.KernelIdle), on a provider that is a KernelRestarter:
+// an idle container then holds its files and a fresh kernel, not the memory of its Python state.
+// Its next execution reports the restart (Result.KernelRestarted).
+func (s *Sessions) restartIdleKernels(ctx context.Context, now time.Time) {
+	var idle []*Container
+	s.mu.Lock()
+	for _, c := range s.live {
+		if _, ok := c.ent.Provider.(KernelRestarter); ok && c.kernelIdle > 0 && !c.restarted && !c.deleting &&
+			c.users == 0 && c.busy == 0 && !now.Before(c.lastUse.Add(c.kernelIdle)) {
+			idle = append(idle, c)
+		}
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, c := range idle {
+		wg.Go(func() { s.restartKernel(ctx, c) })
+	}
+	wg.Wait()
+}
+
+// restartKernel restarts c's kernel unless c is in use again.
+func (s *Sessions) restartKernel(ctx context.Context, c *Container) {
+	select {
+	case c.runMu <- struct{}{}:
+	default:
+		return // an execution is under way
+	}
+	defer c.unlock()
+	s.mu.Lock()
+	idle := !c.deleting && c.users == 0 && c.busy == 0
+	if idle {
+		c.busy++ // not reaped while its kernel restarts
+	}
+	s.mu.Unlock()
+	if !idle {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
+	start := time.Now()
+	err := c.ent.Provider.(KernelRestarter).RestartKernel(rctx, c.h)
+	cancel()
+	s.m.observe(opRestart, c.h.Tool, start, err)
+	s.mu.Lock()
+	c.busy--
+	if err == nil {
+		c.restarted = true
+	}
+	s.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrNotFound):
+		s.dropGone(ctx, c)
+	case err != nil:
+		s.log.Warn("restarting an idle kernel", zap.String("container", c.id), zap.String("tool", c.h.Tool), zap.Error(err))
+	default:
+		s.log.Debug("idle kernel restarted", zap.String("container", c.id), zap.String("tool", c.h.Tool))
+	}
 }
 
 // reapRecord claims the expired record of a container this process does not hold and deletes its
@@ -1057,6 +1123,8 @@ func (c *Container) runLocked(ctx context.Context, code string, opts RunOptions)
 		return Result{}, fmt.Errorf("%w: container deleted", ErrNotFound)
 	}
 	c.busy++
+	restarted := c.restarted
+	c.restarted = false
 	now := s.now()
 	need := opts.Timeout
 	if need <= 0 {
@@ -1072,6 +1140,7 @@ func (c *Container) runLocked(ctx context.Context, code string, opts RunOptions)
 	start := time.Now()
 	res, err := c.ent.Provider.Run(ctx, c.h, code, opts)
 	s.m.observe(opRun, c.h.Tool, start, err)
+	res.KernelRestarted = restarted
 
 	s.mu.Lock()
 	c.busy--

@@ -1151,3 +1151,82 @@ func TestCreateAbandonedByCaller(t *testing.T) {
 		t.Errorf("Sessions.Live() = %d; want 0", got)
 	}
 }
+
+// restartingProvider is a recProvider that restarts kernels (a KernelRestarter, as local).
+type restartingProvider struct {
+	*recProvider
+	restarts map[string]int // by sandbox id
+}
+
+func (p *restartingProvider) RestartKernel(_ context.Context, h Handle) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.live[h.ID] {
+		return fmt.Errorf("%w: %s", ErrNotFound, h.ID)
+	}
+	p.restarts[h.ID]++
+	return nil
+}
+
+func (p *restartingProvider) restartsOf(id string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.restarts[id]
+}
+
+// TestSessionsRestartIdleKernels: the sweep restarts the kernel of a container nobody has used for
+// its kernel idle timeout, once, never one that a request holds; the next execution reports it.
+func TestSessionsRestartIdleKernels(t *testing.T) {
+	f := newFixture(t)
+	p := &restartingProvider{recProvider: f.p, restarts: map[string]int{}}
+	reg, err := NewRegistry(nil, RegistryEntry{Name: "py", Provider: p, Backend: "rec", HostBound: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.reg = reg
+	ctx := context.Background()
+	c, err := f.s.Create(ctx, "py", "alice", CreateOptions{KernelIdle: 5 * time.Minute}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, sbx := c.ID(), c.h.ID
+	never := f.create(t, "alice", time.Hour) // no kernel idle timeout
+	f.s.Release(ctx, never)
+
+	f.clock.Add(10 * time.Minute) // idle for long, but held by its request
+	f.s.Sweep(ctx)
+	if n := p.restartsOf(sbx); n != 0 {
+		t.Fatalf("a held container's kernel was restarted %d times", n)
+	}
+	f.s.Release(ctx, c)
+	for _, step := range []struct {
+		after time.Duration
+		want  int
+	}{
+		{4 * time.Minute, 0},  // not idle long enough
+		{time.Minute, 1},      // 5 minutes since its last use
+		{10 * time.Minute, 1}, // a fresh kernel is not restarted again
+	} {
+		f.clock.Add(step.after)
+		if n := f.s.Sweep(ctx); n != 0 {
+			t.Fatalf("the sweep expired %d containers", n)
+		}
+		if n := p.restartsOf(sbx); n != step.want {
+			t.Fatalf("after %s more: %d restarts; want %d", step.after, n, step.want)
+		}
+	}
+	if n := p.restartsOf(never.h.ID); n != 0 {
+		t.Errorf("a container without a kernel idle timeout was restarted %d times", n)
+	}
+	c, err = f.s.Open(ctx, id, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.s.Release(ctx, c)
+	for i, want := range []bool{true, false} {
+		res, err := c.Run(ctx, "x", RunOptions{})
+		if err != nil || res.KernelRestarted != want {
+			t.Errorf("run %d: KernelRestarted = %v, %v; want %v", i+1, res.KernelRestarted, err, want)
+		}
+	}
+}

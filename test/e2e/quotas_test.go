@@ -59,3 +59,29 @@ func TestReplicasShareQuotas(t *testing.T) {
 		}
 	}
 }
+
+// TestOneKeyUsesTheHost: a client suite of 38 cases against the binary's default quotas, with the
+// master key alone, each case leaving its auto container behind as clients of OpenAI do: no 429
+// (one key's share of max_containers is all of it), where the per-key default refused the 33rd.
+func TestOneKeyUsesTheHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("38 local sandboxes: not in -short")
+	}
+	const cases = 38
+	up := upstreamtest.New(t)
+	p := startProxy(t, setup{Upstream: up.URL(), MasterKey: replicaKey, Tool: "local", WorkDir: workDir(t)}.yaml())
+	code := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", `{"code":"1+1"}`)}}
+	done := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("2")}}
+	seen := map[string]bool{}
+	for i := range cases {
+		up.Enqueue(code, done)
+		a := send(ctx(t, 60*time.Second), p, http.MethodPost, "/v1/responses", "application/json", ciRequest("case", "", "", false))
+		if a.err != nil || a.status != http.StatusOK || a.container == "" {
+			t.Fatalf("case %d = %d %v %.300s", i+1, a.status, a.err, a.body)
+		}
+		seen[a.container] = true
+	}
+	if len(seen) != cases {
+		t.Errorf("%d cases used %d containers; want one each", cases, len(seen))
+	}
+}

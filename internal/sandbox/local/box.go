@@ -36,6 +36,7 @@ type box struct {
 	uid    uint32 // namespace uid in the zygote's user namespace (0: shared)
 	pid    int    // the init's pid in the proxy's pid namespace
 	pidfd  *os.File
+	kernel *os.File      // pidfd of the kernel's template, which restarts the kernel (kernel.py's _template)
 	setup  *net.UnixConn // lifeline: the init exits when it is closed
 	cg     *sandboxCgroup
 	p      *Provider
@@ -55,6 +56,8 @@ type box struct {
 
 	ready     chan struct{}
 	readyOnce sync.Once
+	// restarted gets a value at each ready line after the first: a fresh kernel serves.
+	restarted chan struct{}
 	// done is closed when every process of the sandbox has exited and the kernel's output has
 	// reached EOF, that is when nothing of the sandbox runs any more.
 	done chan struct{}
@@ -97,7 +100,7 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 	b := &box{
 		id: newID(), memory: mem, uid: uid, data: -1, p: p,
 		sem: make(chan struct{}, 1), execs: make(chan *execution, 1),
-		ready: make(chan struct{}), done: make(chan struct{}),
+		ready: make(chan struct{}), restarted: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	var cleanup []func()
 	defer func() {
@@ -109,7 +112,8 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 	}()
 	cleanup = append(cleanup, func() { p.uids.put(uid) })
 	if p.cg != nil {
-		cg, err := p.cg.create(b.id, cgroupSettings{memory: mem, processes: p.opts.MaxProcesses + 1, cpus: p.opts.CPULimit})
+		// The init and the kernel's template are processes of the sandbox too.
+		cg, err := p.cg.create(b.id, cgroupSettings{memory: mem, processes: p.opts.MaxProcesses + 2, cpus: p.opts.CPULimit})
 		if err != nil {
 			return nil, fmt.Errorf("local sandbox: %w", err)
 		}
@@ -161,7 +165,7 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	if b.pidfd, err = readStarted(b.setup, deadline); err != nil {
+	if b.pidfd, err = readStarted(b.setup, deadline, "started"); err != nil {
 		return nil, fmt.Errorf("local sandbox: starting a sandbox: %w", err)
 	}
 	cleanup = append(cleanup, func() {
@@ -184,6 +188,10 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 	if _, err := b.setup.Write([]byte("go")); err != nil {
 		return nil, fmt.Errorf("local sandbox: %w", err)
 	}
+	if b.kernel, err = readStarted(b.setup, deadline, "kernel"); err != nil {
+		return nil, fmt.Errorf("local sandbox: starting a sandbox: %w", err)
+	}
+	cleanup = append(cleanup, func() { b.kernel.Close() })
 	b.stdin = pipes[1]
 	p.mu.Lock()
 	if p.closed {
@@ -221,6 +229,7 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 		b.stdin.Close()
 		b.setup.Close()
 		b.pidfd.Close()
+		b.kernel.Close()
 		if b.cg != nil {
 			b.oom.Store(b.cg.oomKilled())
 			b.cg.remove()
@@ -290,6 +299,7 @@ func (b *box) read(r *os.File) {
 	var cur *execution
 	discard := false
 	atStart := true
+	readied := false
 	for {
 		piece, err := br.ReadSlice('\n')
 		if len(piece) > 0 {
@@ -297,8 +307,23 @@ func (b *box) read(r *os.File) {
 			whole := lineStart && err == nil
 			atStart = err == nil
 			switch {
-			case whole && bytes.Equal(piece, readyLine):
+			case whole && bytes.Equal(piece, readyLine) && !readied:
+				readied = true
 				b.readyOnce.Do(func() { close(b.ready) })
+				continue
+			case whole && bytes.Equal(piece, readyLine):
+				// A fresh kernel (RestartKernel, or the code signalled the template): an execution
+				// that was running is over, with the kernel that ran it.
+				if cur != nil {
+					cur.pw.CloseWithError(errRestarted)
+					close(cur.ended)
+					cur = nil
+					b.finish()
+				}
+				select {
+				case b.restarted <- struct{}{}:
+				default:
+				}
 				continue
 			case lineStart && cur == nil:
 				// A new line: the execution registered last gets it. Lines with none (output of a
@@ -553,6 +578,52 @@ func (p *Provider) interrupt(b *box, ex *execution) {
 	case <-b.done:
 	case <-t.C:
 		b.kill(fmt.Sprintf("the execution did not stop within %s of an interrupt; the sandbox was stopped", p.grace))
+	}
+}
+
+// errRestarted is the cause given when the kernel restarts during an execution.
+var errRestarted = errors.New("the kernel restarted during the execution")
+
+// RestartKernel implements sandbox.KernelRestarter: it replaces the sandbox's kernel by a fresh
+// one, which releases the memory of its Python state and of every process the code left, and
+// keeps the sandbox: its files (/mnt/data, /tmp, /dev/shm), uid and cgroup. It waits for a
+// running execution to end first. A kernel that does not come back kills the sandbox.
+func (p *Provider) RestartKernel(ctx context.Context, h sandbox.Handle) error {
+	b, err := p.lookup(h)
+	if err != nil {
+		return err
+	}
+	select {
+	case b.sem <- struct{}{}:
+	case <-b.done:
+		return fmt.Errorf("%w: local sandbox %s", sandbox.ErrNotFound, h.ID)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-b.sem }()
+	select {
+	case <-b.restarted: // a restart nobody waited for (the code's own)
+	default:
+	}
+	b.begin() // a frozen template would not take the signal
+	defer b.finish()
+	if err := signalPidfd(b.kernel, unix.SIGUSR1); err != nil {
+		b.kill("the kernel could not be restarted")
+		return fmt.Errorf("%w: local sandbox %s: restarting the kernel: %w", sandbox.ErrNotFound, h.ID, err)
+	}
+	t := time.NewTimer(startTimeout)
+	defer t.Stop()
+	select {
+	case <-b.restarted:
+		return nil
+	case <-b.done:
+		return fmt.Errorf("%w: local sandbox %s: it stopped while its kernel restarted", sandbox.ErrNotFound, h.ID)
+	case <-ctx.Done():
+		b.kill("the kernel did not restart")
+		return ctx.Err()
+	case <-t.C:
+		b.kill("the kernel did not restart")
+		return fmt.Errorf("%w: local sandbox %s: the kernel was not ready %s after its restart", sandbox.ErrNotFound, h.ID, startTimeout)
 	}
 }
 

@@ -488,7 +488,8 @@ def _direct(cfg):
 #      hostname; brings up lo; forks I and exits.
 #   I  pid 1 of the new pid namespace: mounts its /proc, sends the proxy a pidfd of itself over
 #      the setup socket, waits for "go" (the proxy has put it into the sandbox's cgroups), then
-#      unshares a cgroup namespace rooted there, forks K and drops every capability. It reaps
+#      unshares a cgroup namespace rooted there, forks K, sends the proxy a pidfd of K and drops
+#      every capability. It reaps
 #      orphans, and exits when K exits or the proxy closes the setup socket; as the namespace's
 #      init its exit kills every process of the sandbox, however it was forked.
 #   K  the kernel: becomes the sandbox's own host uid and, as that uid, creates a user namespace
@@ -496,7 +497,9 @@ def _direct(cfg):
 #      as inotify instances, are thus the sandbox's own all the way up to the host's namespace;
 #      the sandbox's other namespaces belong to the host's, so it has no capability over them);
 #      drops every capability, sets its rlimits, moves to /mnt/data, installs the kernels' seccomp
-#      filter, reseeds the random generators and serves its protocol.
+#      filter and becomes the template of the sandbox's kernels: it forks W, which reseeds the
+#      random generators and serves the protocol, and on the proxy's restart (SIGUSR1) replaces
+#      W by a fresh one (_template).
 #
 # What every kernel shares with its siblings, and why that is safe:
 #   - Memory pages of the zygote (the interpreter, the imported modules, their caches), mapped
@@ -733,6 +736,10 @@ def _init(req, fds, code_filter):
         setup.close()
         _kernel(req, fds, code_filter)
         os._exit(1)
+    # The proxy restarts an idle kernel through K (see _template).
+    kfd = os.pidfd_open(kernel)
+    _report(setup, {"type": "kernel"}, [kfd])
+    os.close(kfd)
     for fd in fds[:3]:
         os.close(fd)
     _drop_capabilities()
@@ -783,7 +790,8 @@ def _kernel(req, fds, code_filter):
         # Address space: what the zygote mapped plus the limit, so that one huge allocation is a
         # MemoryError; the aggregate over all processes is the cgroup's business (see local.go).
         _set_limit(resource.RLIMIT_AS, vm + memory)
-    _set_limit(resource.RLIMIT_NPROC, req.get("processes"))
+    # One more process than the code's own: the template (_template) below.
+    _set_limit(resource.RLIMIT_NPROC, req.get("processes") and req["processes"] + 1)
     _set_limit(resource.RLIMIT_FSIZE, req.get("file_size"))
     _set_limit(resource.RLIMIT_NOFILE, req.get("open_files"))
     _set_limit(resource.RLIMIT_CORE, 0)
@@ -793,12 +801,61 @@ def _kernel(req, fds, code_filter):
     os.closerange(3, 1 << 16)
     if req.get("seccomp", True):
         _install_seccomp(code_filter)
-    random.seed()
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed()
     CONFIG.pop("preload", None)
-    serve()
+    _template()
+
+
+def _template():
+    """K, once set up: the template of the sandbox's kernels. It forks the kernel that serves (W)
+    and never runs code itself, so that its pages stay the zygote's, shared copy-on-write. On
+    SIGUSR1 (the proxy's restart of an idle kernel, through the pidfd the init gave it) it kills
+    W and every other process of the sandbox but the init, and forks a fresh W: the memory of the
+    Python state is released, /mnt/data, /tmp and /dev/shm stay (they are the sandbox's mounts).
+    When W ends on its own, K ends with it, and so does the sandbox, as a kernel's exit always did.
+    User code can send SIGUSR1 too: it restarts its own kernel, nothing more."""
+    state = {"worker": 0, "restart": False}
+
+    def on_restart(signum, frame):
+        state["restart"] = True
+        if state["worker"]:
+            try:
+                os.kill(state["worker"], signal.SIGKILL)
+            except OSError:
+                pass
+
+    signal.signal(signal.SIGUSR1, on_restart)
+    while True:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        worker = os.fork()
+        if worker == 0:
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+            random.seed()
+            np = sys.modules.get("numpy")
+            if np is not None:
+                np.random.seed()
+            serve()
+            os._exit(1)
+        state["worker"], state["restart"] = worker, False
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        os.waitpid(worker, 0)  # retried after on_restart (PEP 475)
+        if not state["restart"]:
+            os._exit(0)
+        _end_others()
+
+
+def _end_others():
+    """Kills every process of the sandbox but the init and this one, and waits until they are
+    gone (the init reaps them), so that their memory is free before the next kernel starts."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+    me = os.getpid()
+    for _ in range(2000):
+        if not [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]:
+            return
+        select.select([], [], [], 0.001)
 
 
 if __name__ == "__main__":

@@ -295,8 +295,9 @@ type started struct {
 	Message string `json:"message"`
 }
 
-// readStarted waits for the sandbox's init to report: a pidfd of itself, or an error.
-func readStarted(conn *net.UnixConn, deadline time.Time) (*os.File, error) {
+// readStarted waits for the sandbox's init to report a message of type typ with a pidfd ("started":
+// of itself; "kernel": of the kernel it forked), or an error.
+func readStarted(conn *net.UnixConn, deadline time.Time, typ string) (*os.File, error) {
 	conn.SetReadDeadline(deadline)
 	defer conn.SetReadDeadline(time.Time{})
 	buf := make([]byte, 4096)
@@ -315,7 +316,7 @@ func readStarted(conn *net.UnixConn, deadline time.Time) (*os.File, error) {
 	}
 	var msg started
 	jerr := json.Unmarshal(buf[:n], &msg)
-	if jerr != nil || msg.Type != "started" || len(fds) != 1 {
+	if jerr != nil || msg.Type != typ || len(fds) != 1 {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
