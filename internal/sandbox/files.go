@@ -14,6 +14,10 @@ const DataDir = "/mnt/data"
 // ErrFileTooLarge: a file is larger than the caller allowed. Nothing was stored or returned.
 var ErrFileTooLarge = errors.New("file too large")
 
+// ErrFileBusy: the sandbox holds a file in a way that refuses the access for now (a lease its
+// code took); the backend tried a few times and gave up rather than wait on the sandbox.
+var ErrFileBusy = errors.New("file busy in the sandbox")
+
 // FileSystem moves files in and out of a sandbox's DataDir. Providers implement it beside Provider;
 // it is safe for concurrent use.
 //
@@ -31,7 +35,7 @@ type FileSystem interface {
 	WriteFile(ctx context.Context, h Handle, path string, r io.Reader, max int64) error
 	// ReadFile copies the regular file at path into w and returns the bytes written. A file larger
 	// than max is ErrFileTooLarge before anything is written; a missing file, a link or a special
-	// file is ErrNotFound.
+	// file is ErrNotFound; a file the sandbox keeps busy is ErrFileBusy, never a wait.
 	ReadFile(ctx context.Context, h Handle, path string, w io.Writer, max int64) (int64, error)
 	// ListFiles lists the regular files below DataDir, recursively, in no particular order. It
 	// stops after limit entries and reports Truncated; entries it cannot measure safely are

@@ -98,13 +98,37 @@ func fsuid() int {
 	return prev
 }
 
-func openBeneath(dir int, path string, flags uint64) (int, error) {
-	for {
+// openAttempts bounds the tries of one open below /mnt/data, and openPause is the pause after the
+// first failed one (each next pause is four times longer). openat2 fails with EAGAIN when the
+// kernel gave up a RESOLVE_BENEATH lookup that raced with a rename, or when a lease on the file
+// refuses a non-blocking open (the open starts breaking it, and the lease's holder then has
+// fs.lease-break-time, 45 s by default, to let go); with EINTR when a signal came. None of these
+// may hold the proxy: a few tries, the context checked between them, then the file is busy.
+const (
+	openAttempts = 4
+	openPause    = 5 * time.Millisecond
+)
+
+// openBeneath opens path below dir (resolveBeneath), trying again a bounded number of times when
+// the kernel asks to; past them the error wraps sandbox.ErrFileBusy.
+func openBeneath(ctx context.Context, dir int, path string, flags uint64) (int, error) {
+	pause := openPause
+	for attempt := 1; ; attempt++ {
 		fd, err := unix.Openat2(dir, path, &unix.OpenHow{Flags: flags | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: resolveBeneath})
-		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-			continue // a concurrent rename made the kernel give up a lookup: try again
+		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
+			return fd, err
 		}
-		return fd, err
+		if attempt == openAttempts {
+			return -1, fmt.Errorf("%w: %s: %w", sandbox.ErrFileBusy, path, err)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return -1, ctx.Err()
+		case <-t.C:
+		}
+		pause *= 4
 	}
 }
 
@@ -126,7 +150,7 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, path string,
 		return err
 	}
 	return p.withData(h, func(b *box, data int) error {
-		dir, err := openBeneath(data, ".", unix.O_RDONLY|unix.O_DIRECTORY)
+		dir, err := openBeneath(ctx, data, ".", unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
 			return notFound(path, err)
 		}
@@ -135,7 +159,7 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, path string,
 			if err := unix.Mkdirat(dir, name, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
 				return notFound(path, err)
 			}
-			next, err := openBeneath(dir, name, unix.O_RDONLY|unix.O_DIRECTORY)
+			next, err := openBeneath(ctx, dir, name, unix.O_RDONLY|unix.O_DIRECTORY)
 			if err != nil {
 				return notFound(path, err)
 			}
@@ -192,7 +216,7 @@ func (p *Provider) ReadFile(ctx context.Context, h sandbox.Handle, path string, 
 	var n int64
 	err := p.withData(h, func(_ *box, data int) error {
 		// O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
-		fd, err := openBeneath(data, path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+		fd, err := openBeneath(ctx, data, path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 		if err != nil {
 			return notFound(path, err)
 		}
@@ -221,7 +245,7 @@ func (p *Provider) ReadFile(ctx context.Context, h sandbox.Handle, path string, 
 func (p *Provider) ListFiles(ctx context.Context, h sandbox.Handle, limit int) (sandbox.Listing, error) {
 	var out sandbox.Listing
 	err := p.withData(h, func(_ *box, data int) error {
-		root, err := openBeneath(data, ".", unix.O_RDONLY|unix.O_DIRECTORY)
+		root, err := openBeneath(ctx, data, ".", unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
 			return notFound(".", err)
 		}
@@ -250,7 +274,7 @@ func listDir(ctx context.Context, dir int, prefix string, depth, limit int, out 
 				out.Skipped++
 				continue
 			}
-			sub, err := openBeneath(dir, name, unix.O_RDONLY|unix.O_DIRECTORY)
+			sub, err := openBeneath(ctx, dir, name, unix.O_RDONLY|unix.O_DIRECTORY)
 			if err != nil {
 				out.Skipped++
 				continue
@@ -300,7 +324,7 @@ func (p *Provider) RemoveFile(ctx context.Context, h sandbox.Handle, path string
 		if parent == "" {
 			parent = "."
 		}
-		dir, err := openBeneath(data, parent, unix.O_RDONLY|unix.O_DIRECTORY)
+		dir, err := openBeneath(ctx, data, parent, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
 			if err := notFound(path, err); !errors.Is(err, sandbox.ErrNotFound) {
 				return err

@@ -297,3 +297,49 @@ func BenchmarkFileTransfer(b *testing.B) {
 		}
 	})
 }
+
+// TestFilesLeased: a file the sandbox holds a write lease on (the filter refuses F_SETLEASE, so
+// the sandbox here runs without it) is busy for every read, each one answered after a bounded
+// number of tries rather than after the lease's break time, and at once when the context ends.
+func TestFilesLeased(t *testing.T) {
+	p := newTestProviderWith(t, Options{PoolSize: -1}, knobs{noSeccomp: true})
+	h := create(t, p, sandbox.CreateOptions{})
+	ctx := context.Background()
+	res := run(t, p, h, `import fcntl, os, signal
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # the break notice each open sends
+open("/mnt/data/leased.txt", "w").write("held")
+open("/mnt/data/free.txt", "w").write("free")
+lease_fd = os.open("/mnt/data/leased.txt", os.O_RDONLY)
+fcntl.fcntl(lease_fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+fcntl.fcntl(lease_fd, fcntl.F_GETLEASE) == fcntl.F_WRLCK`)
+	if got := mainText(res); got != "True" {
+		t.Fatalf("taking the lease: %s (%+v)", got, res.Error)
+	}
+	const readers = 8
+	errs := make(chan error, readers)
+	for range readers {
+		go func() {
+			_, err := p.ReadFile(ctx, h, "leased.txt", io.Discard, 1<<20)
+			errs <- err
+		}()
+	}
+	for range readers {
+		if err := <-errs; !errors.Is(err, sandbox.ErrFileBusy) {
+			t.Errorf("ReadFile of the leased file: %v; want ErrFileBusy", err)
+		}
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := p.ReadFile(ended, h, "leased.txt", io.Discard, 1<<20); !errors.Is(err, context.Canceled) {
+		t.Errorf("ReadFile of the leased file with an ended context: %v; want context.Canceled", err)
+	}
+	var buf bytes.Buffer
+	if _, err := p.ReadFile(ctx, h, "free.txt", &buf, 1<<20); err != nil || buf.String() != "free" {
+		t.Errorf("ReadFile of another file: %q, %v", buf.String(), err)
+	}
+	run(t, p, h, `fcntl.fcntl(lease_fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)`)
+	buf.Reset()
+	if _, err := p.ReadFile(ctx, h, "leased.txt", &buf, 1<<20); err != nil || buf.String() != "held" {
+		t.Errorf("ReadFile once the lease is gone: %q, %v", buf.String(), err)
+	}
+}
