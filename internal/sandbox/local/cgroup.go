@@ -138,6 +138,9 @@ func ownCgroups() (v2 string, v1 []cgroupMount, err error) {
 		switch fstype {
 		case "cgroup2":
 			if p, ok := paths[""]; ok && v2 == "" {
+				// A provider may have moved the proxy into its leaf (delegatedV2): the proxy's
+				// cgroup is still the one above it, where every provider's parent goes.
+				p = strings.TrimSuffix(p, "/"+proxyLeaf)
 				if dir, ok := below(mountpoint, root, p); ok {
 					v2 = dir
 				}
@@ -205,14 +208,23 @@ func newCgroupHost(name string) *cgroupHost {
 		h.v2, h.v2Controllers = delegatedV2(v2, name)
 	}
 	for _, m := range v1 {
+		// Only a hierarchy that serves a controller gets a directory: one made and never
+		// recorded would outlive the provider (the v1 freezer beside a v2 hierarchy did).
+		var serves []string
+		for _, c := range m.controllers {
+			if h.v1[c] == "" && !(c == "freezer" && h.v2 != "") {
+				serves = append(serves, c)
+			}
+		}
+		if len(serves) == 0 {
+			continue
+		}
 		dir := filepath.Join(m.dir, name)
 		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			continue
 		}
-		for _, c := range m.controllers {
-			if h.v1[c] == "" && !(c == "freezer" && h.v2 != "") {
-				h.v1[c] = dir
-			}
+		for _, c := range serves {
+			h.v1[c] = dir
 		}
 	}
 	if h.v2 == "" && len(h.v1) == 0 {
@@ -220,6 +232,10 @@ func newCgroupHost(name string) *cgroupHost {
 	}
 	return h
 }
+
+// proxyLeaf is the v2 cgroup, below its own, into which the proxy moves itself to hand
+// controllers to its providers' parents.
+const proxyLeaf = "ciproxy-proxy"
 
 // delegatedV2 creates the provider's parent in the unified hierarchy below own and enables for its
 // children what controllers it can. The v2 rule that a cgroup with processes cannot hand
@@ -253,7 +269,7 @@ func delegatedV2(own, name string) (string, []string) {
 	}
 	if err := enable(own); err != nil {
 		// EBUSY: own has processes (this one). Move the whole proxy into a leaf and try again.
-		leaf := filepath.Join(own, "ciproxy-proxy")
+		leaf := filepath.Join(own, proxyLeaf)
 		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return dir, nil
 		}
@@ -268,6 +284,25 @@ func delegatedV2(own, name string) (string, []string) {
 		return dir, nil
 	}
 	return dir, strings.Fields(readString(filepath.Join(dir, "cgroup.subtree_control")))
+}
+
+// cgroupRoots are this process's own cgroups in every hierarchy a provider may use, whether or
+// not this one uses it: where the sweep looks for what dead providers left.
+func cgroupRoots() []string {
+	v2, v1, err := ownCgroups()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	if v2 != "" {
+		out = append(out, v2)
+	}
+	for _, m := range v1 {
+		if !slices.Contains(out, m.dir) {
+			out = append(out, m.dir)
+		}
+	}
+	return out
 }
 
 func readString(path string) string {

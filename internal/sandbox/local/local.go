@@ -254,10 +254,12 @@ func newProvider(opts Options, k knobs) (*Provider, error) {
 		return nil, fmt.Errorf("local sandbox: work dir: %w", err)
 	}
 	var cg *cgroupHost
+	var roots []string
 	if !k.noCgroups {
 		cg = newCgroupHost(cgroupName(id))
+		roots = cgroupRoots()
 	}
-	swept := sweep(opts.WorkDir, cgroupParents(cg), time.Now())
+	swept := sweep(opts.WorkDir, roots, time.Now())
 	uids := sharedUID()
 	if os.Geteuid() == 0 {
 		if uids, err = leaseUIDs(uidLockDir, opts.UIDBase, opts.UIDCount); err != nil {
@@ -290,15 +292,6 @@ func newProvider(opts Options, k knobs) (*Provider, error) {
 		go p.fillPool()
 	}
 	return p, nil
-}
-
-// cgroupParents are the directories in which providers create their parent cgroups.
-func cgroupParents(h *cgroupHost) []string {
-	var out []string
-	for _, d := range h.dirs() {
-		out = append(out, filepath.Dir(d))
-	}
-	return out
 }
 
 // Create returns a started sandbox: a warm one from the pool when the request asks for the

@@ -39,8 +39,8 @@ type sweepResult struct {
 	dirs, cgroups int
 }
 
-// sweep removes the leftovers of dead providers in workDir and, for each, its cgroup parents
-// below cgroupParents (the directories in which providers create ciproxy-ID).
+// sweep removes the leftovers of dead providers in workDir and, for each, its parent cgroup
+// ciproxy-ID below every one of cgroupParents (cgroupRoots: every hierarchy, used or not).
 func sweep(workDir string, cgroupParents []string, now time.Time) sweepResult {
 	var res sweepResult
 	entries, err := os.ReadDir(workDir)
