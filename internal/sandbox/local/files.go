@@ -132,15 +132,24 @@ func openBeneath(ctx context.Context, dir int, path string, flags uint64) (int, 
 	}
 }
 
-// notFound turns the errors of a refused or missing path into sandbox.ErrNotFound.
+// notFound turns the errors of a refused or missing path into sandbox.ErrNotFound, and those of a
+// full /mnt/data into sandbox.ErrContainerFull.
 func notFound(path string, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV),
 		errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ENXIO), errors.Is(err, unix.EACCES),
 		errors.Is(err, unix.EISDIR), errors.Is(err, unix.ENODEV):
 		return fmt.Errorf("%w: %s", sandbox.ErrNotFound, path)
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+		return fmt.Errorf("%w: %s: %w", sandbox.ErrContainerFull, path, err)
 	}
 	return fmt.Errorf("local sandbox: %s: %w", path, err)
+}
+
+// taken tells the errors of a rename onto something that is not a regular file.
+func taken(err error) bool {
+	return errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) ||
+		errors.Is(err, unix.ENOTDIR)
 }
 
 // WriteFile creates or replaces the regular file at path below /mnt/data with r's content.
@@ -167,6 +176,10 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, path string,
 			dir = next
 		}
 		name := parts[len(parts)-1]
+		var st unix.Stat_t
+		if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return fmt.Errorf("%w: %s", sandbox.ErrNameTaken, path)
+		}
 		tmp := uploadPrefix + newID()[:12]
 		fd, err := unix.Openat(dir, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
 		if err != nil {
@@ -181,18 +194,50 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, path string,
 			}
 		}()
 		n, err := io.Copy(f, io.LimitReader(ctxReader{ctx, r}, max+1))
-		if err != nil {
+		switch {
+		case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+			return notFound(path, err)
+		case err != nil:
 			return fmt.Errorf("local sandbox: writing %s: %w", path, err)
-		}
-		if n > max {
+		case n > max:
 			return fmt.Errorf("%w: %s is over %d bytes", sandbox.ErrFileTooLarge, path, max)
 		}
 		if err := unix.Renameat(dir, tmp, dir, name); err != nil {
+			if taken(err) {
+				return fmt.Errorf("%w: %s: %w", sandbox.ErrNameTaken, path, err)
+			}
 			return notFound(path, err)
 		}
 		ok = true
 		return nil
 	})
+}
+
+var _ sandbox.SpaceChecker = (*Provider)(nil)
+
+// Fit counts the files that /mnt/data has room for, from the tmpfs's free blocks and inodes: each
+// file takes its size rounded up to whole blocks, and an inode.
+func (p *Provider) Fit(ctx context.Context, h sandbox.Handle, sizes []int64) (int, error) {
+	n := 0
+	err := p.withData(h, func(_ *box, data int) error {
+		var st unix.Statfs_t
+		if err := unix.Fstatfs(data, &st); err != nil {
+			return fmt.Errorf("local sandbox: statfs: %w", err)
+		}
+		block := max(st.Bsize, 1)
+		free, inodes := int64(st.Bavail)*block, st.Ffree
+		for _, size := range sizes {
+			need := (size + block - 1) / block * block
+			if need > free || inodes == 0 {
+				break
+			}
+			free -= need
+			inodes--
+			n++
+		}
+		return nil
+	})
+	return n, err
 }
 
 // ctxReader stops a copy when its context ends.

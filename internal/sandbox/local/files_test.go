@@ -124,14 +124,14 @@ except OSError:
 	if err := p.WriteFile(ctx, h, "tmp-link/planted", strings.NewReader("x"), 10); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("WriteFile through a symlinked directory: %v; want ErrNotFound", err)
 	}
-	// A link as the last element is replaced, not written through.
-	if err := p.WriteFile(ctx, h, "over-link", strings.NewReader("new"), 10); err != nil {
-		t.Errorf("WriteFile over a link: %v", err)
+	// A link as the last element is the code's: neither written through nor replaced.
+	if err := p.WriteFile(ctx, h, "over-link", strings.NewReader("new"), 10); !errors.Is(err, sandbox.ErrNameTaken) {
+		t.Errorf("WriteFile over a link: %v; want ErrNameTaken", err)
 	}
 	res = run(t, p, h, `import os
-(os.path.exists("/tmp/planted"), open("/tmp/target").read(), os.path.islink("/mnt/data/over-link"), open("/mnt/data/over-link").read())`)
-	if got := mainText(res); got != "(False, 'outside', False, 'new')" {
-		t.Errorf("after the writes: %s; want nothing planted, the target untouched, the link replaced", got)
+(os.path.exists("/tmp/planted"), open("/tmp/target").read(), os.path.islink("/mnt/data/over-link"))`)
+	if got := mainText(res); got != "(False, 'outside', True)" {
+		t.Errorf("after the writes: %s; want nothing planted, the target untouched, the link kept", got)
 	}
 	ls, err := p.ListFiles(ctx, h, 100)
 	if err != nil {
@@ -143,8 +143,8 @@ except OSError:
 	}
 	sort.Strings(got)
 	// a and b are one file with two links; the links, FIFO and socket are skipped.
-	if strings.Join(got, " ") != "over-link plain" || ls.Skipped < 7 {
-		t.Errorf("ListFiles = %v, skipped %d; want [over-link plain] and the rest skipped", got, ls.Skipped)
+	if strings.Join(got, " ") != "plain" || ls.Skipped < 8 {
+		t.Errorf("ListFiles = %v, skipped %d; want [plain] and the rest skipped", got, ls.Skipped)
 	}
 }
 
