@@ -193,8 +193,10 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, path string,
 				unix.Unlinkat(dir, tmp, 0)
 			}
 		}()
-		n, err := io.Copy(f, io.LimitReader(ctxReader{ctx, r}, max+1))
+		n, err := p.chargedCopy(ctx, b, f, r, max+1)
 		switch {
+		case errors.Is(err, sandbox.ErrContainerFull):
+			return err
 		case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
 			return notFound(path, err)
 		case err != nil:

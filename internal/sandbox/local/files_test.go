@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -341,5 +342,48 @@ fcntl.fcntl(lease_fd, fcntl.F_GETLEASE) == fcntl.F_WRLCK`)
 	buf.Reset()
 	if _, err := p.ReadFile(ctx, h, "leased.txt", &buf, 1<<20); err != nil || buf.String() != "held" {
 		t.Errorf("ReadFile once the lease is gone: %q, %v", buf.String(), err)
+	}
+}
+
+// TestFilesCharged: what WriteFile places in /mnt/data counts against the sandbox's memory
+// cgroup as the code's own files do, and a file the sandbox's memory cannot take is refused with
+// ErrContainerFull while the kernel lives on.
+func TestFilesCharged(t *testing.T) {
+	p := newTestProvider(t, Options{PoolSize: -1, MemoryLimit: 256 << 20, MaxDiskSize: 512 << 20})
+	requireCgroups(t, p)
+	h := create(t, p, sandbox.CreateOptions{})
+	b, err := p.lookup(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := b.cg.chargeDir()
+	if dir == "" {
+		t.Skip("no cgroup v1 memory controller: placed files are charged to the proxy (Isolation says so)")
+	}
+	usage := func() int64 {
+		n, err := strconv.ParseInt(readString(filepath.Join(dir, "memory.usage_in_bytes")), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ctx := context.Background()
+	const size = 32 << 20
+	before := usage()
+	if err := p.WriteFile(ctx, h, "placed.bin", bytes.NewReader(make([]byte, size)), size); err != nil {
+		t.Fatal(err)
+	}
+	if grew := usage() - before; grew < size {
+		t.Errorf("the sandbox's memory grew by %d bytes for a %d-byte file; want all of it charged", grew, size)
+	}
+	// More than what is left of its memory: refused, and nothing is left of it.
+	over := 256<<20 - usage() + 16<<20
+	err = p.WriteFile(ctx, h, "too-big.bin", bytes.NewReader(make([]byte, over)), over)
+	if !errors.Is(err, sandbox.ErrContainerFull) {
+		t.Errorf("WriteFile of %d bytes past the sandbox's memory: %v; want ErrContainerFull", over, err)
+	}
+	if got := mainText(run(t, p, h, `import os
+(sorted(os.listdir("/mnt/data")), 1 + 1)`)); got != "(['placed.bin'], 2)" {
+		t.Errorf("after the refused write: %s; want the kernel alive and only placed.bin", got)
 	}
 }

@@ -194,6 +194,7 @@ type Provider struct {
 
 	uids         *uidLease
 	cg           *cgroupHost // nil: no cgroup
+	copier       string      // the copy helper's path (charge.go), "" when the host has none
 	codeFilter   []byte      // installed by every kernel on itself
 	zygoteFilter []byte      // installed by bubblewrap on the fork server
 
@@ -269,9 +270,11 @@ func newProvider(opts Options, k knobs) (*Provider, error) {
 			return nil, fmt.Errorf("local sandbox: %w", err)
 		}
 	}
+	copier, _ := exec.LookPath(copyHelper)
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Provider{
-		opts: opts, knobs: k, bwrap: bwrap, id: id, base: base, lock: lock, log: opts.Logger,
+		copier: copier,
+		opts:   opts, knobs: k, bwrap: bwrap, id: id, base: base, lock: lock, log: opts.Logger,
 		uids: uids, cg: cg, codeFilter: codeFilter, zygoteFilter: zygoteFilter,
 		grace: interruptGrace,
 		ctx:   ctx, cancel: cancel, refill: make(chan struct{}, 1),
