@@ -338,6 +338,13 @@ fcntl.fcntl(lease_fd, fcntl.F_GETLEASE) == fcntl.F_WRLCK`)
 	if _, err := p.ReadFile(ctx, h, "free.txt", &buf, 1<<20); err != nil || buf.String() != "free" {
 		t.Errorf("ReadFile of another file: %q, %v", buf.String(), err)
 	}
+	// Replacing or removing the leased file does not open it: no lease stands in the way.
+	if err := p.WriteFile(ctx, h, "leased-copy.txt", strings.NewReader("copy"), 10); err != nil {
+		t.Errorf("WriteFile beside the leased file: %v", err)
+	}
+	if ls, err := p.ListFiles(ctx, h, 10); err != nil || len(ls.Files) != 3 {
+		t.Errorf("ListFiles with a leased file = %+v, %v; want 3 files", ls, err)
+	}
 	run(t, p, h, `fcntl.fcntl(lease_fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)`)
 	buf.Reset()
 	if _, err := p.ReadFile(ctx, h, "leased.txt", &buf, 1<<20); err != nil || buf.String() != "held" {
