@@ -471,8 +471,8 @@ func (cg *sandboxCgroup) kill() {
 	}
 }
 
-// oomKilled reports whether the memory controller killed a process of the sandbox.
-func (cg *sandboxCgroup) oomKilled() bool {
+// oomKills counts the processes of the sandbox the memory controller killed.
+func (cg *sandboxCgroup) oomKills() int64 {
 	var file string
 	switch {
 	case slices.Contains(cg.host.v2Controllers, "memory"):
@@ -480,14 +480,15 @@ func (cg *sandboxCgroup) oomKilled() bool {
 	case cg.host.v1["memory"] != "":
 		file = filepath.Join(cg.host.v1["memory"], cg.name, "memory.oom_control")
 	default:
-		return false
+		return 0
 	}
 	for _, line := range strings.Split(readString(file), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == "oom_kill" && f[1] != "0" {
-			return true
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "oom_kill" {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n
 		}
 	}
-	return false
+	return 0
 }
 
 // memoryPeak is the most memory the sandbox's cgroup used, or 0 when not known.

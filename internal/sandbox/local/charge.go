@@ -82,11 +82,17 @@ func (p *Provider) chargedCopy(ctx context.Context, b *box, dst *os.File, src io
 		cmd.Wait()
 		return 0, fmt.Errorf("local sandbox: placing the copy helper in the sandbox's cgroup: %w", err)
 	}
+	kills := b.cg.oomKills()
 	n, cerr := io.Copy(in, src)
 	in.Close()
 	werr := cmd.Wait()
 	if werr != nil {
 		if st, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && st.Signaled() {
+			if b.cg.oomKills() == kills {
+				return n, fmt.Errorf("%w: local sandbox %s stopped while a file was written", sandbox.ErrNotFound, b.id)
+			}
+			// The helper was the victim: the sandbox's own processes were not.
+			b.copyOOM.Add(1)
 			return n, fmt.Errorf("%w: the sandbox's memory cannot take the file", sandbox.ErrContainerFull)
 		}
 		if msg := stderr.Bytes(); bytes.Contains(msg, []byte("No space left")) || bytes.Contains(msg, []byte("quota")) {

@@ -153,7 +153,7 @@ func (p *Provider) probe(ctx context.Context, mem int64) (probeResult, error) {
 	h := sandbox.Handle{Backend: Backend, ID: b.id}
 	defer p.Delete(context.WithoutCancel(ctx), h)
 	out, err := p.Run(ctx, h, checkCode, sandbox.RunOptions{Timeout: time.Minute})
-	if b.cg != nil && b.cg.oomKilled() || b.oom.Load() || out.Error != nil && out.Error.Name == "MemoryError" {
+	if b.cg != nil && b.cg.oomKills() > 0 || b.oom.Load() || out.Error != nil && out.Error.Name == "MemoryError" {
 		return probeResult{}, errTooLittleMemory
 	}
 	if err != nil {

@@ -393,4 +393,11 @@ func TestFilesCharged(t *testing.T) {
 (sorted(os.listdir("/mnt/data")), 1 + 1)`)); got != "(['placed.bin'], 2)" {
 		t.Errorf("after the refused write: %s; want the kernel alive and only placed.bin", got)
 	}
+	// The helper's death is not the sandbox's: it did not run out of memory.
+	if err := p.Delete(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if b.oom.Load() {
+		t.Error("the sandbox is said to have run out of memory for the helper the controller killed")
+	}
 }
