@@ -22,7 +22,7 @@ import (
 //   - cgroup v2 with the memory and pids controllers delegated (a writable subtree: a container
 //     with its own cgroup namespace, a systemd unit with Delegate=yes): memory.max (it counts
 //     anonymous memory, tmpfs and kernel memory such as socket buffers), memory.swap.max=0,
-//     memory.oom.group=1, pids.max and cpu.max.
+//     memory.oom.group=1 on the leaf of its processes (v2Box), pids.max and cpu.max.
 //   - cgroup v1 memory and pids controllers, where the process may write them (as root):
 //     memory.limit_in_bytes (it counts the same: anonymous, page cache and tmpfs, kernel memory),
 //     memory.memsw.limit_in_bytes equal to it (no swap), pids.max, and cpu.cfs_quota_us when the
@@ -349,11 +349,42 @@ type sandboxCgroup struct {
 	made []string // directories created, to remove
 }
 
-// dirs returns the cgroup directories that still exist.
+// dirs returns the cgroup directories that still exist, parents before their children.
 func (cg *sandboxCgroup) dirs() []string {
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
 	return cg.made
+}
+
+// In the unified hierarchy a sandbox's cgroup holds its limits and two leaves: v2Box, where its
+// processes live and which alone is frozen between executions, and v2Copy, where the helper that
+// writes placed files runs (charge.go), unfrozen, while both count against the limits above them.
+// The memory controller is enabled for the leaves so that memory.oom.group can be set on the box
+// only: a helper the controller kills takes no process of the sandbox with it.
+const (
+	v2Box  = "box"
+	v2Copy = "copy"
+)
+
+// v2Dir is the sandbox's cgroup in the unified hierarchy, or its leaf below it; "" without one.
+func (cg *sandboxCgroup) v2Dir(leaf string) string {
+	if cg == nil || cg.host.v2 == "" {
+		return ""
+	}
+	return filepath.Join(cg.host.v2, cg.name, leaf)
+}
+
+// procsDirs are the directories whose cgroup.procs hold the sandbox's processes.
+func (cg *sandboxCgroup) procsDirs() []string {
+	var out []string
+	for _, d := range cg.dirs() {
+		switch d {
+		case cg.v2Dir(""), cg.v2Dir(v2Copy):
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
 }
 
 // create makes the sandbox's cgroups and writes its limits.
@@ -378,8 +409,7 @@ func (h *cgroupHost) create(name string, s cgroupSettings) (*sandboxCgroup, erro
 				if s.memory > 0 {
 					writes = append(writes,
 						[2]string{filepath.Join(dir, "memory.max"), strconv.FormatInt(s.memory, 10)},
-						[2]string{filepath.Join(dir, "memory.swap.max"), "0"},
-						[2]string{filepath.Join(dir, "memory.oom.group"), "1"})
+						[2]string{filepath.Join(dir, "memory.swap.max"), "0"})
 				}
 			case "pids":
 				if s.processes > 0 {
@@ -413,7 +443,37 @@ func (h *cgroupHost) create(name string, s cgroupSettings) (*sandboxCgroup, erro
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}
 	}
+	if err := cg.makeLeaves(); err != nil {
+		cg.remove()
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
 	return cg, nil
+}
+
+// makeLeaves creates the v2 leaves of the sandbox's cgroup (v2Box).
+func (cg *sandboxCgroup) makeLeaves() error {
+	dir := cg.v2Dir("")
+	if dir == "" {
+		return nil
+	}
+	memory := slices.Contains(cg.host.v2Controllers, "memory")
+	if memory {
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+memory"), 0); err != nil {
+			return err
+		}
+	}
+	for _, leaf := range []string{v2Box, v2Copy} {
+		if err := os.Mkdir(filepath.Join(dir, leaf), 0o755); err != nil {
+			return err
+		}
+		cg.mu.Lock()
+		cg.made = append(cg.made, filepath.Join(dir, leaf))
+		cg.mu.Unlock()
+	}
+	if memory {
+		return os.WriteFile(filepath.Join(cg.v2Dir(v2Box), "memory.oom.group"), []byte("1"), 0)
+	}
+	return nil
 }
 
 const cpuPeriod = 100000 // µs
@@ -423,7 +483,7 @@ func cpuQuota(cpus float64) int { return max(1000, int(cpus*cpuPeriod)) }
 // place moves process pid (in this process's pid namespace) into the sandbox's cgroups; its
 // children are born there.
 func (cg *sandboxCgroup) place(pid int) error {
-	for _, dir := range cg.dirs() {
+	for _, dir := range cg.procsDirs() {
 		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
 			return fmt.Errorf("cgroup: placing the sandbox: %w", err)
 		}
@@ -439,7 +499,7 @@ func (cg *sandboxCgroup) freeze(on bool) error {
 		if on {
 			v = "1"
 		}
-		return os.WriteFile(filepath.Join(cg.host.v2, cg.name, "cgroup.freeze"), []byte(v), 0)
+		return os.WriteFile(filepath.Join(cg.v2Dir(v2Box), "cgroup.freeze"), []byte(v), 0)
 	}
 	if d := cg.host.v1["freezer"]; d != "" {
 		v := "THAWED"
@@ -458,7 +518,7 @@ func (cg *sandboxCgroup) kill() {
 			return
 		}
 	}
-	for _, dir := range cg.dirs() {
+	for _, dir := range cg.procsDirs() {
 		for _, f := range strings.Fields(readString(filepath.Join(dir, "cgroup.procs"))) {
 			if pid, err := strconv.Atoi(f); err == nil {
 				syscall.Kill(pid, syscall.SIGKILL)
@@ -513,7 +573,7 @@ func (cg *sandboxCgroup) remove() {
 	made := cg.made
 	cg.made = nil
 	cg.mu.Unlock()
-	for _, dir := range made {
+	for _, dir := range slices.Backward(made) {
 		removeCgroup(dir)
 	}
 }

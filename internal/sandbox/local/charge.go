@@ -19,27 +19,36 @@ import (
 // Charging what the proxy writes into a sandbox. A tmpfs page is charged to the memory cgroup of
 // the process that first writes it, so bytes the proxy itself wrote into /mnt/data would count
 // against the proxy's cgroup: the host would then hold max_containers × (memory_limit +
-// max_disk_size), not max_containers × memory_limit. Where the sandbox has a cgroup v1 memory
-// controller (mode cgroup1), the bytes are written by a helper process instead, cat with the new
-// file as its stdout, which is placed in the sandbox's memory cgroup before its first byte reaches
-// it, so they count against the sandbox's memory_limit as the code's own files do. The helper runs
-// as the sandbox's host uid and is the memory controller's first choice of victim
-// (oom_score_adj 1000): a file the sandbox's memory cannot take kills the helper, not the kernel,
-// and the write fails with sandbox.ErrContainerFull.
-//
-// A v2 sandbox cgroup is frozen between executions and would freeze the helper with it, so in
-// mode cgroup2 (and in mode rlimit, which has no cgroup) the proxy writes the bytes itself and
-// Isolation says they are not charged.
+// max_disk_size), not max_containers × memory_limit. Where the sandbox has a memory controller,
+// the bytes are written by a helper process instead, cat with the new file as its stdout, which
+// is placed in the sandbox's memory cgroup (v1) or its v2Copy leaf (v2: beside the frozen box,
+// below the sandbox's limits) before its first byte reaches it, so they count against the
+// sandbox's memory_limit as the code's own files do. The helper runs as the sandbox's host uid and
+// is the memory controller's first choice of victim (oom_score_adj 1000; in v2 its leaf is
+// outside the box's oom group): a file the sandbox's memory cannot take kills the helper, not the
+// kernel, and the write fails with sandbox.ErrContainerFull. Without a memory controller (mode
+// rlimit) the proxy writes the bytes itself and Isolation says they are not charged.
 
 // copyHelper is the program that copies into a sandbox's file.
 const copyHelper = "cat"
 
-// chargeDir is the sandbox's v1 memory cgroup, "" when it has none.
+// charges tells whether sandboxes' memory cgroups can be charged with placed files.
+func (h *cgroupHost) charges() bool {
+	return h != nil && (slices.Contains(h.v2Controllers, "memory") || h.v1["memory"] != "")
+}
+
+// chargeDir is the cgroup in which a process charges what it writes to the sandbox's memory, ""
+// when there is none.
 func (cg *sandboxCgroup) chargeDir() string {
-	if cg == nil || cg.host.v1["memory"] == "" || slices.Contains(cg.host.v2Controllers, "memory") {
+	switch {
+	case cg == nil:
 		return ""
+	case slices.Contains(cg.host.v2Controllers, "memory"):
+		return cg.v2Dir(v2Copy)
+	case cg.host.v1["memory"] != "":
+		return filepath.Join(cg.host.v1["memory"], cg.name)
 	}
-	return filepath.Join(cg.host.v1["memory"], cg.name)
+	return ""
 }
 
 // chargedCopy copies at most limit bytes of src into dst, a new file in b's /mnt/data, charged to

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"strings"
 	"time"
 
@@ -53,8 +52,8 @@ func (p *Provider) Isolation() Isolation {
 			iso.Warnings = append(iso.Warnings, "no cpu controller: a sandbox may use every CPU while its code runs")
 		}
 	}
-	if iso.Mode != string(modeRlimit) && (p.cg.v1["memory"] == "" || slices.Contains(p.cg.v2Controllers, "memory") || p.copier == "") {
-		iso.Warnings = append(iso.Warnings, "files the proxy places in /mnt/data are charged to the proxy's memory cgroup, not the sandbox's (only a cgroup v1 memory controller and "+copyHelper+" on the PATH let a helper write them from the sandbox's cgroup): budget max_containers × (memory_limit + max_disk_size) of host memory")
+	if iso.Mode != string(modeRlimit) && (!p.cg.charges() || p.copier == "") {
+		iso.Warnings = append(iso.Warnings, "files the proxy places in /mnt/data are charged to the proxy's memory cgroup, not the sandbox's (a memory controller and "+copyHelper+" on the PATH let a helper write them from the sandbox's cgroup): budget max_containers × (memory_limit + max_disk_size) of host memory")
 	}
 	if p.cg != nil && !p.cg.canFreeze() {
 		iso.Warnings = append(iso.Warnings, "no cgroup freezer: between executions sandboxes are stopped with SIGSTOP, process by process")

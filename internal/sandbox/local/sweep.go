@@ -101,7 +101,8 @@ func sweep(workDir string, cgroupParents []string, now time.Time) sweepResult {
 // cgroupName is the name of a provider's parent cgroup.
 func cgroupName(id string) string { return "ciproxy-" + id }
 
-// removeCgroupTree removes a provider's parent cgroup and the empty sandbox cgroups in it.
+// removeCgroupTree removes a provider's parent cgroup and the empty cgroups below it (the
+// sandboxes' and their leaves), depth first.
 func removeCgroupTree(dir string) bool {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -109,7 +110,7 @@ func removeCgroupTree(dir string) bool {
 	}
 	for _, e := range entries {
 		if e.IsDir() {
-			removeCgroup(filepath.Join(dir, e.Name()))
+			removeCgroupTree(filepath.Join(dir, e.Name()))
 		}
 	}
 	removeCgroup(dir)
