@@ -9,9 +9,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
@@ -156,6 +160,39 @@ func TestCgroupsRemoved(t *testing.T) {
 			t.Fatal(err)
 		}
 		noCgroupsOf(t, p.id)
+	})
+	t.Run("start check", func(t *testing.T) {
+		// The check's provider is known by the lock it makes in the work dir.
+		dir := t.TempDir()
+		fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE); err != nil {
+			t.Fatal(err)
+		}
+		if err := Check(context.Background(), Options{WorkDir: dir}); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64<<10)
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+			if id, ok := strings.CutSuffix(name, ".lock"); ok {
+				ids = append(ids, id)
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+		if len(ids) != 1 {
+			t.Fatalf("locks made by the check: %v; want one", ids)
+		}
+		noCgroupsOf(t, ids[0])
 	})
 	t.Run("sweep", func(t *testing.T) {
 		// What a crashed provider of any version leaves: its lock, free, and its cgroups,
