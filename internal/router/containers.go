@@ -149,6 +149,12 @@ func containerError(err error, id, fileID, param string) error {
 		return noSuchContainer(id)
 	case errors.Is(err, sandbox.ErrInvalidFilename):
 		return apierror.BadRequest("Invalid '"+param+"': "+strings.TrimPrefix(err.Error(), sandbox.ErrInvalidFilename.Error()+": ")+".", param, "invalid_filename")
+	case errors.Is(err, sandbox.ErrNameTaken):
+		return &apierror.Error{Status: http.StatusConflict, Type: "invalid_request_error", Param: param, Code: "name_taken",
+			Message: "Code in the container holds that name and the names after it; choose another filename.", Err: err}
+	case errors.Is(err, sandbox.ErrFileBusy):
+		return &apierror.Error{Status: http.StatusConflict, Type: "invalid_request_error", Param: param, Code: "file_busy",
+			Message: "The file is held busy by code running in the container; try again later.", Err: err}
 	case errors.Is(err, sandbox.ErrFileTooLarge):
 		return &apierror.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: param, Code: "file_too_large",
 			Message: "The file is larger than the limit for one file.", Err: err}

@@ -52,7 +52,12 @@ type containerBackend struct {
 
 func newContainerBackend(t *testing.T, name string) *containerBackend {
 	t.Helper()
-	lp := sandboxes.Provider(t)
+	return newContainerBackendOn(t, name, sandboxes.Provider(t))
+}
+
+// newContainerBackendOn is newContainerBackend with the sandboxes of lp.
+func newContainerBackendOn(t *testing.T, name string, lp *local.Provider) *containerBackend {
+	t.Helper()
 	b := &containerBackend{name: name}
 	var entry sandbox.RegistryEntry
 	switch name {
@@ -792,6 +797,74 @@ os.remove("/mnt/data/b.txt"); os.mkfifo("/mnt/data/b.txt")`, sandbox.RunOptions{
 				if status != http.StatusNotFound || strings.Contains(string(body), "root:") {
 					t.Errorf("content of a file the code replaced = %d %q; want 404 and no host bytes", status, body)
 				}
+			}
+		})
+	}
+}
+
+// Conflicts inside the sandbox are answers, never "container not found" or a 500: an upload over
+// a directory or link the code made gets a free name, as over a file; files the sandbox's disk
+// cannot take, named by file_ids or uploaded, are 400 storage_limit_exceeded.
+func TestContainerFileConflicts(t *testing.T) {
+	sandboxes.Provider(t) // skips without a local sandbox
+	lp, err := local.New(local.Options{Tool: "cloud", PoolSize: -1, MaxDiskSize: 2 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lp.Close(context.Background()) })
+	for _, backend := range []string{"local", "e2b"} {
+		t.Run(backend, func(t *testing.T) {
+			b := newContainerBackendOn(t, backend, lp)
+			p := b.start(t, containersConfig(), t.TempDir(), storetest.NewClock())
+			c := p.client("")
+			ctx := context.Background()
+			made, err := c.Containers.New(ctx, openai.ContainerNewParams{Name: "conflicts"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			run, err := p.sess.Open(ctx, made.ID, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := run.Run(ctx, `import os
+os.mkdir("/mnt/data/data.csv")
+os.symlink("/etc/passwd", "/mnt/data/notes.txt")`, sandbox.RunOptions{})
+			p.sess.Release(ctx, run)
+			if err != nil || res.Error != nil {
+				t.Fatalf("Run() = %+v, %v", res.Error, err)
+			}
+			for name, want := range map[string]string{"data.csv": "/mnt/data/data-1.csv", "notes.txt": "/mnt/data/notes-1.txt"} {
+				f, err := c.Containers.Files.New(ctx, made.ID, openai.ContainerFileNewParams{File: openai.File(strings.NewReader("mine"), name, "text/plain")})
+				if err != nil {
+					t.Errorf("upload over the code's %s: %v; want a free name", name, err)
+					continue
+				}
+				if f.Path != want || string(content(t, c, made.ID, f.ID)) != "mine" {
+					t.Errorf("upload over the code's %s: path %s; want %s with its bytes", name, f.Path, want)
+				}
+			}
+
+			big := bytes.Repeat([]byte("b"), 3<<20) // under max_file_upload_size, over the disk
+			file, err := c.Files.New(ctx, openai.FileNewParams{File: openai.File(bytes.NewReader(big), "big.bin", "application/octet-stream"), Purpose: openai.FilePurposeUserData})
+			if err != nil {
+				t.Fatal(err)
+			}
+			full := func(what string, status int, body []byte, param string) {
+				t.Helper()
+				var e struct {
+					Error struct{ Param, Code string }
+				}
+				if json.Unmarshal(body, &e) != nil || status != http.StatusBadRequest || e.Error.Param != param || e.Error.Code != "storage_limit_exceeded" {
+					t.Errorf("%s = %d %s; want 400 storage_limit_exceeded naming %s", what, status, body, param)
+				}
+			}
+			status, _, body := p.do(t, http.MethodPost, "/v1/containers", `{"name":"big","file_ids":["`+file.ID+`"]}`)
+			full("a container with file_ids over its disk", status, body, "file_ids[0]")
+			upload, ct := multipartBody(form{{"file", string(big), "big.bin"}})
+			status, _, body = p.do(t, http.MethodPost, "/v1/containers/"+made.ID+"/files", upload, "Content-Type", ct)
+			full("an upload over the disk", status, body, "file")
+			if l, err := p.sess.Files(ctx, "", made.ID, store.ContainerFileQuery{}); err != nil || len(l.Items) != 2 {
+				t.Errorf("files after the refusals = %+v, %v; want the two uploads", l.Items, err)
 			}
 		})
 	}

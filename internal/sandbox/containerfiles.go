@@ -194,6 +194,19 @@ func (c *Container) PlaceFiles(ctx context.Context, ids []string, lim ContainerL
 		count++
 		total += f.Bytes
 	}
+	if sc, ok := fs.(SpaceChecker); ok {
+		sizes := make([]int64, len(files))
+		for i, f := range files {
+			sizes[i] = f.Bytes
+		}
+		n, err := sc.Fit(ctx, c.h, sizes)
+		if err != nil {
+			return nil, err
+		}
+		if n < len(files) {
+			return nil, &FileError{Index: slices.Index(ids, files[n].ID), FileID: files[n].ID, Err: ErrContainerFull}
+		}
+	}
 	var written []string
 	undo := func() {
 		for _, name := range written {
@@ -201,11 +214,20 @@ func (c *Container) PlaceFiles(ctx context.Context, ids []string, lim ContainerL
 		}
 	}
 	for i, f := range files {
-		if err := c.copyStored(ctx, fs, f, names[i]); err != nil {
+		base, _ := filename.Clean(f.Filename)
+		if base == "" {
+			base = "file"
+		}
+		name, err := writeFree(base, names[i], taken, func(name string) (bool, error) {
+			err := c.copyStored(ctx, fs, f, name)
+			return errors.Is(err, ErrNameTaken), err
+		})
+		if err != nil {
 			undo()
 			return nil, &FileError{Index: slices.Index(ids, f.ID), FileID: f.ID, Err: err}
 		}
-		written = append(written, names[i])
+		names[i] = name
+		written = append(written, name)
 	}
 	out := make([]store.ContainerFile, 0, len(files))
 	for i, f := range files {
@@ -286,6 +308,23 @@ func freeName(name string, taken map[string]bool) string {
 	}
 }
 
+// maxNameTries bounds the names writeFree tries.
+const maxNameTries = 16
+
+// writeFree calls write with name and, while write reports the name taken and the write may be
+// tried again (ErrNameTaken: a directory or link the code made, which no listing records), with
+// the next name freeName gives for base; taken learns each name met. It returns the name written.
+func writeFree(base, name string, taken map[string]bool, write func(name string) (again bool, err error)) (string, error) {
+	for try := 1; ; try++ {
+		again, err := write(name)
+		if !again || try == maxNameTries {
+			return name, err
+		}
+		taken[name] = true
+		name = freeName(base, taken)
+	}
+}
+
 // FileOrigin is the store.ContainerFile.Origin of a file placed from the Files API file id.
 func FileOrigin(id string) string { return "file:" + id }
 
@@ -330,9 +369,14 @@ func (c *Container) AddFile(ctx context.Context, name, origin string, r io.Reade
 	if lim.TotalBytes > 0 && lim.TotalBytes-total < limit {
 		limit, byTotal = max(lim.TotalBytes-total, 0), true
 	}
-	clean = freeName(clean, c.takenLocked(byPath))
 	cr := &countingReader{r: r}
-	if err := fs.WriteFile(ctx, c.h, clean, cr, limit); err != nil {
+	taken := c.takenLocked(byPath)
+	clean, err = writeFree(clean, freeName(clean, taken), taken, func(name string) (bool, error) {
+		err := fs.WriteFile(ctx, c.h, name, cr, limit)
+		// Only a write that read nothing of r can be made again under another name.
+		return errors.Is(err, ErrNameTaken) && cr.n == 0, err
+	})
+	if err != nil {
 		if errors.Is(err, ErrFileTooLarge) && byTotal {
 			return store.ContainerFile{}, ErrContainerFull
 		}

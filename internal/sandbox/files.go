@@ -14,6 +14,14 @@ const DataDir = "/mnt/data"
 // ErrFileTooLarge: a file is larger than the caller allowed. Nothing was stored or returned.
 var ErrFileTooLarge = errors.New("file too large")
 
+// ErrNameTaken: something that is not a regular file (a directory, a link the sandbox's code
+// made) holds the path a file was to be written to. Nothing was written.
+var ErrNameTaken = errors.New("the name is taken in the sandbox")
+
+// ErrFileBusy: the sandbox holds a file in a way that refuses the access for now (a lease its
+// code took); the backend tried a few times and gave up rather than wait on the sandbox.
+var ErrFileBusy = errors.New("file busy in the sandbox")
+
 // FileSystem moves files in and out of a sandbox's DataDir. Providers implement it beside Provider;
 // it is safe for concurrent use.
 //
@@ -27,11 +35,13 @@ var ErrFileTooLarge = errors.New("file too large")
 type FileSystem interface {
 	// WriteFile creates or replaces the regular file at path (creating missing parent
 	// directories) with the content of r, at most max bytes: past max it fails with
-	// ErrFileTooLarge and leaves no partial file.
+	// ErrFileTooLarge and leaves no partial file. When something other than a regular file is at
+	// path it fails with ErrNameTaken before reading r; when DataDir is full, with
+	// ErrContainerFull.
 	WriteFile(ctx context.Context, h Handle, path string, r io.Reader, max int64) error
 	// ReadFile copies the regular file at path into w and returns the bytes written. A file larger
 	// than max is ErrFileTooLarge before anything is written; a missing file, a link or a special
-	// file is ErrNotFound.
+	// file is ErrNotFound; a file the sandbox keeps busy is ErrFileBusy, never a wait.
 	ReadFile(ctx context.Context, h Handle, path string, w io.Writer, max int64) (int64, error)
 	// ListFiles lists the regular files below DataDir, recursively, in no particular order. It
 	// stops after limit entries and reports Truncated; entries it cannot measure safely are
@@ -44,6 +54,13 @@ type FileSystem interface {
 // written. Removing a missing file is not an error; a link is removed itself, never followed.
 type FileRemover interface {
 	RemoveFile(ctx context.Context, h Handle, path string) error
+}
+
+// SpaceChecker is implemented by FileSystems that can tell before writing whether files fit in
+// DataDir, as it is now (what the code wrote counts).
+type SpaceChecker interface {
+	// Fit returns how many of files of these sizes, taken in order, DataDir can take.
+	Fit(ctx context.Context, h Handle, sizes []int64) (int, error)
 }
 
 // Listing is what ListFiles found.

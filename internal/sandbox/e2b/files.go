@@ -118,6 +118,14 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, rel string, 
 	if err != nil {
 		return err
 	}
+	// envd's upload overwrites a file and its move replaces one, but something else the code
+	// made there (a directory, a link) is the code's: refused before anything is read.
+	switch e, err := p.stat(ctx, h, full); {
+	case err == nil && !e.regular():
+		return fmt.Errorf("%w: %s", sandbox.ErrNameTaken, rel)
+	case err != nil && !missingPath(err):
+		return err
+	}
 	tmp := path.Dir(full) + "/" + uploadPrefix + randomSuffix()
 	src := &cappedSource{r: r, max: max}
 	err = p.upload(ctx, h, tmp, src)
@@ -526,6 +534,8 @@ func (p *Provider) envdStatusError(op string, resp *http.Response) error {
 		apiErr.kind = sandbox.ErrNotFound
 	case resp.StatusCode == http.StatusNotFound || code == "not_found":
 		apiErr.kind = sandbox.ErrNotFound
+	case resp.StatusCode == http.StatusInsufficientStorage: // an upload: not enough disk
+		apiErr.kind = sandbox.ErrContainerFull
 	case resp.StatusCode == http.StatusTooManyRequests || code == "resource_exhausted":
 		apiErr.RetryAfter = retryAfter(resp.Header)
 		apiErr.kind = sandbox.ErrRateLimited

@@ -120,16 +120,28 @@ def __e2b_fs(op, a):
         with open(a["path"], "rb") as f:
             f.seek(a["offset"])
             return ok({"data": base64.b64encode(f.read(a["n"])).decode("ascii")})
+    def no_space(err):
+        # envd's upload answers 507 when the disk is full.
+        if err.errno in (28, 122):  # ENOSPC, EDQUOT
+            raise __E2bFsError(507, "insufficient_storage", "not enough disk space available: %s" % err)
+        raise err
+
     if op == "create":  # POST /files: parents made, the file truncated
         p = resolve(a["path"])
         ensure_dirs(os.path.dirname(p))
         if os.path.isdir(p):
             raise __E2bFsError(400, "invalid_argument", "path is a directory: %s" % p)
-        open(p, "wb").close()
+        try:
+            open(p, "wb").close()
+        except OSError as err:
+            no_space(err)
         return ok({"path": p})
     if op == "append":
-        with open(a["path"], "ab") as f:
-            f.write(base64.b64decode(a["data"]))
+        try:
+            with open(a["path"], "ab") as f:
+                f.write(base64.b64decode(a["data"]))
+        except OSError as err:
+            no_space(err)
         return ok()
     if op == "Stat":
         p = resolve(a.get("path", ""))

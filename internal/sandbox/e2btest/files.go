@@ -406,11 +406,11 @@ func (s *Server) writeFile(ctx context.Context, sb *emuSandbox, p string, src io
 		n, rerr := fill(src, buf)
 		if n > 0 {
 			a, err := s.fsOp(ctx, sb, "append", map[string]string{"path": created.Path, "data": base64.StdEncoding.EncodeToString(buf[:n])})
-			if err == nil && a.Status != http.StatusOK {
-				err = errors.New(a.Message)
-			}
-			if err != nil {
+			switch {
+			case err != nil:
 				return uploadedEntry{}, http.StatusInternalServerError, fmt.Errorf("error writing file: %w", err)
+			case a.Status != http.StatusOK:
+				return uploadedEntry{}, a.Status, fmt.Errorf("error writing file: %s", a.Message)
 			}
 		}
 		if errors.Is(rerr, io.EOF) {

@@ -65,6 +65,7 @@ type box struct {
 	killOnce sync.Once
 	reason   atomic.Pointer[string] // why the sandbox was killed
 	oom      atomic.Bool            // the memory controller killed a process of it (set before done)
+	copyOOM  atomic.Int64           // copy helpers (charge.go) it killed, which are not the sandbox's
 	stderr   headBuffer
 
 	// The sandbox is frozen whenever no execution is in progress (see freeze).
@@ -231,7 +232,7 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 		b.pidfd.Close()
 		b.kernel.Close()
 		if b.cg != nil {
-			b.oom.Store(b.cg.oomKilled())
+			b.oom.Store(b.cg.oomKills() > b.copyOOM.Load())
 			b.cg.remove()
 		}
 		p.uids.put(b.uid)

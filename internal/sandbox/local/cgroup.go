@@ -22,7 +22,7 @@ import (
 //   - cgroup v2 with the memory and pids controllers delegated (a writable subtree: a container
 //     with its own cgroup namespace, a systemd unit with Delegate=yes): memory.max (it counts
 //     anonymous memory, tmpfs and kernel memory such as socket buffers), memory.swap.max=0,
-//     memory.oom.group=1, pids.max and cpu.max.
+//     memory.oom.group=1 on the leaf of its processes (v2Box), pids.max and cpu.max.
 //   - cgroup v1 memory and pids controllers, where the process may write them (as root):
 //     memory.limit_in_bytes (it counts the same: anonymous, page cache and tmpfs, kernel memory),
 //     memory.memsw.limit_in_bytes equal to it (no swap), pids.max, and cpu.cfs_quota_us when the
@@ -138,6 +138,9 @@ func ownCgroups() (v2 string, v1 []cgroupMount, err error) {
 		switch fstype {
 		case "cgroup2":
 			if p, ok := paths[""]; ok && v2 == "" {
+				// A provider may have moved the proxy into its leaf (delegatedV2): the proxy's
+				// cgroup is still the one above it, where every provider's parent goes.
+				p = strings.TrimSuffix(p, "/"+proxyLeaf)
 				if dir, ok := below(mountpoint, root, p); ok {
 					v2 = dir
 				}
@@ -205,14 +208,23 @@ func newCgroupHost(name string) *cgroupHost {
 		h.v2, h.v2Controllers = delegatedV2(v2, name)
 	}
 	for _, m := range v1 {
+		// Only a hierarchy that serves a controller gets a directory: one made and never
+		// recorded would outlive the provider (the v1 freezer beside a v2 hierarchy did).
+		var serves []string
+		for _, c := range m.controllers {
+			if h.v1[c] == "" && !(c == "freezer" && h.v2 != "") {
+				serves = append(serves, c)
+			}
+		}
+		if len(serves) == 0 {
+			continue
+		}
 		dir := filepath.Join(m.dir, name)
 		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			continue
 		}
-		for _, c := range m.controllers {
-			if h.v1[c] == "" && !(c == "freezer" && h.v2 != "") {
-				h.v1[c] = dir
-			}
+		for _, c := range serves {
+			h.v1[c] = dir
 		}
 	}
 	if h.v2 == "" && len(h.v1) == 0 {
@@ -220,6 +232,10 @@ func newCgroupHost(name string) *cgroupHost {
 	}
 	return h
 }
+
+// proxyLeaf is the v2 cgroup, below its own, into which the proxy moves itself to hand
+// controllers to its providers' parents.
+const proxyLeaf = "ciproxy-proxy"
 
 // delegatedV2 creates the provider's parent in the unified hierarchy below own and enables for its
 // children what controllers it can. The v2 rule that a cgroup with processes cannot hand
@@ -253,7 +269,7 @@ func delegatedV2(own, name string) (string, []string) {
 	}
 	if err := enable(own); err != nil {
 		// EBUSY: own has processes (this one). Move the whole proxy into a leaf and try again.
-		leaf := filepath.Join(own, "ciproxy-proxy")
+		leaf := filepath.Join(own, proxyLeaf)
 		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return dir, nil
 		}
@@ -268,6 +284,25 @@ func delegatedV2(own, name string) (string, []string) {
 		return dir, nil
 	}
 	return dir, strings.Fields(readString(filepath.Join(dir, "cgroup.subtree_control")))
+}
+
+// cgroupRoots are this process's own cgroups in every hierarchy a provider may use, whether or
+// not this one uses it: where the sweep looks for what dead providers left.
+func cgroupRoots() []string {
+	v2, v1, err := ownCgroups()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	if v2 != "" {
+		out = append(out, v2)
+	}
+	for _, m := range v1 {
+		if !slices.Contains(out, m.dir) {
+			out = append(out, m.dir)
+		}
+	}
+	return out
 }
 
 func readString(path string) string {
@@ -314,11 +349,42 @@ type sandboxCgroup struct {
 	made []string // directories created, to remove
 }
 
-// dirs returns the cgroup directories that still exist.
+// dirs returns the cgroup directories that still exist, parents before their children.
 func (cg *sandboxCgroup) dirs() []string {
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
 	return cg.made
+}
+
+// In the unified hierarchy a sandbox's cgroup holds its limits and two leaves: v2Box, where its
+// processes live and which alone is frozen between executions, and v2Copy, where the helper that
+// writes placed files runs (charge.go), unfrozen, while both count against the limits above them.
+// The memory controller is enabled for the leaves so that memory.oom.group can be set on the box
+// only: a helper the controller kills takes no process of the sandbox with it.
+const (
+	v2Box  = "box"
+	v2Copy = "copy"
+)
+
+// v2Dir is the sandbox's cgroup in the unified hierarchy, or its leaf below it; "" without one.
+func (cg *sandboxCgroup) v2Dir(leaf string) string {
+	if cg == nil || cg.host.v2 == "" {
+		return ""
+	}
+	return filepath.Join(cg.host.v2, cg.name, leaf)
+}
+
+// procsDirs are the directories whose cgroup.procs hold the sandbox's processes.
+func (cg *sandboxCgroup) procsDirs() []string {
+	var out []string
+	for _, d := range cg.dirs() {
+		switch d {
+		case cg.v2Dir(""), cg.v2Dir(v2Copy):
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
 }
 
 // create makes the sandbox's cgroups and writes its limits.
@@ -343,8 +409,7 @@ func (h *cgroupHost) create(name string, s cgroupSettings) (*sandboxCgroup, erro
 				if s.memory > 0 {
 					writes = append(writes,
 						[2]string{filepath.Join(dir, "memory.max"), strconv.FormatInt(s.memory, 10)},
-						[2]string{filepath.Join(dir, "memory.swap.max"), "0"},
-						[2]string{filepath.Join(dir, "memory.oom.group"), "1"})
+						[2]string{filepath.Join(dir, "memory.swap.max"), "0"})
 				}
 			case "pids":
 				if s.processes > 0 {
@@ -378,7 +443,37 @@ func (h *cgroupHost) create(name string, s cgroupSettings) (*sandboxCgroup, erro
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}
 	}
+	if err := cg.makeLeaves(); err != nil {
+		cg.remove()
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
 	return cg, nil
+}
+
+// makeLeaves creates the v2 leaves of the sandbox's cgroup (v2Box).
+func (cg *sandboxCgroup) makeLeaves() error {
+	dir := cg.v2Dir("")
+	if dir == "" {
+		return nil
+	}
+	memory := slices.Contains(cg.host.v2Controllers, "memory")
+	if memory {
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+memory"), 0); err != nil {
+			return err
+		}
+	}
+	for _, leaf := range []string{v2Box, v2Copy} {
+		if err := os.Mkdir(filepath.Join(dir, leaf), 0o755); err != nil {
+			return err
+		}
+		cg.mu.Lock()
+		cg.made = append(cg.made, filepath.Join(dir, leaf))
+		cg.mu.Unlock()
+	}
+	if memory {
+		return os.WriteFile(filepath.Join(cg.v2Dir(v2Box), "memory.oom.group"), []byte("1"), 0)
+	}
+	return nil
 }
 
 const cpuPeriod = 100000 // µs
@@ -388,7 +483,7 @@ func cpuQuota(cpus float64) int { return max(1000, int(cpus*cpuPeriod)) }
 // place moves process pid (in this process's pid namespace) into the sandbox's cgroups; its
 // children are born there.
 func (cg *sandboxCgroup) place(pid int) error {
-	for _, dir := range cg.dirs() {
+	for _, dir := range cg.procsDirs() {
 		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
 			return fmt.Errorf("cgroup: placing the sandbox: %w", err)
 		}
@@ -404,7 +499,7 @@ func (cg *sandboxCgroup) freeze(on bool) error {
 		if on {
 			v = "1"
 		}
-		return os.WriteFile(filepath.Join(cg.host.v2, cg.name, "cgroup.freeze"), []byte(v), 0)
+		return os.WriteFile(filepath.Join(cg.v2Dir(v2Box), "cgroup.freeze"), []byte(v), 0)
 	}
 	if d := cg.host.v1["freezer"]; d != "" {
 		v := "THAWED"
@@ -423,7 +518,7 @@ func (cg *sandboxCgroup) kill() {
 			return
 		}
 	}
-	for _, dir := range cg.dirs() {
+	for _, dir := range cg.procsDirs() {
 		for _, f := range strings.Fields(readString(filepath.Join(dir, "cgroup.procs"))) {
 			if pid, err := strconv.Atoi(f); err == nil {
 				syscall.Kill(pid, syscall.SIGKILL)
@@ -436,8 +531,8 @@ func (cg *sandboxCgroup) kill() {
 	}
 }
 
-// oomKilled reports whether the memory controller killed a process of the sandbox.
-func (cg *sandboxCgroup) oomKilled() bool {
+// oomKills counts the processes of the sandbox the memory controller killed.
+func (cg *sandboxCgroup) oomKills() int64 {
 	var file string
 	switch {
 	case slices.Contains(cg.host.v2Controllers, "memory"):
@@ -445,14 +540,15 @@ func (cg *sandboxCgroup) oomKilled() bool {
 	case cg.host.v1["memory"] != "":
 		file = filepath.Join(cg.host.v1["memory"], cg.name, "memory.oom_control")
 	default:
-		return false
+		return 0
 	}
 	for _, line := range strings.Split(readString(file), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == "oom_kill" && f[1] != "0" {
-			return true
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "oom_kill" {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n
 		}
 	}
-	return false
+	return 0
 }
 
 // memoryPeak is the most memory the sandbox's cgroup used, or 0 when not known.
@@ -477,7 +573,7 @@ func (cg *sandboxCgroup) remove() {
 	made := cg.made
 	cg.made = nil
 	cg.mu.Unlock()
-	for _, dir := range made {
+	for _, dir := range slices.Backward(made) {
 		removeCgroup(dir)
 	}
 }

@@ -52,6 +52,9 @@ func (p *Provider) Isolation() Isolation {
 			iso.Warnings = append(iso.Warnings, "no cpu controller: a sandbox may use every CPU while its code runs")
 		}
 	}
+	if iso.Mode != string(modeRlimit) && (!p.cg.charges() || p.copier == "") {
+		iso.Warnings = append(iso.Warnings, "files the proxy places in /mnt/data are charged to the proxy's memory cgroup, not the sandbox's (a memory controller and "+copyHelper+" on the PATH let a helper write them from the sandbox's cgroup): budget max_containers × (memory_limit + max_disk_size) of host memory")
+	}
 	if p.cg != nil && !p.cg.canFreeze() {
 		iso.Warnings = append(iso.Warnings, "no cgroup freezer: between executions sandboxes are stopped with SIGSTOP, process by process")
 	}
@@ -149,7 +152,7 @@ func (p *Provider) probe(ctx context.Context, mem int64) (probeResult, error) {
 	h := sandbox.Handle{Backend: Backend, ID: b.id}
 	defer p.Delete(context.WithoutCancel(ctx), h)
 	out, err := p.Run(ctx, h, checkCode, sandbox.RunOptions{Timeout: time.Minute})
-	if b.cg != nil && b.cg.oomKilled() || b.oom.Load() || out.Error != nil && out.Error.Name == "MemoryError" {
+	if b.cg != nil && b.cg.oomKills() > 0 || b.oom.Load() || out.Error != nil && out.Error.Name == "MemoryError" {
 		return probeResult{}, errTooLittleMemory
 	}
 	if err != nil {

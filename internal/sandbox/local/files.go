@@ -98,25 +98,58 @@ func fsuid() int {
 	return prev
 }
 
-func openBeneath(dir int, path string, flags uint64) (int, error) {
-	for {
+// openAttempts bounds the tries of one open below /mnt/data, and openPause is the pause after the
+// first failed one (each next pause is four times longer). openat2 fails with EAGAIN when the
+// kernel gave up a RESOLVE_BENEATH lookup that raced with a rename, or when a lease on the file
+// refuses a non-blocking open (the open starts breaking it, and the lease's holder then has
+// fs.lease-break-time, 45 s by default, to let go); with EINTR when a signal came. None of these
+// may hold the proxy: a few tries, the context checked between them, then the file is busy.
+const (
+	openAttempts = 4
+	openPause    = 5 * time.Millisecond
+)
+
+// openBeneath opens path below dir (resolveBeneath), trying again a bounded number of times when
+// the kernel asks to; past them the error wraps sandbox.ErrFileBusy.
+func openBeneath(ctx context.Context, dir int, path string, flags uint64) (int, error) {
+	pause := openPause
+	for attempt := 1; ; attempt++ {
 		fd, err := unix.Openat2(dir, path, &unix.OpenHow{Flags: flags | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: resolveBeneath})
-		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-			continue // a concurrent rename made the kernel give up a lookup: try again
+		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
+			return fd, err
 		}
-		return fd, err
+		if attempt == openAttempts {
+			return -1, fmt.Errorf("%w: %s: %w", sandbox.ErrFileBusy, path, err)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return -1, ctx.Err()
+		case <-t.C:
+		}
+		pause *= 4
 	}
 }
 
-// notFound turns the errors of a refused or missing path into sandbox.ErrNotFound.
+// notFound turns the errors of a refused or missing path into sandbox.ErrNotFound, and those of a
+// full /mnt/data into sandbox.ErrContainerFull.
 func notFound(path string, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV),
 		errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ENXIO), errors.Is(err, unix.EACCES),
 		errors.Is(err, unix.EISDIR), errors.Is(err, unix.ENODEV):
 		return fmt.Errorf("%w: %s", sandbox.ErrNotFound, path)
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+		return fmt.Errorf("%w: %s: %w", sandbox.ErrContainerFull, path, err)
 	}
 	return fmt.Errorf("local sandbox: %s: %w", path, err)
+}
+
+// taken tells the errors of a rename onto something that is not a regular file.
+func taken(err error) bool {
+	return errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) ||
+		errors.Is(err, unix.ENOTDIR)
 }
 
 // WriteFile creates or replaces the regular file at path below /mnt/data with r's content.
@@ -126,7 +159,7 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, path string,
 		return err
 	}
 	return p.withData(h, func(b *box, data int) error {
-		dir, err := openBeneath(data, ".", unix.O_RDONLY|unix.O_DIRECTORY)
+		dir, err := openBeneath(ctx, data, ".", unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
 			return notFound(path, err)
 		}
@@ -135,7 +168,7 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, path string,
 			if err := unix.Mkdirat(dir, name, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
 				return notFound(path, err)
 			}
-			next, err := openBeneath(dir, name, unix.O_RDONLY|unix.O_DIRECTORY)
+			next, err := openBeneath(ctx, dir, name, unix.O_RDONLY|unix.O_DIRECTORY)
 			if err != nil {
 				return notFound(path, err)
 			}
@@ -143,6 +176,10 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, path string,
 			dir = next
 		}
 		name := parts[len(parts)-1]
+		var st unix.Stat_t
+		if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return fmt.Errorf("%w: %s", sandbox.ErrNameTaken, path)
+		}
 		tmp := uploadPrefix + newID()[:12]
 		fd, err := unix.Openat(dir, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
 		if err != nil {
@@ -156,19 +193,53 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, path string,
 				unix.Unlinkat(dir, tmp, 0)
 			}
 		}()
-		n, err := io.Copy(f, io.LimitReader(ctxReader{ctx, r}, max+1))
-		if err != nil {
+		n, err := p.chargedCopy(ctx, b, f, r, max+1)
+		switch {
+		case errors.Is(err, sandbox.ErrContainerFull):
+			return err
+		case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+			return notFound(path, err)
+		case err != nil:
 			return fmt.Errorf("local sandbox: writing %s: %w", path, err)
-		}
-		if n > max {
+		case n > max:
 			return fmt.Errorf("%w: %s is over %d bytes", sandbox.ErrFileTooLarge, path, max)
 		}
 		if err := unix.Renameat(dir, tmp, dir, name); err != nil {
+			if taken(err) {
+				return fmt.Errorf("%w: %s: %w", sandbox.ErrNameTaken, path, err)
+			}
 			return notFound(path, err)
 		}
 		ok = true
 		return nil
 	})
+}
+
+var _ sandbox.SpaceChecker = (*Provider)(nil)
+
+// Fit counts the files that /mnt/data has room for, from the tmpfs's free blocks and inodes: each
+// file takes its size rounded up to whole blocks, and an inode.
+func (p *Provider) Fit(ctx context.Context, h sandbox.Handle, sizes []int64) (int, error) {
+	n := 0
+	err := p.withData(h, func(_ *box, data int) error {
+		var st unix.Statfs_t
+		if err := unix.Fstatfs(data, &st); err != nil {
+			return fmt.Errorf("local sandbox: statfs: %w", err)
+		}
+		block := max(st.Bsize, 1)
+		free, inodes := int64(st.Bavail)*block, st.Ffree
+		for _, size := range sizes {
+			need := (size + block - 1) / block * block
+			if need > free || inodes == 0 {
+				break
+			}
+			free -= need
+			inodes--
+			n++
+		}
+		return nil
+	})
+	return n, err
 }
 
 // ctxReader stops a copy when its context ends.
@@ -192,7 +263,7 @@ func (p *Provider) ReadFile(ctx context.Context, h sandbox.Handle, path string, 
 	var n int64
 	err := p.withData(h, func(_ *box, data int) error {
 		// O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
-		fd, err := openBeneath(data, path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+		fd, err := openBeneath(ctx, data, path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 		if err != nil {
 			return notFound(path, err)
 		}
@@ -221,7 +292,7 @@ func (p *Provider) ReadFile(ctx context.Context, h sandbox.Handle, path string, 
 func (p *Provider) ListFiles(ctx context.Context, h sandbox.Handle, limit int) (sandbox.Listing, error) {
 	var out sandbox.Listing
 	err := p.withData(h, func(_ *box, data int) error {
-		root, err := openBeneath(data, ".", unix.O_RDONLY|unix.O_DIRECTORY)
+		root, err := openBeneath(ctx, data, ".", unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
 			return notFound(".", err)
 		}
@@ -250,7 +321,7 @@ func listDir(ctx context.Context, dir int, prefix string, depth, limit int, out 
 				out.Skipped++
 				continue
 			}
-			sub, err := openBeneath(dir, name, unix.O_RDONLY|unix.O_DIRECTORY)
+			sub, err := openBeneath(ctx, dir, name, unix.O_RDONLY|unix.O_DIRECTORY)
 			if err != nil {
 				out.Skipped++
 				continue
@@ -300,7 +371,7 @@ func (p *Provider) RemoveFile(ctx context.Context, h sandbox.Handle, path string
 		if parent == "" {
 			parent = "."
 		}
-		dir, err := openBeneath(data, parent, unix.O_RDONLY|unix.O_DIRECTORY)
+		dir, err := openBeneath(ctx, data, parent, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
 			if err := notFound(path, err); !errors.Is(err, sandbox.ErrNotFound) {
 				return err

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,14 +125,14 @@ except OSError:
 	if err := p.WriteFile(ctx, h, "tmp-link/planted", strings.NewReader("x"), 10); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("WriteFile through a symlinked directory: %v; want ErrNotFound", err)
 	}
-	// A link as the last element is replaced, not written through.
-	if err := p.WriteFile(ctx, h, "over-link", strings.NewReader("new"), 10); err != nil {
-		t.Errorf("WriteFile over a link: %v", err)
+	// A link as the last element is the code's: neither written through nor replaced.
+	if err := p.WriteFile(ctx, h, "over-link", strings.NewReader("new"), 10); !errors.Is(err, sandbox.ErrNameTaken) {
+		t.Errorf("WriteFile over a link: %v; want ErrNameTaken", err)
 	}
 	res = run(t, p, h, `import os
-(os.path.exists("/tmp/planted"), open("/tmp/target").read(), os.path.islink("/mnt/data/over-link"), open("/mnt/data/over-link").read())`)
-	if got := mainText(res); got != "(False, 'outside', False, 'new')" {
-		t.Errorf("after the writes: %s; want nothing planted, the target untouched, the link replaced", got)
+(os.path.exists("/tmp/planted"), open("/tmp/target").read(), os.path.islink("/mnt/data/over-link"))`)
+	if got := mainText(res); got != "(False, 'outside', True)" {
+		t.Errorf("after the writes: %s; want nothing planted, the target untouched, the link kept", got)
 	}
 	ls, err := p.ListFiles(ctx, h, 100)
 	if err != nil {
@@ -143,8 +144,8 @@ except OSError:
 	}
 	sort.Strings(got)
 	// a and b are one file with two links; the links, FIFO and socket are skipped.
-	if strings.Join(got, " ") != "over-link plain" || ls.Skipped < 7 {
-		t.Errorf("ListFiles = %v, skipped %d; want [over-link plain] and the rest skipped", got, ls.Skipped)
+	if strings.Join(got, " ") != "plain" || ls.Skipped < 8 {
+		t.Errorf("ListFiles = %v, skipped %d; want [plain] and the rest skipped", got, ls.Skipped)
 	}
 }
 
@@ -296,4 +297,107 @@ func BenchmarkFileTransfer(b *testing.B) {
 			f.Close()
 		}
 	})
+}
+
+// TestFilesLeased: a file the sandbox holds a write lease on (the filter refuses F_SETLEASE, so
+// the sandbox here runs without it) is busy for every read, each one answered after a bounded
+// number of tries rather than after the lease's break time, and at once when the context ends.
+func TestFilesLeased(t *testing.T) {
+	p := newTestProviderWith(t, Options{PoolSize: -1}, knobs{noSeccomp: true})
+	h := create(t, p, sandbox.CreateOptions{})
+	ctx := context.Background()
+	res := run(t, p, h, `import fcntl, os, signal
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # the break notice each open sends
+open("/mnt/data/leased.txt", "w").write("held")
+open("/mnt/data/free.txt", "w").write("free")
+lease_fd = os.open("/mnt/data/leased.txt", os.O_RDONLY)
+fcntl.fcntl(lease_fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+fcntl.fcntl(lease_fd, fcntl.F_GETLEASE) == fcntl.F_WRLCK`)
+	if got := mainText(res); got != "True" {
+		t.Fatalf("taking the lease: %s (%+v)", got, res.Error)
+	}
+	const readers = 8
+	errs := make(chan error, readers)
+	for range readers {
+		go func() {
+			_, err := p.ReadFile(ctx, h, "leased.txt", io.Discard, 1<<20)
+			errs <- err
+		}()
+	}
+	for range readers {
+		if err := <-errs; !errors.Is(err, sandbox.ErrFileBusy) {
+			t.Errorf("ReadFile of the leased file: %v; want ErrFileBusy", err)
+		}
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := p.ReadFile(ended, h, "leased.txt", io.Discard, 1<<20); !errors.Is(err, context.Canceled) {
+		t.Errorf("ReadFile of the leased file with an ended context: %v; want context.Canceled", err)
+	}
+	var buf bytes.Buffer
+	if _, err := p.ReadFile(ctx, h, "free.txt", &buf, 1<<20); err != nil || buf.String() != "free" {
+		t.Errorf("ReadFile of another file: %q, %v", buf.String(), err)
+	}
+	// Replacing or removing the leased file does not open it: no lease stands in the way.
+	if err := p.WriteFile(ctx, h, "leased-copy.txt", strings.NewReader("copy"), 10); err != nil {
+		t.Errorf("WriteFile beside the leased file: %v", err)
+	}
+	if ls, err := p.ListFiles(ctx, h, 10); err != nil || len(ls.Files) != 3 {
+		t.Errorf("ListFiles with a leased file = %+v, %v; want 3 files", ls, err)
+	}
+	run(t, p, h, `fcntl.fcntl(lease_fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)`)
+	buf.Reset()
+	if _, err := p.ReadFile(ctx, h, "leased.txt", &buf, 1<<20); err != nil || buf.String() != "held" {
+		t.Errorf("ReadFile once the lease is gone: %q, %v", buf.String(), err)
+	}
+}
+
+// TestFilesCharged: what WriteFile places in /mnt/data counts against the sandbox's memory
+// cgroup as the code's own files do, and a file the sandbox's memory cannot take is refused with
+// ErrContainerFull while the kernel lives on.
+func TestFilesCharged(t *testing.T) {
+	p := newTestProvider(t, Options{PoolSize: -1, MemoryLimit: 256 << 20, MaxDiskSize: 512 << 20})
+	requireCgroups(t, p)
+	h := create(t, p, sandbox.CreateOptions{})
+	b, err := p.lookup(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := b.cg.chargeDir()
+	if dir == "" {
+		t.Skip("no cgroup v1 memory controller: placed files are charged to the proxy (Isolation says so)")
+	}
+	usage := func() int64 {
+		n, err := strconv.ParseInt(readString(filepath.Join(dir, "memory.usage_in_bytes")), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ctx := context.Background()
+	const size = 32 << 20
+	before := usage()
+	if err := p.WriteFile(ctx, h, "placed.bin", bytes.NewReader(make([]byte, size)), size); err != nil {
+		t.Fatal(err)
+	}
+	if grew := usage() - before; grew < size {
+		t.Errorf("the sandbox's memory grew by %d bytes for a %d-byte file; want all of it charged", grew, size)
+	}
+	// More than what is left of its memory: refused, and nothing is left of it.
+	over := 256<<20 - usage() + 16<<20
+	err = p.WriteFile(ctx, h, "too-big.bin", bytes.NewReader(make([]byte, over)), over)
+	if !errors.Is(err, sandbox.ErrContainerFull) {
+		t.Errorf("WriteFile of %d bytes past the sandbox's memory: %v; want ErrContainerFull", over, err)
+	}
+	if got := mainText(run(t, p, h, `import os
+(sorted(os.listdir("/mnt/data")), 1 + 1)`)); got != "(['placed.bin'], 2)" {
+		t.Errorf("after the refused write: %s; want the kernel alive and only placed.bin", got)
+	}
+	// The helper's death is not the sandbox's: it did not run out of memory.
+	if err := p.Delete(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if b.oom.Load() {
+		t.Error("the sandbox is said to have run out of memory for the helper the controller killed")
+	}
 }

@@ -1,7 +1,9 @@
 package local
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,7 +80,19 @@ print(open("/tmp/err").read(), (st.f_blocks - st.f_bfree) * st.f_frsize <= 8 << 
 			if got := mainText(run(t, p, h, "1 + 1")); got != "2" {
 				t.Errorf("after the full disk: %q", got)
 			}
+			// The proxy's own writes meet the full disk as an answer, and Fit saw it coming.
+			if n, err := p.Fit(context.Background(), h, []int64{1 << 20}); n != 0 || err != nil {
+				t.Errorf("Fit(1 MiB) on the full disk = %d, %v; want 0", n, err)
+			}
+			err := p.WriteFile(context.Background(), h, "more", bytes.NewReader(make([]byte, 1<<20)), 2<<20)
+			if !errors.Is(err, sandbox.ErrContainerFull) {
+				t.Errorf("WriteFile on the full disk: %v; want ErrContainerFull", err)
+			}
 		})
+	}
+	h := create(t, p, sandbox.CreateOptions{})
+	if n, err := p.Fit(context.Background(), h, []int64{3 << 20, 3 << 20, 3 << 20}); n != 2 || err != nil {
+		t.Errorf("Fit(3 × 3 MiB) in 8 MiB = %d, %v; want 2", n, err)
 	}
 }
 

@@ -194,6 +194,7 @@ type Provider struct {
 
 	uids         *uidLease
 	cg           *cgroupHost // nil: no cgroup
+	copier       string      // the copy helper's path (charge.go), "" when the host has none
 	codeFilter   []byte      // installed by every kernel on itself
 	zygoteFilter []byte      // installed by bubblewrap on the fork server
 
@@ -254,10 +255,12 @@ func newProvider(opts Options, k knobs) (*Provider, error) {
 		return nil, fmt.Errorf("local sandbox: work dir: %w", err)
 	}
 	var cg *cgroupHost
+	var roots []string
 	if !k.noCgroups {
 		cg = newCgroupHost(cgroupName(id))
+		roots = cgroupRoots()
 	}
-	swept := sweep(opts.WorkDir, cgroupParents(cg), time.Now())
+	swept := sweep(opts.WorkDir, roots, time.Now())
 	uids := sharedUID()
 	if os.Geteuid() == 0 {
 		if uids, err = leaseUIDs(uidLockDir, opts.UIDBase, opts.UIDCount); err != nil {
@@ -267,9 +270,11 @@ func newProvider(opts Options, k knobs) (*Provider, error) {
 			return nil, fmt.Errorf("local sandbox: %w", err)
 		}
 	}
+	copier, _ := exec.LookPath(copyHelper)
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Provider{
-		opts: opts, knobs: k, bwrap: bwrap, id: id, base: base, lock: lock, log: opts.Logger,
+		copier: copier,
+		opts:   opts, knobs: k, bwrap: bwrap, id: id, base: base, lock: lock, log: opts.Logger,
 		uids: uids, cg: cg, codeFilter: codeFilter, zygoteFilter: zygoteFilter,
 		grace: interruptGrace,
 		ctx:   ctx, cancel: cancel, refill: make(chan struct{}, 1),
@@ -290,15 +295,6 @@ func newProvider(opts Options, k knobs) (*Provider, error) {
 		go p.fillPool()
 	}
 	return p, nil
-}
-
-// cgroupParents are the directories in which providers create their parent cgroups.
-func cgroupParents(h *cgroupHost) []string {
-	var out []string
-	for _, d := range h.dirs() {
-		out = append(out, filepath.Dir(d))
-	}
-	return out
 }
 
 // Create returns a started sandbox: a warm one from the pool when the request asks for the

@@ -34,7 +34,7 @@ func probeJSON(t *testing.T, p *Provider, h sandbox.Handle, code string, v any) 
 
 // syscallProbe calls each system call from Python through ctypes, each in a child process (a call
 // that unexpectedly worked must not disturb the kernel), and reports the errno or "ok".
-const syscallProbe = `import ctypes, json, mmap, os
+const syscallProbe = `import ctypes, json, mmap, os, socket
 libc = ctypes.CDLL(None, use_errno=True)
 def call(nr, *args):
     r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
@@ -46,6 +46,17 @@ def i386_getpid():
     r = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))()
     return "ok" if r >= 0 else os.strerror(-r)
 params = ctypes.create_string_buffer(120)
+def lease(cmd):
+    # A file of the sandbox's own, with no other descriptor open on it: what a write lease needs.
+    fd = os.open("/mnt/data/.probe-lease", os.O_RDONLY | os.O_CREAT, 0o600)
+    return call(72, fd, cmd, 1)  # fcntl(fd, cmd, F_WRLCK)
+def uevents(protocol):
+    r = call(41, 16, 2, protocol)  # socket(AF_NETLINK, SOCK_DGRAM, protocol)
+    if r != "ok":
+        return r
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 15)
+    s.bind((0, 1))  # the kernel's uevent multicast group
+    return "ok"
 probes = {
     "io_uring_setup": lambda: call(425, 8, ctypes.addressof(params)),
     "bpf": lambda: call(321, 0, 0, 0),
@@ -71,6 +82,12 @@ probes = {
     "x32_getpid": lambda: call(0x40000000 | 39),
     "i386_getpid": i386_getpid,
     "socket_vsock": lambda: call(41, 40, 1, 0),
+    "fcntl_setlease": lambda: lease(1024),
+    "fcntl_setlease_upper_half": lambda: lease(1 << 32 | 1024),
+    "fcntl_notify": lambda: call(72, os.open("/mnt/data", os.O_RDONLY), 1026, 0x80000000 | 1),
+    "socket_netlink_uevent": lambda: uevents(15),
+    "socket_netlink_uevent_upper_half": lambda: uevents(1 << 32 | 15),
+    "socket_netlink_route": lambda: call(41, 16, 3, 0),
 }
 out = {}
 for name, fn in probes.items():
@@ -104,6 +121,10 @@ func TestProbeSyscalls(t *testing.T) {
 		"ptrace": "Operation not permitted", "pivot_root": "Operation not permitted",
 		"chroot": "Operation not permitted", "x32_getpid": "Function not implemented",
 		"i386_getpid": "Operation not permitted", "socket_vsock": "Address family not supported by protocol",
+		"fcntl_setlease": "Operation not permitted", "fcntl_setlease_upper_half": "Operation not permitted",
+		"fcntl_notify":          "Operation not permitted",
+		"socket_netlink_uevent": "Protocol not supported", "socket_netlink_uevent_upper_half": "Protocol not supported",
+		"socket_netlink_route": "ok",
 	}
 	p := sharedProvider(t)
 	var got map[string]string
@@ -119,6 +140,12 @@ func TestProbeSyscalls(t *testing.T) {
 	var open map[string]string
 	probeJSON(t, bare, create(t, bare, sandbox.CreateOptions{}), syscallProbe, &open)
 	t.Logf("without the filter: %v", open)
+	// Leases, dnotify and the host's uevents are refused by the filter alone.
+	for _, name := range []string{"fcntl_setlease", "fcntl_setlease_upper_half", "fcntl_notify", "socket_netlink_uevent"} {
+		if open[name] != "ok" {
+			t.Errorf("%s without the filter: %q; want ok (else the probe proves nothing)", name, open[name])
+		}
+	}
 	for _, name := range []string{"io_uring_setup", "i386_getpid", "keyctl"} {
 		if open[name] != "ok" {
 			t.Logf("%s is refused by this host even without the filter (%s)", name, open[name])

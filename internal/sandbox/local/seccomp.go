@@ -2,6 +2,7 @@ package local
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -110,8 +111,20 @@ const cloneNamespaceFlags = unix.CLONE_NEWNS | unix.CLONE_NEWCGROUP | unix.CLONE
 	unix.CLONE_NEWIPC | unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNET
 
 // socketFamilies may be opened; other families (vsock, packet, alg, bluetooth...) are
-// EAFNOSUPPORT.
-var socketFamilies = []uint64{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
+// EAFNOSUPPORT. A netlink socket is allowed for netlinkProtocols only.
+var socketFamilies = []uint64{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6}
+
+// netlinkProtocols are the netlink protocols a sandbox may open: routing (the interfaces and
+// addresses that getifaddrs and socket.if_nameindex read) and socket diagnostics (ss). Every other
+// one is EPROTONOSUPPORT: above all NETLINK_KOBJECT_UEVENT, which would deliver the host's device
+// events (the sandbox's network namespace belongs to the host's user namespace), and the audit,
+// connector and generic families that name host state.
+var netlinkProtocols = []uint64{unix.NETLINK_ROUTE, unix.NETLINK_SOCK_DIAG}
+
+// fcntlRefused are the fcntl commands no sandbox may use: a lease (F_SETLEASE) on a file in
+// /mnt/data makes every other open of it fail or wait until the sandbox lets go, the proxy's
+// included; directory notification (F_NOTIFY) is the obsolete dnotify, which inotify replaces.
+var fcntlRefused = []uint64{unix.F_SETLEASE, unix.F_NOTIFY}
 
 // personalities may be set (the ones Docker allows: Linux, with or without address-space
 // randomization, and the query).
@@ -124,14 +137,30 @@ type argMatch struct {
 	arg   uint32
 	value uint64
 	clear bool // the argument has none of value's bits set (otherwise: it equals value)
+	// low32 compares the low 32 bits only, for an argument the kernel reads as an int (an fcntl
+	// command, a socket protocol): its upper half is ignored by the kernel and so must be by
+	// the filter, or setting it would slip past a refusal.
+	low32 bool
 }
+
+// alternative holds when all of its comparisons do.
+type alternative []argMatch
 
 // syscallRule applies action to the calls of names whose arguments satisfy one of alternatives
 // (every call when there are none). Rules are tried in order; the first that applies decides.
 type syscallRule struct {
 	names        []string
-	alternatives []argMatch
+	alternatives []alternative
 	action       uint32
+}
+
+// each makes one single-comparison alternative per value of argument arg.
+func each(arg uint32, values []uint64, low32 bool) []alternative {
+	var out []alternative
+	for _, v := range values {
+		out = append(out, alternative{{arg: arg, value: v, low32: low32}})
+	}
+	return out
 }
 
 // seccompRules are the rules of kernels (zygote false) or of the fork server (zygote true).
@@ -145,21 +174,21 @@ func seccompRules(zygote bool) []syscallRule {
 		}
 		deny = append(deny, name)
 	}
-	var families, personas []argMatch
-	for _, f := range socketFamilies {
-		families = append(families, argMatch{arg: 0, value: f})
-	}
-	for _, p := range personalities {
-		personas = append(personas, argMatch{arg: 0, value: p})
+	sockets := each(0, socketFamilies, false)
+	for _, proto := range netlinkProtocols {
+		sockets = append(sockets, alternative{{arg: 0, value: unix.AF_NETLINK}, {arg: 2, value: proto, low32: true}})
 	}
 	return []syscallRule{
+		// Before the allowlist, which allows fcntl's other commands.
+		{names: []string{"fcntl"}, alternatives: each(1, fcntlRefused, true), action: errnoAction(unix.EPERM)},
 		{names: allow, action: unix.SECCOMP_RET_ALLOW},
-		{names: []string{"clone"}, alternatives: []argMatch{{arg: 0, value: cloneNamespaceFlags, clear: true}}, action: unix.SECCOMP_RET_ALLOW},
-		{names: []string{"socket"}, alternatives: families, action: unix.SECCOMP_RET_ALLOW},
-		{names: []string{"personality"}, alternatives: personas, action: unix.SECCOMP_RET_ALLOW},
+		{names: []string{"clone"}, alternatives: []alternative{{{arg: 0, value: cloneNamespaceFlags, clear: true}}}, action: unix.SECCOMP_RET_ALLOW},
+		{names: []string{"socket"}, alternatives: sockets, action: unix.SECCOMP_RET_ALLOW},
+		{names: []string{"personality"}, alternatives: each(0, personalities, false), action: unix.SECCOMP_RET_ALLOW},
 		// glibc tries clone3 first and falls back to clone only on ENOSYS; clone3's flags are in
 		// memory, where a filter cannot read them.
 		{names: []string{"clone3"}, action: errnoAction(unix.ENOSYS)},
+		{names: []string{"socket"}, alternatives: []alternative{{{arg: 0, value: unix.AF_NETLINK, low32: true}}}, action: errnoAction(unix.EPROTONOSUPPORT)},
 		{names: []string{"socket"}, action: errnoAction(unix.EAFNOSUPPORT)},
 		{names: append(deny, "clone", "personality"), action: errnoAction(unix.EPERM)},
 	}
@@ -210,26 +239,15 @@ func assembleFilter(rules []syscallRule) ([]bpf.Instruction, error) {
 					bpf.RetConstant{Val: r.action})
 				continue
 			}
-			// Each alternative: high word, low word, then the action; a failed comparison skips to
-			// the next alternative. The accumulator then holds an argument: reload the number.
+			// Each alternative returns the action when its comparisons hold and falls through to
+			// the next one otherwise. The accumulator then holds an argument: reload the number.
 			var block []bpf.Instruction
-			for _, m := range r.alternatives {
-				hi, lo := uint32(m.value>>32), uint32(m.value)
-				lo32, hi32 := offArgs+8*m.arg, offArgs+8*m.arg+4
-				if m.clear {
-					block = append(block,
-						bpf.LoadAbsolute{Off: hi32, Size: 4},
-						bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: hi, SkipTrue: 3},
-						bpf.LoadAbsolute{Off: lo32, Size: 4},
-						bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: lo, SkipTrue: 1})
-				} else {
-					block = append(block,
-						bpf.LoadAbsolute{Off: hi32, Size: 4},
-						bpf.JumpIf{Cond: bpf.JumpEqual, Val: hi, SkipFalse: 3},
-						bpf.LoadAbsolute{Off: lo32, Size: 4},
-						bpf.JumpIf{Cond: bpf.JumpEqual, Val: lo, SkipFalse: 1})
+			for _, alt := range r.alternatives {
+				b, err := alternativeBlock(alt, r.action)
+				if err != nil {
+					return nil, fmt.Errorf("seccomp filter: %s: %w", name, err)
 				}
-				block = append(block, bpf.RetConstant{Val: r.action})
+				block = append(block, b...)
 			}
 			block = append(block, bpf.LoadAbsolute{Off: offNr, Size: 4})
 			if len(block) > 255 {
@@ -240,6 +258,38 @@ func assembleFilter(rules []syscallRule) ([]bpf.Instruction, error) {
 		}
 	}
 	return append(prog, bpf.RetConstant{Val: defaultAction}), nil
+}
+
+// alternativeBlock returns action when every comparison of alt holds and falls through past
+// its end otherwise. It is laid out from the end, so each failed comparison's jump is the length
+// of what follows it.
+func alternativeBlock(alt alternative, action uint32) ([]bpf.Instruction, error) {
+	block := []bpf.Instruction{bpf.RetConstant{Val: action}}
+	prepend := func(off, val uint32, clear bool) error {
+		if len(block) > 255 {
+			return errors.New("too many comparisons")
+		}
+		skip := uint8(len(block))
+		cmp := bpf.JumpIf{Cond: bpf.JumpEqual, Val: val, SkipFalse: skip}
+		if clear {
+			cmp = bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: val, SkipTrue: skip}
+		}
+		block = append([]bpf.Instruction{bpf.LoadAbsolute{Off: off, Size: 4}, cmp}, block...)
+		return nil
+	}
+	for i := len(alt) - 1; i >= 0; i-- {
+		m := alt[i]
+		lo32, hi32 := offArgs+8*m.arg, offArgs+8*m.arg+4
+		if err := prepend(lo32, uint32(m.value), m.clear); err != nil {
+			return nil, err
+		}
+		if !m.low32 {
+			if err := prepend(hi32, uint32(m.value>>32), m.clear); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return block, nil
 }
 
 // buildFilter assembles rules into the sock_filter array (8 bytes an instruction, native byte

@@ -60,6 +60,7 @@ func TestSeccompPolicy(t *testing.T) {
 		eperm  = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
 		enosys = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
 		eafno  = unix.SECCOMP_RET_ERRNO | uint32(unix.EAFNOSUPPORT)
+		eproto = unix.SECCOMP_RET_ERRNO | uint32(unix.EPROTONOSUPPORT)
 		x86_64 = unix.AUDIT_ARCH_X86_64
 		i386   = unix.AUDIT_ARCH_I386
 	)
@@ -91,6 +92,19 @@ func TestSeccompPolicy(t *testing.T) {
 		{"socket inet", x86_64, unix.SYS_SOCKET, []uint64{unix.AF_INET}, allow, allow},
 		{"socket vsock", x86_64, unix.SYS_SOCKET, []uint64{unix.AF_VSOCK}, eafno, eafno},
 		{"socket alg", x86_64, unix.SYS_SOCKET, []uint64{unix.AF_ALG}, eafno, eafno},
+		{"socket inet, upper half set", x86_64, unix.SYS_SOCKET, []uint64{1<<32 | unix.AF_INET}, eafno, eafno},
+		{"socket netlink route", x86_64, unix.SYS_SOCKET, []uint64{unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE}, allow, allow},
+		{"socket netlink sock_diag", x86_64, unix.SYS_SOCKET, []uint64{unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_SOCK_DIAG}, allow, allow},
+		{"socket netlink uevent", x86_64, unix.SYS_SOCKET, []uint64{unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_KOBJECT_UEVENT}, eproto, eproto},
+		{"socket netlink uevent, upper half of the protocol set", x86_64, unix.SYS_SOCKET, []uint64{unix.AF_NETLINK, unix.SOCK_DGRAM, 1<<32 | unix.NETLINK_KOBJECT_UEVENT}, eproto, eproto},
+		{"socket netlink uevent, upper half of the family set", x86_64, unix.SYS_SOCKET, []uint64{1<<32 | unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_ROUTE}, eproto, eproto},
+		{"socket netlink route, upper half of the protocol set", x86_64, unix.SYS_SOCKET, []uint64{unix.AF_NETLINK, unix.SOCK_RAW, 1<<32 | unix.NETLINK_ROUTE}, allow, allow},
+		{"socket netlink audit", x86_64, unix.SYS_SOCKET, []uint64{unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_AUDIT}, eproto, eproto},
+		{"fcntl getfl", x86_64, unix.SYS_FCNTL, []uint64{3, unix.F_GETFL}, allow, allow},
+		{"fcntl getlease", x86_64, unix.SYS_FCNTL, []uint64{3, unix.F_GETLEASE}, allow, allow},
+		{"fcntl setlease", x86_64, unix.SYS_FCNTL, []uint64{3, unix.F_SETLEASE, unix.F_WRLCK}, eperm, eperm},
+		{"fcntl setlease, upper half set", x86_64, unix.SYS_FCNTL, []uint64{3, 1<<32 | unix.F_SETLEASE, unix.F_WRLCK}, eperm, eperm},
+		{"fcntl notify", x86_64, unix.SYS_FCNTL, []uint64{3, unix.F_NOTIFY, 0}, eperm, eperm},
 		{"personality query", x86_64, unix.SYS_PERSONALITY, []uint64{0xffffffff}, allow, allow},
 		{"personality other", x86_64, unix.SYS_PERSONALITY, []uint64{0x0400000}, eperm, eperm},
 		{"unknown number", x86_64, 1000, nil, eperm, eperm},

@@ -65,3 +65,25 @@ func TestDecodeSettingsLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultUIDRange: the default uids collide with nothing systemd allocates or reserves
+// (https://systemd.io/UIDS-GIDS/).
+func TestDefaultUIDRange(t *testing.T) {
+	first, last := uint64(DefaultUIDBase), uint64(DefaultUIDBase)+uint64(DefaultUIDCount)-1
+	for _, r := range []struct {
+		what        string
+		first, last uint64
+	}{
+		{"system and regular users", 0, 60000},
+		{"homed users and host users mapped into containers", 60001, 60577},
+		{"dynamic service users", 61184, 65519},
+		{"nobody and 16-bit -1", 65534, 65535},
+		{"container ranges (nspawn, nsresourced)", 524288, 1879048191},
+		{"foreign range", 0x7FFE0000, 0x7FFEFFFF},
+		{"2^31 and above", 1 << 31, 1<<32 - 1},
+	} {
+		if first <= r.last && r.first <= last {
+			t.Errorf("default uids %d…%d overlap systemd's %s (%d…%d)", first, last, r.what, r.first, r.last)
+		}
+	}
+}

@@ -39,8 +39,8 @@ type sweepResult struct {
 	dirs, cgroups int
 }
 
-// sweep removes the leftovers of dead providers in workDir and, for each, its cgroup parents
-// below cgroupParents (the directories in which providers create ciproxy-ID).
+// sweep removes the leftovers of dead providers in workDir and, for each, its parent cgroup
+// ciproxy-ID below every one of cgroupParents (cgroupRoots: every hierarchy, used or not).
 func sweep(workDir string, cgroupParents []string, now time.Time) sweepResult {
 	var res sweepResult
 	entries, err := os.ReadDir(workDir)
@@ -101,7 +101,8 @@ func sweep(workDir string, cgroupParents []string, now time.Time) sweepResult {
 // cgroupName is the name of a provider's parent cgroup.
 func cgroupName(id string) string { return "ciproxy-" + id }
 
-// removeCgroupTree removes a provider's parent cgroup and the empty sandbox cgroups in it.
+// removeCgroupTree removes a provider's parent cgroup and the empty cgroups below it (the
+// sandboxes' and their leaves), depth first.
 func removeCgroupTree(dir string) bool {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -109,7 +110,7 @@ func removeCgroupTree(dir string) bool {
 	}
 	for _, e := range entries {
 		if e.IsDir() {
-			removeCgroup(filepath.Join(dir, e.Name()))
+			removeCgroupTree(filepath.Join(dir, e.Name()))
 		}
 	}
 	removeCgroup(dir)

@@ -9,9 +9,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
@@ -20,6 +24,7 @@ const sweepHelperEnv = "CIPROXY_TEST_SWEEP_HELPER"
 
 // helperState is what the helper process reports before it is killed.
 type helperState struct {
+	ID      string   `json:"id"`
 	Base    string   `json:"base"`
 	Lock    string   `json:"lock"`
 	Init    int      `json:"init"`
@@ -44,7 +49,7 @@ func sweepHelper(dir string) {
 		os.Exit(1)
 	}
 	b, _ := p.lookup(h)
-	st := helperState{Base: p.base, Lock: p.lock.Name(), Init: b.pid}
+	st := helperState{ID: p.id, Base: p.base, Lock: p.lock.Name(), Init: b.pid}
 	for _, d := range p.cg.dirs() {
 		st.Cgroups = append(st.Cgroups, filepath.Join(d, b.id))
 	}
@@ -94,6 +99,7 @@ func TestSweepAfterKill(t *testing.T) {
 			t.Errorf("%s left after the sweep (%v)", p, err)
 		}
 	}
+	noCgroupsOf(t, st.ID)
 	for _, p := range []*Provider{live, next} {
 		if _, err := os.Stat(p.base); err != nil {
 			t.Errorf("a live provider's directory was swept: %v", err)
@@ -117,4 +123,91 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		time.Sleep(delay)
 		delay = min(2*delay, 100*time.Millisecond)
 	}
+}
+
+// noCgroupsOf fails the test if provider id's cgroup is in any hierarchy.
+func noCgroupsOf(t *testing.T, id string) {
+	t.Helper()
+	roots := cgroupRoots()
+	if len(roots) == 0 {
+		t.Skip("no cgroup hierarchy on this host")
+	}
+	for _, root := range roots {
+		if _, err := os.Stat(filepath.Join(root, cgroupName(id))); !os.IsNotExist(err) {
+			t.Errorf("%s left in %s (%v)", cgroupName(id), root, err)
+		}
+	}
+}
+
+// TestCgroupsRemoved: a provider that closes, with sandboxes live and in its pool, leaves no
+// cgroup in any hierarchy, used or not (the v1 freezer beside a v2 hierarchy was left at every
+// start); a sweep removes what a dead provider left in every hierarchy.
+func TestCgroupsRemoved(t *testing.T) {
+	t.Run("close", func(t *testing.T) {
+		p, err := New(Options{WorkDir: t.TempDir(), PoolSize: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireCgroups(t, p)
+		h, err := p.Create(context.Background(), sandbox.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := mainText(run(t, p, h, "1 + 1")); got != "2" {
+			t.Fatalf("1 + 1 = %s", got)
+		}
+		if err := p.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		noCgroupsOf(t, p.id)
+	})
+	t.Run("start check", func(t *testing.T) {
+		// The check's provider is known by the lock it makes in the work dir.
+		dir := t.TempDir()
+		fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE); err != nil {
+			t.Fatal(err)
+		}
+		if err := Check(context.Background(), Options{WorkDir: dir}); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64<<10)
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+			if id, ok := strings.CutSuffix(name, ".lock"); ok {
+				ids = append(ids, id)
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+		if len(ids) != 1 {
+			t.Fatalf("locks made by the check: %v; want one", ids)
+		}
+		noCgroupsOf(t, ids[0])
+	})
+	t.Run("sweep", func(t *testing.T) {
+		// What a crashed provider of any version leaves: its lock, free, and its cgroups,
+		// one with an empty sandbox cgroup in it, in every hierarchy.
+		dir := t.TempDir()
+		id := "p-" + newID()[:16]
+		if err := os.WriteFile(filepath.Join(dir, id+".lock"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, root := range cgroupRoots() {
+			if err := os.MkdirAll(filepath.Join(root, cgroupName(id), newID()), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		newTestProvider(t, Options{WorkDir: dir, PoolSize: -1})
+		noCgroupsOf(t, id)
+	})
 }

@@ -24,8 +24,14 @@ import (
 // Without root there is no such map: every sandbox runs as the proxy's own uid (in a user
 // namespace of its own all the same), and the per-user limits are shared.
 
+// The default range, 0x70000000 (1879048192) and 2^20 uids after it, is in the one large range
+// that systemd's allocation scheme (https://systemd.io/UIDS-GIDS/) leaves unused: above its
+// container range (524288…1879048191, where systemd-nspawn, systemd-nsresourced and other
+// container managers take 64K blocks, and where the earlier default 0x40000000 sat) and below
+// its foreign range (0x7FFE0000…0x7FFEFFFF) and 2^31, above which setfsuid and some filesystems
+// misbehave. Regular, homed, dynamic-service and nobody uids are all below 65536.
 const (
-	DefaultUIDBase  = 0x40000000 // 1073741824: far above the ranges distributions and container tools hand out
+	DefaultUIDBase  = 0x70000000
 	DefaultUIDCount = 1 << 20
 	uidBlock        = 4096
 	uidLockDir      = "/run/ciproxy/uids"
