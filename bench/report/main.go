@@ -53,9 +53,18 @@ type program struct {
 	took               time.Duration
 }
 
-// ratio compares one benchmark figure with its baseline from the same run.
+// ratio compares one benchmark figure with its baseline from the same run. unit is the unit of
+// both figures, or "<sub's unit> over <base's unit>" for two figures of one benchmark.
 type ratio struct {
 	what, base, sub, unit, meaning string
+}
+
+// units are the sub's and the base's unit.
+func (r ratio) units() (sub, base string) {
+	if s, b, ok := strings.Cut(r.unit, " over "); ok {
+		return s, b
+	}
+	return r.unit, r.unit
 }
 
 func main() {
@@ -68,13 +77,19 @@ func main() {
 		{title: "Pass-through in process (internal/upstream)", pkg: "./internal/upstream", bench: ".", time: *benchtime,
 			method: "`Target.Proxy` behind an httptest server versus the same upstream called directly, one request at a time over loopback: a JSON answer, and a 20-event SSE stream flushed per event. Also the SSE reader alone and the surgical model rewrite of a request body."},
 		{title: "Interception engine (internal/intercept)", pkg: "./internal/intercept", bench: ".", time: *benchtime, env: tmpfsEnv(),
-			method: "The engine's own cost with an upstream and a sandbox that answer at once (recorded upstream bodies, an instant sandbox provider): `Iteration` is one request of 5 upstream calls (4 run code, 1 answers), reported per iteration; `StreamEvent` is a text answer of many deltas translated, numbered and written to the client, reported per event; `RequestByAPI` and `StreamEventByAPI` are the same over a Responses and a Chat Completions upstream. The embedded store's directory is on a tmpfs (TMPDIR=/dev/shm, where there is one), so the fsyncs of a disk are not counted here: the store's own cost is under Shared store."},
+			method: "The engine's own cost with an upstream and a sandbox that answer at once (recorded upstream bodies, an instant sandbox provider): `Iteration` is one request of 5 upstream calls (4 run code, 1 answers), reported per iteration; `StreamEvent` is a text answer of many deltas translated, numbered and written to the client, reported per event; `RequestByAPI` and `StreamEventByAPI` are the same over a Responses and a Chat Completions upstream. The embedded store's directory is on a tmpfs (TMPDIR=/dev/shm, where there is one), so the fsyncs of a disk are not counted here: the store's own cost is under Shared store. Every container of these requests is recorded in that store (so that replicas share it): one request of `Iteration` creates the container's record, then reads it and writes it back after each of the 4 executions and when the container is released: six writes, five reads; `IterationStore` is `Iteration/json` with those calls timed (`store-ns/iteration`), the rest being the engine's own (`engine-ns/iteration`). Reports before the containers were recorded in the store measured no such calls (45.9 µs per JSON iteration, 726 allocs/op, then): compare `engine-ns/iteration` with that."},
 		{title: "Code argument decoder (internal/intercept/argstream)", pkg: "./internal/intercept/argstream", bench: ".", time: *benchtime,
 			method: "Decoding the `code` field out of streamed function-call arguments (16 KiB of code with escapes and multi-byte text) fed in chunks of 4 bytes, 64 bytes, or all at once."},
 		{title: "Execution decoder (internal/sandbox)", pkg: "./internal/sandbox", bench: "DecodeExecution", time: *benchtime,
 			method: "`sandbox.DecodeExecution` on NDJSON transcripts of the code-interpreter protocol: a short print-and-result, 100 stdout chunks, one 512 KiB figure."},
 		{title: "Local sandbox start (internal/sandbox/local)", pkg: "./internal/sandbox/local", bench: "Start", time: "5x",
 			method: "Create to the first result of `1 + 1`: cold (a kernel forked from the zygote into a new bubblewrap sandbox, its imports already done) versus warm (a kernel taken from the warm pool). 5 iterations each; the ratio compares the medians (time/op also counts the pool's refill between iterations)."},
+		{title: "Local sandbox isolation (internal/sandbox/local)", pkg: "./internal/sandbox/local", bench: "Seccomp|Cgroup", time: "20x",
+			method: "What the seccomp filter and the cgroups cost a local sandbox. `Seccomp/*/create` and `Cgroup/with_cgroups` / `without_cgroups` are create to the first result of `1 + 1` with no warm pool, with and without the filter or the cgroups (medians compared; without cgroups, as on a host that has none, a sandbox is paused by stopping its processes one by one instead of by the cgroup freezer, so that pair compares the two setups whole); `Seccomp/*/syscall` is a loop of `getppid` in the kernel, per system call; `Cgroup/setup` is the cgroup work of one create alone (the sandbox's cgroups made with their limits, a process placed, killed, the cgroups removed); `SeccompAssemble` builds the filter's program (it is built once per provider and installed by the fork server). 20 iterations each."},
+		{title: "New-file scan (internal/sandbox/backends)", pkg: "./internal/sandbox/backends", bench: "CollectFiles/local", time: *benchtime,
+			method: "What finding the new files after an execution costs a local container holding 0, 100 or 1000 files in /mnt/data that the execution did not change: one listing compared with the last one, no store access (`Container.CollectFiles`)."},
+		{title: "A 10 MB file into and out of a local container (internal/sandbox/backends)", pkg: "./internal/sandbox/backends", bench: "PlaceFile10MB/(local|copy|read)", time: "20x",
+			method: "A 10 MB Files API file placed into a new local container's /mnt/data (`Container.PlaceFiles`: the embedded store's bytes into the sandbox, and the record; the container's creation is not timed) and downloaded as the Containers API does (`Sessions.ReadFile`), against the floor: the same bytes copied from the store into a file of a fresh directory on the host, and read back from one. 20 iterations each."},
 		{title: "Local sandbox round trip (internal/sandbox/local)", pkg: "./internal/sandbox/local", bench: "RoundTrip", time: *benchtime,
 			method: "One execution of `1 + 1` in a started kernel: the local backend's floor per execution."},
 		{title: "e2b client overhead (internal/sandbox/e2b)", pkg: "./internal/sandbox/e2b", bench: ".", time: *benchtime,
@@ -127,6 +142,14 @@ func main() {
 		{"Chat Completions upstream, per streamed event", "BenchmarkStreamEventByAPI/responses", "BenchmarkStreamEventByAPI/chat", "ns/event", "engine ns per event, chat chunks translated / a Responses upstream's events"},
 		{"Chat Completions upstream, streamed request", "BenchmarkRequestByAPI/responses/stream", "BenchmarkRequestByAPI/chat/stream", "ns/op", "one intercepted request of two upstream calls, chat / Responses upstream"},
 		{"Chat Completions upstream, JSON request", "BenchmarkRequestByAPI/responses/json", "BenchmarkRequestByAPI/chat/json", "ns/op", "the same request answered in JSON, chat / Responses upstream"},
+		{"engine iteration, container registry", "BenchmarkIterationStore", "BenchmarkIterationStore", "store-ns/iteration over ns/iteration", "the store calls' share of a JSON iteration (the container's record created, then read and written back after each execution and at release)"},
+		{"seccomp filter per create", "BenchmarkSeccomp/unfiltered/create", "BenchmarkSeccomp/filtered/create", "p50-ms", "median create to first result, with / without the filter"},
+		{"seccomp filter per system call", "BenchmarkSeccomp/unfiltered/syscall", "BenchmarkSeccomp/filtered/syscall", "ns/syscall", "getppid in the sandbox, with / without the filter"},
+		{"cgroups per create", "BenchmarkCgroup/without_cgroups", "BenchmarkCgroup/with_cgroups", "p50-ms", "median create to first result, with / without cgroups"},
+		{"new-file scan, 1000 files", "BenchmarkCollectFiles/local/files=0", "BenchmarkCollectFiles/local/files=1000", "ns/op", "scan of a container holding 1000 files / holding none"},
+		{"new-file scan, 100 files", "BenchmarkCollectFiles/local/files=0", "BenchmarkCollectFiles/local/files=100", "ns/op", "scan of a container holding 100 files / holding none"},
+		{"10 MB placed into a local container", "BenchmarkPlaceFile10MBDirect/copy", "BenchmarkPlaceFile10MB/local/place", "ns/op", "placement / a copy from the store to a host file"},
+		{"10 MB downloaded from a local container", "BenchmarkPlaceFile10MBDirect/read", "BenchmarkPlaceFile10MB/local/download", "ns/op", "download / a read of a host file"},
 	}
 
 	var doc bytes.Buffer
@@ -142,7 +165,8 @@ func main() {
 			w("| %s | n/a | %s | (not measured) | |\n", r.what, r.meaning)
 			continue
 		}
-		w("| %s | %.3g× | %s | %s | %s |\n", r.what, sub/base, r.meaning, human(sub, r.unit), human(base, r.unit))
+		subUnit, baseUnit := r.units()
+		w("| %s | %.3g× | %s | %s | %s |\n", r.what, sub/base, r.meaning, human(sub, subUnit), human(base, baseUnit))
 	}
 	w("\n")
 	for _, s := range suites {
@@ -219,12 +243,13 @@ func (r ratio) values(suites []*suite) (base, sub float64, ok bool) {
 	if !ok1 || !ok2 {
 		return 0, 0, false
 	}
-	sub, ok2 = sb.metrics[r.unit]
+	subUnit, baseUnit := r.units()
+	sub, ok2 = sb.metrics[subUnit]
 	if !ok2 {
 		return 0, 0, false
 	}
-	base, ok1 = bb.metrics[r.unit]
-	if !ok1 && r.unit == "ns/event" {
+	base, ok1 = bb.metrics[baseUnit]
+	if !ok1 && baseUnit == "ns/event" {
 		// The SSE reader benchmark reads 20 events per op.
 		base, ok1 = bb.metrics["ns/op"]
 		base /= 20
@@ -318,6 +343,9 @@ func runQuiet(name string, args ...string) (string, error) {
 }
 
 func human(v float64, unit string) string {
+	if what, ns, ok := strings.Cut(unit, "-ns/"); ok {
+		return human(v, "ns/"+ns) + " (" + what + ")" // "store-ns/iteration": 1.20 µs/iteration (store)
+	}
 	if !strings.HasPrefix(unit, "ns/") {
 		return trim(v) + " " + unit
 	}
