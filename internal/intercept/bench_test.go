@@ -108,9 +108,9 @@ func BenchmarkIteration(b *testing.B) {
 }
 
 // BenchmarkIterationStore is Iteration/json with the engine's calls to the container registry
-// timed: the store's share of each iteration (the container's record created, read and written
-// back at every touch, released), what is left for the engine itself, and the record writes per
-// request. The store is the same embedded store as Iteration's.
+// timed: the store's share of each iteration (the container's record created, then read and
+// written back after each execution and at release), what is left for the engine itself, and the
+// record writes per request. The store is the same embedded store as Iteration's.
 func BenchmarkIterationStore(b *testing.B) {
 	st := &timedContainers{Store: newState(b)}
 	e, cfg, done := benchEngineOn(b, st)
