@@ -138,6 +138,7 @@ litellm_settings:
     sandbox_tool_name: %s
     container_idle_timeout: 0
 general_settings:
+  data_dir: %s
   shutdown_grace: 10s
   # The load comes from one key at up to max-n at once: the quotas are lifted, since this
   # measures the proxy's capacity, not its fairness.
@@ -147,7 +148,7 @@ general_settings:
   container_create_burst: 100000
   max_concurrent_requests: 100000
   max_concurrent_requests_per_key: 100000
-`, up.URL(), filepath.Join(dir, "sandboxes"), emu.APIKey(), emu.URL(), emu.SandboxURL(), tool)
+`, up.URL(), filepath.Join(dir, "sandboxes"), emu.APIKey(), emu.URL(), emu.SandboxURL(), tool, filepath.Join(dir, "state"))
 		tmp := cfgPath + ".tmp"
 		if err := os.WriteFile(tmp, []byte(cfg), 0o600); err != nil {
 			return err

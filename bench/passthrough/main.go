@@ -6,7 +6,10 @@
 //   - throughput at saturation: -conns keep-alive connections for -duration, proxied/direct ratio;
 //   - the proxy's CPU time per request: utime+stime from /proc/<pid>/stat around each proxied
 //     phase, divided by the requests it served;
-//   - its peak RSS (VmHWM from /proc/<pid>/status) at the end;
+//   - its memory from /proc/<pid>/status: the resident set when idle after the start and at the
+//     end, split into anonymous pages (heap, stacks, runtime) and file pages (the executable's
+//     code and read-only data, mapped from the page cache), and the peak (VmHWM); with the size of
+//     the executable, which the file pages follow;
 //   - added latency, p50 and p99, over one connection (-latency-requests per side).
 //
 // With -bare (the default) a bare httputil.ReverseProxy child (no routing, auth, body read, log or
@@ -88,11 +91,14 @@ var workloads = []workload{
 	{"responses SSE x20", "/v1/responses", []byte(`{"model":"bench","input":"Say hello in five words.","stream":true}`)},
 }
 
-// side is one way to reach the upstream: directly, or through a proxy child process (pid > 0).
+// side is one way to reach the upstream: directly, or through a proxy child process (pid > 0)
+// run from the executable bin.
 type side struct {
 	name string
 	url  string
 	pid  int
+	bin  string
+	idle memory // once ready, before any request
 }
 
 // figures are one side's measurements of one workload.
@@ -140,7 +146,7 @@ func run(o options) error {
 		return err
 	}
 	defer stop(child)
-	sides := []side{{"direct", "http://" + up.Addr, 0}, {"ciproxy", proxyURL, child.Process.Pid}}
+	sides := []side{{name: "direct", url: "http://" + up.Addr}, {name: "ciproxy", url: proxyURL, pid: child.Process.Pid, bin: bin}}
 	if o.bare {
 		self, err := os.Executable()
 		if err != nil {
@@ -151,7 +157,14 @@ func run(o options) error {
 			return err
 		}
 		defer stop(bare)
-		sides = append(sides, side{"bare ReverseProxy", bareURL, bare.Process.Pid})
+		sides = append(sides, side{name: "bare ReverseProxy", url: bareURL, pid: bare.Process.Pid, bin: self})
+	}
+	for i := range sides {
+		if sides[i].pid > 0 {
+			if sides[i].idle, err = readMemory(sides[i].pid); err != nil {
+				return err
+			}
+		}
 	}
 
 	all := make([][]figures, len(workloads))
@@ -196,19 +209,19 @@ func run(o options) error {
 		}
 		all[wi] = figs
 	}
-	rss := make([]int64, len(sides))
+	end := make([]memory, len(sides))
 	for i, s := range sides {
 		if s.pid > 0 {
-			if rss[i], err = peakRSS(s.pid); err != nil {
+			if end[i], err = readMemory(s.pid); err != nil {
 				return err
 			}
 		}
 	}
-	report(os.Stdout, o, sides, all, rss)
+	report(os.Stdout, o, sides, all, end)
 	return nil
 }
 
-func report(out io.Writer, o options, sides []side, all [][]figures, rss []int64) {
+func report(out io.Writer, o options, sides []side, all [][]figures, end []memory) {
 	fmt.Fprintf(out, "\npass-through vs direct: throughput with %d keep-alive conns, %d rounds x %s per side; latency over 1 conn, %d requests per side\n\n",
 		o.conns, o.rounds, o.duration, o.latencyReqs)
 	fmt.Fprintf(out, "%-19s %-18s %10s %7s %10s %10s %10s %10s %10s %7s\n",
@@ -233,9 +246,21 @@ func report(out io.Writer, o options, sides []side, all [][]figures, rss []int64
 		}
 	}
 	fmt.Fprintln(out)
+	fmt.Fprintln(out, "memory of each proxy process, MiB: RSS = anonymous (heap, stacks, runtime) + file (its executable's pages)")
+	fmt.Fprintf(out, "%-19s %10s %22s %22s %10s\n", "process", "executable", "idle RSS (anon+file)", "end RSS (anon+file)", "peak RSS")
+	for i, s := range sides {
+		if s.pid == 0 {
+			continue
+		}
+		size := "?"
+		if st, err := os.Stat(s.bin); err == nil {
+			size = mib(st.Size())
+		}
+		fmt.Fprintf(out, "%-19s %10s %22s %22s %10s\n", s.name, size, s.idle.split(), end[i].split(), mib(end[i].hwm))
+	}
 	for i, s := range sides {
 		if s.pid > 0 {
-			fmt.Fprintf(out, "%s peak RSS (VmHWM): %.1f MiB\n", s.name, float64(rss[i])/(1<<20))
+			fmt.Fprintf(out, "%s peak RSS (VmHWM): %s MiB\n", s.name, mib(end[i].hwm))
 		}
 	}
 	fmt.Fprintln(out, "targets for ciproxy: cpu/req < 80µs (JSON), < 300µs (20-event SSE); +p50 < 100µs; ratio >= 40%")
@@ -341,25 +366,49 @@ func cpuTime(pid int) (int64, error) {
 	return utime + stime, nil
 }
 
-// peakRSS returns VmHWM of pid in bytes.
-func peakRSS(pid int) (int64, error) {
+// memory is a process's resident set, in bytes: now (rss = anon + file + shmem), and its peak.
+type memory struct {
+	rss, anon, file, hwm int64
+}
+
+func (m memory) split() string {
+	return fmt.Sprintf("%s (%s+%s)", mib(m.rss), mib(m.anon), mib(m.file))
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
+
+// readMemory reads VmRSS, RssAnon, RssFile and VmHWM of pid.
+func readMemory(pid int) (memory, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, err
+		return memory{}, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10, err
+	var m memory
+	fields := map[string]*int64{"VmRSS:": &m.rss, "RssAnon:": &m.anon, "RssFile:": &m.file, "VmHWM:": &m.hwm}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		k, v, ok := strings.Cut(line, "\t")
+		dst := fields[k]
+		if !ok || dst == nil {
+			continue
 		}
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			return memory{}, fmt.Errorf("%s of %d: %w", k, pid, err)
+		}
+		*dst = kb << 10
+		delete(fields, k)
 	}
-	return 0, errors.New("no VmHWM")
+	if len(fields) > 0 {
+		return memory{}, fmt.Errorf("/proc/%d/status: no %d of VmRSS, RssAnon, RssFile, VmHWM", pid, len(fields))
+	}
+	return m, nil
 }
 
 // startProxy writes a config pointing at upstream, starts bin and waits until it is ready.
 func startProxy(bin, dir, upstream string) (*exec.Cmd, string, error) {
 	// Interception is off (no callbacks): this measures pass-through. The e2b tool only keeps the
-	// proxy from checking for a local sandbox; nothing calls it.
+	// proxy from checking for a local sandbox; nothing calls it. The state is in a data directory of
+	// its own, not the host's.
 	cfg := fmt.Sprintf(`model_list:
   - model_name: bench
     litellm_params: {model: openai/bench-upstream, api_base: %s/v1, api_key: sk-bench-upstream}
@@ -368,7 +417,8 @@ sandbox_tools:
     litellm_params: {sandbox_provider: e2b, api_key: e2b-unused, api_base: "http://127.0.0.1:9"}
 general_settings:
   master_key: %s
-`, upstream, masterKey)
+  data_dir: %s
+`, upstream, masterKey, filepath.Join(dir, "state"))
 	path := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, "", err

@@ -92,6 +92,7 @@ litellm_settings:
 general_settings:
   master_key: %s
   container_secret: %s
+  data_dir: %s
   shutdown_grace: 10s
   # One key drives every session: the quotas are lifted, since this measures capacity, not
   # fairness.
@@ -101,7 +102,7 @@ general_settings:
   container_create_burst: 100000
   max_concurrent_requests: 100000
   max_concurrent_requests_per_key: 100000
-`, up.URL(), filepath.Join(dir, "sandboxes"), idle, masterKey, secret)
+`, up.URL(), filepath.Join(dir, "sandboxes"), idle, masterKey, secret, filepath.Join(dir, name+"-state"))
 		if redis != "" {
 			c += "router_settings:\n  redis_url: redis://" + redis + "\n"
 		}

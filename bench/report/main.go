@@ -53,9 +53,18 @@ type program struct {
 	took               time.Duration
 }
 
-// ratio compares one benchmark figure with its baseline from the same run.
+// ratio compares one benchmark figure with its baseline from the same run. unit is the unit of
+// both figures, or "<sub's unit> over <base's unit>" for two figures of one benchmark.
 type ratio struct {
 	what, base, sub, unit, meaning string
+}
+
+// units are the sub's and the base's unit.
+func (r ratio) units() (sub, base string) {
+	if s, b, ok := strings.Cut(r.unit, " over "); ok {
+		return s, b
+	}
+	return r.unit, r.unit
 }
 
 func main() {
@@ -68,13 +77,19 @@ func main() {
 		{title: "Pass-through in process (internal/upstream)", pkg: "./internal/upstream", bench: ".", time: *benchtime,
 			method: "`Target.Proxy` behind an httptest server versus the same upstream called directly, one request at a time over loopback: a JSON answer, and a 20-event SSE stream flushed per event. Also the SSE reader alone and the surgical model rewrite of a request body."},
 		{title: "Interception engine (internal/intercept)", pkg: "./internal/intercept", bench: ".", time: *benchtime, env: tmpfsEnv(),
-			method: "The engine's own cost with an upstream and a sandbox that answer at once (recorded upstream bodies, an instant sandbox provider): `Iteration` is one request of 5 upstream calls (4 run code, 1 answers), reported per iteration; `StreamEvent` is a text answer of many deltas translated, numbered and written to the client, reported per event; `RequestByAPI` and `StreamEventByAPI` are the same over a Responses and a Chat Completions upstream. The embedded store's directory is on a tmpfs (TMPDIR=/dev/shm, where there is one), so the fsyncs of a disk are not counted here: the store's own cost is under Shared store."},
+			method: "The engine's own cost with an upstream and a sandbox that answer at once (recorded upstream bodies, an instant sandbox provider): `Iteration` is one request of 5 upstream calls (4 run code, 1 answers), reported per iteration; `StreamEvent` is a text answer of many deltas translated, numbered and written to the client, reported per event; `RequestByAPI` and `StreamEventByAPI` are the same over a Responses and a Chat Completions upstream. The embedded store's directory is on a tmpfs (TMPDIR=/dev/shm, where there is one), so the fsyncs of a disk are not counted here: the store's own cost is under Shared store. Every container of these requests is recorded in that store (so that replicas share it): one request of `Iteration` creates the container's record, then reads it and writes it back after each of the 4 executions and when the container is released: six writes, five reads; `IterationStore` is `Iteration/json` with those calls timed (`store-ns/iteration`), the rest being the engine's own (`engine-ns/iteration`). When the JSON iteration grew from 45.9 µs (726 allocs/op) to 64 µs (837) between two reports, changes had added work to each request, all of it deliberate; counted in instructions (valgrind --tool=callgrind, user space, per request of 5 iterations, the benchmark at each commit) the request went from 1.43 M to 2.47 M, the program's own code from 0.79 M to 1.34 M and the rest the Go runtime, mostly the collector: the guard against deeply nested JSON (`jsondepth.Within` over the request and every upstream answer, +0.11 M), the check that a JSON answer is whole, valid JSON (`gjson.Valid`, +0.09 M), and the container's record in the store (+0.21 M, mostly its JSON encoding and file paths, plus the six writes' system calls: a create, write and rename of a file each, kernel time that instructions do not count and that `IterationStore` times), and more field lookups in the translator of the new pipeline (+0.1 M)."},
 		{title: "Code argument decoder (internal/intercept/argstream)", pkg: "./internal/intercept/argstream", bench: ".", time: *benchtime,
 			method: "Decoding the `code` field out of streamed function-call arguments (16 KiB of code with escapes and multi-byte text) fed in chunks of 4 bytes, 64 bytes, or all at once."},
 		{title: "Execution decoder (internal/sandbox)", pkg: "./internal/sandbox", bench: "DecodeExecution", time: *benchtime,
 			method: "`sandbox.DecodeExecution` on NDJSON transcripts of the code-interpreter protocol: a short print-and-result, 100 stdout chunks, one 512 KiB figure."},
 		{title: "Local sandbox start (internal/sandbox/local)", pkg: "./internal/sandbox/local", bench: "Start", time: "5x",
 			method: "Create to the first result of `1 + 1`: cold (a kernel forked from the zygote into a new bubblewrap sandbox, its imports already done) versus warm (a kernel taken from the warm pool). 5 iterations each; the ratio compares the medians (time/op also counts the pool's refill between iterations)."},
+		{title: "Local sandbox isolation (internal/sandbox/local)", pkg: "./internal/sandbox/local", bench: "Seccomp|Cgroup", time: "20x",
+			method: "What the seccomp filter and the cgroups cost a local sandbox. `Seccomp/*/create` and `Cgroup/with_cgroups` / `without_cgroups` are create to the first result of `1 + 1` with no warm pool, with and without the filter or the cgroups (medians compared; without cgroups, as on a host that has none, a sandbox is paused by stopping its processes one by one instead of by the cgroup freezer, so that pair compares the two setups whole); `Seccomp/*/syscall` is a loop of `getppid` in the kernel, per system call; `Cgroup/setup` is the cgroup work of one create alone (the sandbox's cgroups made with their limits, a process placed, killed, the cgroups removed); `SeccompAssemble` builds the kernels' filter program (built once per provider, at its start; every kernel installs it on itself, which the create pair counts). 20 iterations each."},
+		{title: "New-file scan (internal/sandbox/backends)", pkg: "./internal/sandbox/backends", bench: "CollectFiles/local", time: *benchtime,
+			method: "What finding the new files after an execution costs a local container holding 0, 100 or 1000 files in /mnt/data that the execution did not change: one listing compared with the last one, no store access (`Container.CollectFiles`)."},
+		{title: "A 10 MB file into and out of a local container (internal/sandbox/backends)", pkg: "./internal/sandbox/backends", bench: "PlaceFile10MB/(local|copy|read)", time: "20x",
+			method: "A 10 MB Files API file placed into a new local container's /mnt/data (`Container.PlaceFiles`: the embedded store's bytes into the sandbox, and the record; the container's creation is not timed) and downloaded as the Containers API does (`Sessions.ReadFile`), against the floor: the same bytes copied from the store into a file of a fresh directory on the host, and read back from one. 20 iterations each."},
 		{title: "Local sandbox round trip (internal/sandbox/local)", pkg: "./internal/sandbox/local", bench: "RoundTrip", time: *benchtime,
 			method: "One execution of `1 + 1` in a started kernel: the local backend's floor per execution."},
 		{title: "e2b client overhead (internal/sandbox/e2b)", pkg: "./internal/sandbox/e2b", bench: ".", time: *benchtime,
@@ -84,7 +99,10 @@ func main() {
 	}
 	programs := []*program{
 		{title: "Pass-through, whole proxy (bench/passthrough)", pkg: "./bench/passthrough",
-			method: "The proxy binary against a direct call to the same upstream; see its own output for the method."},
+			method: "The proxy binary against a direct call to the same upstream; see its own output for the method. " +
+				"Memory: RSS is anonymous pages (the Go heap, stacks, the runtime) plus file pages, nearly all of them the executable's code and read-only data mapped from the page cache (clean, shared by every process running that executable, given back under memory pressure): they follow the executable's size, which the bare ReverseProxy's small executable shows. " +
+				"When the peak grew from about 23 to 28 MiB (idle 12.6 to 15.9 MiB) between two rounds, the two executables run by this program one after the other (2026-12-01) showed where: the executable grew from 15.7 to 21.3 MiB (the Redis client and store, the embedded store, the Containers API, the Chat Completions translation, forwarding between replicas), which is 2.3 MiB more file pages idle and 2.6 MiB at the end of the load; " +
+				"and the heap live at idle grew from 0.46 to 0.94 MB, all of it package initialisation (the seccomp library's syscall tables of every architecture 161 kB, the Redis store's Lua scripts 92 kB, compiled regular expressions 127 kB, of which the two stores' id patterns, 100 kB, now compile small: 0.81 MB live at idle since), which the collector's goal (twice the live heap) doubles: 1.0 MiB more anonymous pages idle and 0.7 to 1.6 MiB at the end. Under load the live heap is about 3 MB in both (GODEBUG=gctrace=1), and a pass-through request allocates 5% more than then (21.8 to 22.9 kB in internal/router's Passthrough benchmark): 35 kB for the 32 requests in flight."},
 		{title: "Replicas (bench/replicas)", pkg: "./bench/replicas",
 			method: "The proxy binary on a real redis-server against the same binary on the embedded store (data directory), local sandbox tool, a scripted upstream answering at once, all on loopback. Latency: 1000 requests per series, one at a time, interleaved between the two proxies: pass-through; intercepted without code (explicit container and previous_response_id: the store's reads and writes, no sandbox call); intercepted with one cell; with Redis, the same cell sent to a replica that does not host the container (forwarded). Throughput: 8 clients for 10 s of intercepted sessions (a new container, one cell, deleted at the end) against one replica, then three, on one Redis; the load generator and all replicas share the same 2 cores."},
 		{title: "Load (bench/load)", pkg: "./bench/load", args: []string{"-time", *loadTime},
@@ -127,6 +145,14 @@ func main() {
 		{"Chat Completions upstream, per streamed event", "BenchmarkStreamEventByAPI/responses", "BenchmarkStreamEventByAPI/chat", "ns/event", "engine ns per event, chat chunks translated / a Responses upstream's events"},
 		{"Chat Completions upstream, streamed request", "BenchmarkRequestByAPI/responses/stream", "BenchmarkRequestByAPI/chat/stream", "ns/op", "one intercepted request of two upstream calls, chat / Responses upstream"},
 		{"Chat Completions upstream, JSON request", "BenchmarkRequestByAPI/responses/json", "BenchmarkRequestByAPI/chat/json", "ns/op", "the same request answered in JSON, chat / Responses upstream"},
+		{"engine iteration, container registry", "BenchmarkIterationStore", "BenchmarkIterationStore", "store-ns/iteration over ns/iteration", "the store calls' share of a JSON iteration (the container's record created, then read and written back after each execution and at release)"},
+		{"seccomp filter per create", "BenchmarkSeccomp/unfiltered/create", "BenchmarkSeccomp/filtered/create", "p50-ms", "median create to first result, with / without the filter"},
+		{"seccomp filter per system call", "BenchmarkSeccomp/unfiltered/syscall", "BenchmarkSeccomp/filtered/syscall", "ns/syscall", "getppid in the sandbox, with / without the filter"},
+		{"cgroups per create", "BenchmarkCgroup/without_cgroups", "BenchmarkCgroup/with_cgroups", "p50-ms", "median create to first result, with / without cgroups"},
+		{"new-file scan, 1000 files", "BenchmarkCollectFiles/local/files=0", "BenchmarkCollectFiles/local/files=1000", "ns/op", "scan of a container holding 1000 files / holding none"},
+		{"new-file scan, 100 files", "BenchmarkCollectFiles/local/files=0", "BenchmarkCollectFiles/local/files=100", "ns/op", "scan of a container holding 100 files / holding none"},
+		{"10 MB placed into a local container", "BenchmarkPlaceFile10MBDirect/copy", "BenchmarkPlaceFile10MB/local/place", "ns/op", "placement / a copy from the store to a host file"},
+		{"10 MB downloaded from a local container", "BenchmarkPlaceFile10MBDirect/read", "BenchmarkPlaceFile10MB/local/download", "ns/op", "download / a read of a host file"},
 	}
 
 	var doc bytes.Buffer
@@ -142,7 +168,8 @@ func main() {
 			w("| %s | n/a | %s | (not measured) | |\n", r.what, r.meaning)
 			continue
 		}
-		w("| %s | %.3g× | %s | %s | %s |\n", r.what, sub/base, r.meaning, human(sub, r.unit), human(base, r.unit))
+		subUnit, baseUnit := r.units()
+		w("| %s | %.3g× | %s | %s | %s |\n", r.what, sub/base, r.meaning, human(sub, subUnit), human(base, baseUnit))
 	}
 	w("\n")
 	for _, s := range suites {
@@ -219,12 +246,13 @@ func (r ratio) values(suites []*suite) (base, sub float64, ok bool) {
 	if !ok1 || !ok2 {
 		return 0, 0, false
 	}
-	sub, ok2 = sb.metrics[r.unit]
+	subUnit, baseUnit := r.units()
+	sub, ok2 = sb.metrics[subUnit]
 	if !ok2 {
 		return 0, 0, false
 	}
-	base, ok1 = bb.metrics[r.unit]
-	if !ok1 && r.unit == "ns/event" {
+	base, ok1 = bb.metrics[baseUnit]
+	if !ok1 && baseUnit == "ns/event" {
 		// The SSE reader benchmark reads 20 events per op.
 		base, ok1 = bb.metrics["ns/op"]
 		base /= 20
@@ -318,6 +346,9 @@ func runQuiet(name string, args ...string) (string, error) {
 }
 
 func human(v float64, unit string) string {
+	if what, ns, ok := strings.Cut(unit, "-ns/"); ok {
+		return human(v, "ns/"+ns) + " (" + what + ")" // "store-ns/iteration": 1.20 µs/iteration (store)
+	}
 	if !strings.HasPrefix(unit, "ns/") {
 		return trim(v) + " " + unit
 	}

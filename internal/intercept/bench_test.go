@@ -8,11 +8,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
@@ -71,11 +73,16 @@ func record(b testing.TB, stream bool, turn upstreamtest.Turn) []byte {
 }
 
 func benchEngine(b *testing.B) (*Engine, *config.Config, func()) {
+	return benchEngineOn(b, newState(b))
+}
+
+// benchEngineOn is benchEngine with the container registry in st.
+func benchEngineOn(b *testing.B, st store.Store) (*Engine, *config.Config, func()) {
 	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "instant", Provider: &instantProvider{}, Backend: "instant"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	sess := newSessions(b, reg)
+	sess := sessionsOn(b, reg, st)
 	cfg := activeConfig()
 	cfg.Interception.SandboxToolName = "instant"
 	cfg.Interception.ExecutionTimeout = time.Minute
@@ -84,33 +91,94 @@ func benchEngine(b *testing.B) (*Engine, *config.Config, func()) {
 	return e, cfg, func() { _ = sess.Close(context.Background()) }
 }
 
+// iterations is the number of upstream calls of one request of the Iteration benchmarks.
+const iterations = 5
+
 // BenchmarkIteration measures the engine's own cost per loop iteration (rewrite, translate,
 // render, container bookkeeping), with an upstream and a sandbox that answer at once: each
 // request makes 4 upstream calls that run code, then one that answers in text.
 func BenchmarkIteration(b *testing.B) {
 	for _, stream := range []bool{false, true} {
 		b.Run(map[bool]string{false: "json", true: "stream"}[stream], func(b *testing.B) {
-			callTurn := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Reasoning("thinking"), call("import math\nprint(math.pi * 2)\nresult = [i * i for i in range(10)]\nresult")}}
-			textTurn := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("The answer is 42, as computed above.")}}
-			c, t := record(b, stream, callTurn), record(b, stream, textTurn)
 			e, cfg, done := benchEngine(b)
 			defer done()
-			reqBody := []byte(`{"model":"m","input":"compute","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"include":["code_interpreter_call.outputs"],"stream":` + map[bool]string{false: "false", true: "true"}[stream] + `}`)
-			const iterations = 5
-			b.ReportAllocs()
-			b.ResetTimer()
-			for b.Loop() {
-				p := &cannedUpstream{bodies: [][]byte{c, c, c, c, t}, stream: stream}
-				w := httptest.NewRecorder()
-				r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-				_ = e.ServeResponses(w, r, &Request{Config: cfg, Upstream: p, Body: reqBody, Caller: "bench"})
-				if w.Code != 200 {
-					b.Fatalf("status %d: %s", w.Code, w.Body.Bytes())
-				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*iterations), "ns/iteration")
+			benchIteration(b, stream, e, cfg, nil)
 		})
 	}
+}
+
+// BenchmarkIterationStore is Iteration/json with the engine's calls to the container registry
+// timed: the store's share of each iteration (the container's record created, then read and
+// written back after each execution and at release), what is left for the engine itself, and the
+// record writes per request. The store is the same embedded store as Iteration's.
+func BenchmarkIterationStore(b *testing.B) {
+	st := &timedContainers{Store: newState(b)}
+	e, cfg, done := benchEngineOn(b, st)
+	defer done()
+	benchIteration(b, false, e, cfg, st)
+	n := float64(b.N * iterations)
+	b.ReportMetric(float64(st.took.Load())/n, "store-ns/iteration")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds()-st.took.Load())/n, "engine-ns/iteration")
+	b.ReportMetric(float64(st.writes.Load())/float64(b.N), "record-writes/op")
+}
+
+// benchIteration runs the Iteration request on e until b is done, and reports ns/iteration. A
+// non-nil timed starts counting with the timer.
+func benchIteration(b *testing.B, stream bool, e *Engine, cfg *config.Config, timed *timedContainers) {
+	callTurn := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Reasoning("thinking"), call("import math\nprint(math.pi * 2)\nresult = [i * i for i in range(10)]\nresult")}}
+	textTurn := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("The answer is 42, as computed above.")}}
+	c, t := record(b, stream, callTurn), record(b, stream, textTurn)
+	reqBody := []byte(`{"model":"m","input":"compute","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"include":["code_interpreter_call.outputs"],"stream":` + map[bool]string{false: "false", true: "true"}[stream] + `}`)
+	b.ReportAllocs()
+	if timed != nil {
+		timed.took.Store(0)
+		timed.writes.Store(0)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		p := &cannedUpstream{bodies: [][]byte{c, c, c, c, t}, stream: stream}
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+		_ = e.ServeResponses(w, r, &Request{Config: cfg, Upstream: p, Body: reqBody, Caller: "bench"})
+		if w.Code != 200 {
+			b.Fatalf("status %d: %s", w.Code, w.Body.Bytes())
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*iterations), "ns/iteration")
+}
+
+// timedContainers adds up the time spent in the container registry's calls, and counts the
+// record writes among them.
+type timedContainers struct {
+	store.Store
+	took, writes atomic.Int64
+}
+
+func (s *timedContainers) since(t0 time.Time, write bool) {
+	s.took.Add(int64(time.Since(t0)))
+	if write {
+		s.writes.Add(1)
+	}
+}
+
+func (s *timedContainers) CreateContainer(ctx context.Context, c store.Container) (store.Container, error) {
+	defer s.since(time.Now(), true)
+	return s.Store.CreateContainer(ctx, c)
+}
+
+func (s *timedContainers) Container(ctx context.Context, owner, id string) (store.Container, error) {
+	defer s.since(time.Now(), false)
+	return s.Store.Container(ctx, owner, id)
+}
+
+func (s *timedContainers) UpdateContainer(ctx context.Context, c store.Container) (store.Container, error) {
+	defer s.since(time.Now(), true)
+	return s.Store.UpdateContainer(ctx, c)
+}
+
+func (s *timedContainers) DeleteContainer(ctx context.Context, owner, id string) error {
+	defer s.since(time.Now(), true)
+	return s.Store.DeleteContainer(ctx, owner, id)
 }
 
 // BenchmarkStreamEvent measures what the engine adds to each forwarded streaming event: a

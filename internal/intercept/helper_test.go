@@ -22,6 +22,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -204,7 +205,7 @@ func newState(tb testing.TB) *embedded.Store {
 }
 
 // sessionsOn is Sessions on reg over st.
-func sessionsOn(tb testing.TB, reg *sandbox.Registry, st *embedded.Store) *sandbox.Sessions {
+func sessionsOn(tb testing.TB, reg *sandbox.Registry, st store.Store) *sandbox.Sessions {
 	tb.Helper()
 	s, err := sandbox.NewSessions(context.Background(), sandbox.SessionOptions{Store: st, Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
 	if err != nil {
