@@ -70,7 +70,7 @@ func TestReplicaNeedsItsSettings(t *testing.T) {
 		var stderr testutil.LockedBuffer
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		code := run(ctx, append([]string{"--config", path, "--port", "0"}, args...), io.Discard, &stderr,
+		code := runOwnDir(t, ctx, append([]string{"--config", path, "--port", "0"}, args...), io.Discard, &stderr,
 			func(net.Addr) { t.Error("a replica without its settings started"); cancel() })
 		return code, stderr.String()
 	}

@@ -90,6 +90,14 @@ general_settings:
 	return b.String()
 }
 
+// runOwnDir is run with a data directory of the test's own, so that no test opens the host's
+// default one (/var/lib/ciproxy, ~/.cache/ciproxy), whose lock another process may hold. Every
+// test calls run through it, or passes a --data-dir of its own.
+func runOwnDir(t *testing.T, ctx context.Context, args []string, stdout, stderr io.Writer, listening func(net.Addr)) int {
+	t.Helper()
+	return run(ctx, append([]string{"--data-dir", t.TempDir()}, args...), stdout, stderr, listening)
+}
+
 // running is a proxy started through run().
 type running struct {
 	url    string
@@ -377,7 +385,7 @@ router_settings:
 			var stdout, stderr testutil.LockedBuffer
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			code := run(ctx, tc.args, &stdout, &stderr, func(net.Addr) {
+			code := runOwnDir(t, ctx, tc.args, &stdout, &stderr, func(net.Addr) {
 				t.Error("the proxy started listening")
 				cancel()
 			})
