@@ -17,6 +17,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/config"
@@ -845,6 +846,43 @@ func TestNetworkPolicyOneRule(t *testing.T) {
 			if cParam != tc.param || cCode != tc.code || rParam != toolParam+cParam || rCode != cCode || rType != cType ||
 				strings.ReplaceAll(rMsg, toolParam, "") != cMsg {
 				t.Errorf("containers %s\nresponses %s\nwant the same error, param %q (under %s on the tool), code %q", cBody, rBody, tc.param, toolParam, tc.code)
+			}
+		})
+	}
+}
+
+// TestContainersHaveMntData: a container made by POST /v1/containers has /mnt/data before its
+// first code runs, as an auto one does and as OpenAI's always do, on both backends (e2b's
+// template has no /mnt/data of its own; its emulator has none either).
+func TestContainersHaveMntData(t *testing.T) {
+	for _, backend := range []string{"e2b", "local"} {
+		t.Run(backend, func(t *testing.T) {
+			up := upstreamtest.New(t)
+			b := newContainerBackend(t, backend)
+			cfg := containersConfig(withMasterKey, func(c *config.Config) {
+				c.Models = []config.Deployment{deployment("gpt-test", up.URL())}
+				c.Callbacks = []string{"code_interpreter_interception"}
+				c.Interception.Enabled = true
+			})
+			p := b.start(t, cfg, t.TempDir(), storetest.NewClock())
+			auth := []string{"Authorization", "Bearer " + masterKey}
+			code := `{"code":"open('/mnt/data/state.txt', 'w').write('kept')\nprint(open('/mnt/data/state.txt').read())"}`
+			for _, container := range []string{"", `{"type":"auto"}`} {
+				if container == "" {
+					status, _, body := p.do(t, http.MethodPost, "/v1/containers", `{"name":"made"}`, auth...)
+					if status != http.StatusOK {
+						t.Fatalf("POST /v1/containers = %d %s", status, body)
+					}
+					container = `"` + gjson.GetBytes(body, "id").String() + `"`
+				}
+				up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", code)}},
+					upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("done")}})
+				status, _, body := p.do(t, http.MethodPost, "/v1/responses", `{"model":"gpt-test","input":"write state","include":["code_interpreter_call.outputs"],
+					"tools":[{"type":"code_interpreter","container":`+container+`}]}`, auth...)
+				call := gjson.GetBytes(body, `output.#(type=="code_interpreter_call")`)
+				if status != http.StatusOK || call.Get("status").String() != "completed" || call.Get("outputs.0.logs").String() != "kept\n" {
+					t.Errorf("container %s: %d, call %s; want a completed call that printed kept", container, status, call.Raw)
+				}
 			}
 		})
 	}
