@@ -90,7 +90,8 @@ func TestReplicaNeedsItsSettings(t *testing.T) {
 func TestReplicasAgreeOnASecret(t *testing.T) {
 	rs := redisserver.Start(t)
 	up := newUpstreamServer(t)
-	agreeing := writeConfig(t, t.TempDir(), redisConfig(up.URL, rs.URL()))
+	dir := t.TempDir()
+	agreeing := writeConfig(t, dir, redisConfig(up.URL, rs.URL()))
 	a := start(t, "--config", agreeing)
 	b := start(t, "--config", agreeing)
 	explicit := start(t, "--config", writeConfig(t, t.TempDir(), replicaConfig(up.URL, rs.URL())))
@@ -118,6 +119,15 @@ func TestReplicasAgreeOnASecret(t *testing.T) {
 	}
 	if got := probe(explicit); got != peer.ProbeAnswer("replicas-share-this", explicit.url, "nonce-1") {
 		t.Errorf("the replica with container_secret answers %q; want the answer under its own secret", got)
+	}
+	// A reloaded file that still sets none keeps the agreed secret.
+	writeConfig(t, dir, strings.Replace(redisConfig(up.URL, rs.URL()), configYAML(up.URL, "gpt-a"), configYAML(up.URL, "gpt-a", "gpt-b"), 1))
+	testutil.Eventually(t, "gpt-b is served after the reload", func() bool {
+		status, _, _ := a.post("gpt-b", "")
+		return status == http.StatusOK
+	})
+	if got := probe(a); got != peer.ProbeAnswer(secret, a.url, "nonce-1") {
+		t.Errorf("after a reload %s answers a probe with %q; want the answer under the secret in Redis", a.url, got)
 	}
 	for _, r := range []*running{a, b, explicit} {
 		if out := r.stderr.String(); strings.Contains(out, secret) || strings.Contains(out, "replicas-share-this") {
