@@ -313,7 +313,9 @@ type proxy struct {
 }
 
 func startProxy(bin, cfg, logPath string) (*proxy, error) {
-	pp, err := proxyproc.Start(bin, []string{"--config", cfg}, logPath, &http.Client{Transport: &http.Transport{
+	// A data directory of its own, beside the log: never the host's default one.
+	dataDir := filepath.Join(filepath.Dir(logPath), "data")
+	pp, err := proxyproc.Start(bin, []string{"--config", cfg, "--data-dir", dataDir}, logPath, &http.Client{Transport: &http.Transport{
 		MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024,
 	}})
 	if err != nil {

@@ -423,7 +423,7 @@ general_settings:
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, "", err
 	}
-	return startChild(exec.Command(bin, "--config", path, "--host", "127.0.0.1"), dir, upstream)
+	return startChild(exec.Command(bin, "--config", path, "--host", "127.0.0.1", "--data-dir", filepath.Join(dir, "data")), dir, upstream)
 }
 
 // startChild starts cmd with "--port P" (or, for the bare proxy, the address and upstream)

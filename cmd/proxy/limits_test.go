@@ -78,7 +78,7 @@ general_settings:
 func TestCheckPrintsIsolation(t *testing.T) {
 	path := writeConfig(t, t.TempDir(), configYAML("http://127.0.0.1:9", "m"))
 	var stdout, stderr strings.Builder
-	code := run(context.Background(), []string{"--check", "--config", path}, &stdout, &stderr, nil)
+	code := runOwnDir(t, context.Background(), []string{"--check", "--config", path}, &stdout, &stderr, nil)
 	if code != 0 {
 		if strings.Contains(stderr.String(), "cannot run on this host") {
 			t.Skipf("needs a local sandbox: %s", stderr.String())

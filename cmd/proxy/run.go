@@ -28,6 +28,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
+	"github.com/ciproxy/ciproxy/internal/store/redisstore"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -148,9 +149,6 @@ func check(path string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	cfg, err := config.Check(data, path, backends.ParseOptions(nil))
-	if err == nil {
-		err = replicaSecretMissing(cfg) // the start refuses the file for it: so does the check
-	}
 	var errs *config.Errors
 	switch {
 	case errors.As(err, &errs):
@@ -216,15 +214,6 @@ func checkSandboxes(cfg *config.Config, stdout, stderr io.Writer) bool {
 	return ok
 }
 
-// replicaSecretMissing is the start's refusal of a shared store without the replicas' secret.
-func replicaSecretMissing(cfg *config.Config) error {
-	if cfg.Router.Redis.Configured() && cfg.General.ContainerSecret == "" {
-		return errors.New("router_settings.redis_* is set, so replicas share state: general_settings.container_secret must be set too, " +
-			"the same on every replica (it authenticates the requests they forward to each other)")
-	}
-	return nil
-}
-
 // serve wires the proxy for cfg, serves until ctx ends, and shuts down gracefully.
 func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, listening func(net.Addr)) error {
 	reg := prometheus.NewRegistry()
@@ -243,14 +232,22 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		}
 	}()
 	shared := cfg.Router.Redis.Configured()
-	if err := replicaSecretMissing(cfg); err != nil {
-		return err
+	parse := backends.ParseOptions(nil)
+	if rs, ok := state.(*redisstore.Store); ok {
+		// Replicas whose file sets no container_secret use the one they agree on through Redis,
+		// now and after every reload; an explicit one wins.
+		if parse.SharedSecret, err = rs.SharedSecret(ctx); err != nil {
+			return fmt.Errorf("state store: %w", err)
+		}
+		if cfg.General.ContainerSecret == "" {
+			cfg.General.ContainerSecret = parse.SharedSecret
+		}
 	}
 
 	// The configuration and the sandbox registry provisioned from it are published together, and
 	// replaced together by each reload; a container keeps the provider it was created with.
 	store, err := snapshot.New(ctx, cfg, snapshot.Options{
-		Parse:     backends.ParseOptions(nil),
+		Parse:     parse,
 		Provision: backends.Build,
 		Logger:    log,
 		OnReload:  func(err error) { metrics.ConfigReload(err == nil) },

@@ -86,7 +86,7 @@ func TestRedisUnreachableAtStart(t *testing.T) {
 	var stderr testutil.LockedBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	code := run(ctx, []string{"--config", path, "--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, io.Discard, &stderr,
+	code := runOwnDir(t, ctx, []string{"--config", path, "--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, io.Discard, &stderr,
 		func(net.Addr) { t.Error("the proxy listened without its Redis"); cancel() })
 	out := stderr.String()
 	if code != 1 || !strings.Contains(out, "redis_") || !strings.Contains(out, "127.0.0.1:"+strconv.Itoa(port)) {

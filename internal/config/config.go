@@ -254,8 +254,8 @@ type General struct {
 	MasterKey  string
 	MissingEnv string
 	// ContainerSecret is the secret the replicas of one deployment share: it authenticates the
-	// requests they forward to each other and tags their sandboxes; "" means a random key per
-	// process (one replica).
+	// requests they forward to each other and tags their sandboxes. When the file sets none,
+	// replicas sharing Redis agree on one through it (ParseOptions.SharedSecret); "" otherwise.
 	ContainerSecret    string
 	MaxRequestBodySize int64         // default 32 MiB
 	ShutdownGrace      time.Duration // default 30s

@@ -68,6 +68,9 @@ type ParseOptions struct {
 	// backend a tool names, the tool is an error; the implicit local tool is then left with nil
 	// Settings.
 	Backends []SandboxBackend
+	// SharedSecret is general_settings.container_secret when the file sets none: the secret the
+	// replicas agreed on through their Redis (docs/replicas.md).
+	SharedSecret string
 }
 
 // Load reads and parses the file at path.
@@ -101,7 +104,7 @@ func ParseWith(data []byte, path string, opts ParseOptions) (*Config, error) {
 // errors (with them as the *Errors), so that --check can list what else the file holds: its
 // ignored LiteLLM keys and unusable deployments. A configuration with errors must never serve.
 func Check(data []byte, path string, opts ParseOptions) (*Config, error) {
-	d := &decoder{Decoder: settings.NewDecoder(opts.LookupEnv), backends: opts.Backends}
+	d := &decoder{Decoder: settings.NewDecoder(opts.LookupEnv), backends: opts.Backends, sharedSecret: opts.SharedSecret}
 	cfg := d.config(data)
 	cfg.Path = path
 	cfg.Warnings = d.Warnings()
@@ -125,8 +128,9 @@ func Defaults() *Config {
 // decoder walks the YAML node tree, collecting every problem instead of stopping at the first.
 type decoder struct {
 	*settings.Decoder
-	backends []SandboxBackend
-	ignored  map[string]*IgnoredKey // by place in the file
+	backends     []SandboxBackend
+	sharedSecret string
+	ignored      map[string]*IgnoredKey // by place in the file
 }
 
 // syntaxError returns the line and message of a YAML syntax error. yaml.v3 reports the line where
@@ -422,8 +426,11 @@ func (d *decoder) general(n *yaml.Node) General {
 	}
 	cs := p.String("container_secret")
 	g.ContainerSecret = cs.S
+	if g.ContainerSecret == "" {
+		g.ContainerSecret = d.sharedSecret
+	}
 	if cs.Env != "" && !cs.Present {
-		d.AmendWarning(": replicas that share Redis need it, and do not start without it")
+		d.AmendWarning(": replicas that share Redis use the secret they agreed on through it instead")
 	}
 	g.MaxRequestBodySize, _ = p.Size("max_request_body_size", DefaultMaxRequestBodySize)
 	// LiteLLM's max_request_size_mb, in MiB, applies when this proxy's own key is absent.

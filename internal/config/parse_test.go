@@ -451,3 +451,23 @@ func TestAdvertiseURL(t *testing.T) {
 		t.Errorf("from the environment = %q, %v", cfg.General.AdvertiseURL, err)
 	}
 }
+
+// TestSharedSecret: the secret the replicas agreed on is container_secret when the file sets none
+// (or names a variable that is not set); an explicit one wins.
+func TestSharedSecret(t *testing.T) {
+	cases := []struct{ file, want string }{
+		{"", "agreed"},
+		{"general_settings:\n  container_secret: mine\n", "mine"},
+		{"general_settings:\n  container_secret: os.environ/UNSET_SECRET\n", "agreed"},
+	}
+	for _, tc := range cases {
+		none := func(string) (string, bool) { return "", false }
+		cfg, err := ParseWith([]byte(tc.file), "config.yaml", ParseOptions{LookupEnv: none, SharedSecret: "agreed"})
+		if err != nil {
+			t.Fatalf("%q: %v", tc.file, err)
+		}
+		if cfg.General.ContainerSecret != tc.want {
+			t.Errorf("%q: container secret %q; want %q", tc.file, cfg.General.ContainerSecret, tc.want)
+		}
+	}
+}

@@ -138,6 +138,9 @@ var vocabulary = map[string][]vocabKey{
 		{"model_name", read, ""},
 		{"litellm_params", read, ""},
 		{"model_info", read, ""}, // open: any key, supported_endpoints honoured
+		// Where one of LiteLLM's docs puts them; its proxy reads them here as in litellm_params.
+		{"rpm", ignore, whyLimits},
+		{"tpm", ignore, whyLimits},
 	},
 	secLiteLLMParams: {
 		// Where and how to call the deployment.

@@ -82,6 +82,29 @@ func validMemoryLimit(s string) bool {
 	return false
 }
 
+// CheckNetworkPolicy is the one rule for a container's network_policy, on the Containers API and
+// on the code_interpreter tool's auto container alike; param names where it sits. Absent, null or
+// {"type": "disabled"} is accepted: it is what every container here has (the operator decides the
+// sandboxes' network access). An allowlist is refused until network policies exist here, and any
+// other value is invalid.
+func CheckNetworkPolicy(np gjson.Result, param string) *apierror.Error {
+	if !np.Exists() || np.Type == gjson.Null {
+		return nil
+	}
+	switch t := np.Get("type"); {
+	case !np.IsObject():
+		return apierror.InvalidType(param, "an object", np)
+	case !t.Exists():
+		return apierror.BadRequest("Missing required parameter: '"+param+".type'.", param+".type", "")
+	case t.Type == gjson.String && t.Str == "disabled":
+		return nil
+	case t.Type == gjson.String && t.Str == "allowlist":
+		return apierror.BadRequest("'"+param+"' of type 'allowlist' is not supported by this proxy: its sandboxes' network access is set by the operator.", param, "unsupported_value")
+	default:
+		return apierror.BadRequest(fmt.Sprintf("Invalid value for '%s.type': %s. Supported values are: 'disabled' and 'allowlist'.", param, t.Raw), param+".type", "invalid_value")
+	}
+}
+
 // containerSpec is the code_interpreter tool's container.
 type containerSpec struct {
 	id          string // "cntr_..." when the tool names one
@@ -198,6 +221,9 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 					r.container.memoryLimit = ml.String()
 				default:
 					bad = apierror.BadRequest("Invalid value for '"+param+".memory_limit': expected one of '1g', '4g', '16g', '64g'.", param+".memory_limit", "invalid_value")
+					return false
+				}
+				if bad = CheckNetworkPolicy(c.Get("network_policy"), param+".network_policy"); bad != nil {
 					return false
 				}
 				if r.files, bad = parseFileIDs(c.Get("file_ids"), param+".file_ids"); bad != nil {

@@ -85,6 +85,9 @@ func TestContainerValidation(t *testing.T) {
 		{"number", `4`, "tools[0].container"},
 		{"unknown type", `{"type":"manual"}`, "tools[0].container"},
 		{"bad memory", `{"type":"auto","memory_limit":"3g"}`, "tools[0].container.memory_limit"},
+		{"network disabled", `{"type":"auto","network_policy":{"type":"disabled"}}`, ""},
+		{"network allowlist", `{"type":"auto","network_policy":{"type":"allowlist","allowed_domains":["pypi.org"]}}`, "tools[0].container.network_policy"},
+		{"network type", `{"type":"auto","network_policy":{"type":"open"}}`, "tools[0].container.network_policy.type"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tool := `{"type":"code_interpreter"}`

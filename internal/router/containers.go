@@ -19,6 +19,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
 	"github.com/ciproxy/ciproxy/internal/listquery"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
@@ -251,17 +252,8 @@ func parseNewContainer(body []byte) (newContainer, error) {
 		}
 		nc.memory = mem.Str
 	}
-	if np := obj.Get("network_policy"); np.Exists() && np.Type != gjson.Null {
-		switch t := np.Get("type"); {
-		case !np.IsObject():
-			return nc, apierror.InvalidType("network_policy", "an object", np)
-		case t.Str == "disabled" && t.Type == gjson.String:
-			// What every container here has: sandboxes reach no network unless the operator allows it.
-		case t.Str == "allowlist" && t.Type == gjson.String:
-			return nc, apierror.BadRequest("'network_policy' of type 'allowlist' is not supported by this proxy: its sandboxes' network access is set by the operator.", "network_policy", "unsupported_value")
-		default:
-			return nc, apierror.BadRequest(fmt.Sprintf("Invalid value for 'network_policy.type': %s. Supported values are: 'disabled' and 'allowlist'.", t.Raw), "network_policy.type", "invalid_value")
-		}
+	if bad := intercept.CheckNetworkPolicy(obj.Get("network_policy"), "network_policy"); bad != nil {
+		return nc, bad
 	}
 	if sk := obj.Get("skills"); sk.Exists() && sk.Type != gjson.Null && !(sk.IsArray() && len(sk.Array()) == 0) {
 		return nc, apierror.BadRequest("'skills' are not supported by this proxy.", "skills", "unsupported_value")

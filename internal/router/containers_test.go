@@ -17,9 +17,11 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
@@ -29,6 +31,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/store/storetest"
 	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
 // The Containers API through the real router over real sockets, with the official Go client, on
@@ -119,6 +122,8 @@ func (b *containerBackend) start(t *testing.T, cfg *config.Config, dir string, c
 	p.proxy = newProxy(t, cfg, func(o *Options) {
 		o.Store = snapshot.NewStore(&snapshot.Snapshot{Config: cfg, Sandboxes: b.reg})
 		o.Files, o.Containers, o.Now = st, sess, clock.Now
+		// The engine as cmd/proxy wires it; it takes requests only when cfg turns interception on.
+		o.Interceptor = intercept.New(intercept.Options{Sessions: sess, Files: st})
 	})
 	t.Cleanup(p.stop)
 	return p
@@ -865,6 +870,92 @@ os.symlink("/etc/passwd", "/mnt/data/notes.txt")`, sandbox.RunOptions{})
 			full("an upload over the disk", status, body, "file")
 			if l, err := p.sess.Files(ctx, "", made.ID, store.ContainerFileQuery{}); err != nil || len(l.Items) != 2 {
 				t.Errorf("files after the refusals = %+v, %v; want the two uploads", l.Items, err)
+			}
+		})
+	}
+}
+
+// TestNetworkPolicyOneRule: the Containers API and the code_interpreter tool's auto container
+// judge network_policy by one rule: what one refuses the other refuses with the same 400 (the
+// param named from where it sits), and what one accepts the other accepts.
+func TestNetworkPolicyOneRule(t *testing.T) {
+	up := upstreamtest.New(t)
+	b := newContainerBackend(t, "local")
+	cfg := containersConfig(withMasterKey, func(c *config.Config) {
+		c.Models = []config.Deployment{deployment("gpt-test", up.URL())}
+		c.Callbacks = []string{"code_interpreter_interception"}
+		c.Interception.Enabled = true
+	})
+	p := b.start(t, cfg, t.TempDir(), storetest.NewClock())
+	auth := []string{"Authorization", "Bearer " + masterKey}
+	const toolParam = "tools[0].container."
+	cases := []struct {
+		name, policy string
+		status       int
+		param, code  string // of the containers route
+	}{
+		{"allowlist", `{"type":"allowlist","allowed_domains":["pypi.org"]}`, 400, "network_policy", "unsupported_value"},
+		{"unknown type", `{"type":"open"}`, 400, "network_policy.type", "invalid_value"},
+		{"no type", `{}`, 400, "network_policy.type", ""},
+		{"not an object", `"disabled"`, 400, "network_policy", "invalid_type"},
+		{"disabled", `{"type":"disabled"}`, 200, "", ""},
+		{"null", `null`, 200, "", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cStatus, _, cBody := p.do(t, http.MethodPost, "/v1/containers", `{"name":"x","network_policy":`+tc.policy+`}`, auth...)
+			if tc.status == http.StatusOK {
+				up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("done")}})
+			}
+			rStatus, _, rBody := p.do(t, http.MethodPost, "/v1/responses", `{"model":"gpt-test","input":"hi","tools":[{"type":"code_interpreter","container":{"type":"auto","network_policy":`+tc.policy+`}}]}`, auth...)
+			if cStatus != tc.status || rStatus != tc.status {
+				t.Fatalf("containers %d %s, responses %d %s; want %d on both", cStatus, cBody, rStatus, rBody, tc.status)
+			}
+			if tc.status == http.StatusOK {
+				return
+			}
+			cMsg, cType, cParam, cCode := decodeError(t, cBody)
+			rMsg, rType, rParam, rCode := decodeError(t, rBody)
+			if cParam != tc.param || cCode != tc.code || rParam != toolParam+cParam || rCode != cCode || rType != cType ||
+				strings.ReplaceAll(rMsg, toolParam, "") != cMsg {
+				t.Errorf("containers %s\nresponses %s\nwant the same error, param %q (under %s on the tool), code %q", cBody, rBody, tc.param, toolParam, tc.code)
+			}
+		})
+	}
+}
+
+// TestContainersHaveMntData: a container made by POST /v1/containers has /mnt/data before its
+// first code runs, as an auto one does and as OpenAI's always do, on both backends (e2b's
+// template has no /mnt/data of its own; its emulator has none either).
+func TestContainersHaveMntData(t *testing.T) {
+	for _, backend := range []string{"e2b", "local"} {
+		t.Run(backend, func(t *testing.T) {
+			up := upstreamtest.New(t)
+			b := newContainerBackend(t, backend)
+			cfg := containersConfig(withMasterKey, func(c *config.Config) {
+				c.Models = []config.Deployment{deployment("gpt-test", up.URL())}
+				c.Callbacks = []string{"code_interpreter_interception"}
+				c.Interception.Enabled = true
+			})
+			p := b.start(t, cfg, t.TempDir(), storetest.NewClock())
+			auth := []string{"Authorization", "Bearer " + masterKey}
+			code := `{"code":"open('/mnt/data/state.txt', 'w').write('kept')\nprint(open('/mnt/data/state.txt').read())"}`
+			for _, container := range []string{"", `{"type":"auto"}`} {
+				if container == "" {
+					status, _, body := p.do(t, http.MethodPost, "/v1/containers", `{"name":"made"}`, auth...)
+					if status != http.StatusOK {
+						t.Fatalf("POST /v1/containers = %d %s", status, body)
+					}
+					container = `"` + gjson.GetBytes(body, "id").String() + `"`
+				}
+				up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("python", code)}},
+					upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("done")}})
+				status, _, body := p.do(t, http.MethodPost, "/v1/responses", `{"model":"gpt-test","input":"write state","include":["code_interpreter_call.outputs"],
+					"tools":[{"type":"code_interpreter","container":`+container+`}]}`, auth...)
+				call := gjson.GetBytes(body, `output.#(type=="code_interpreter_call")`)
+				if status != http.StatusOK || call.Get("status").String() != "completed" || call.Get("outputs.0.logs").String() != "kept\n" {
+					t.Errorf("container %s: %d, call %s; want a completed call that printed kept", container, status, call.Raw)
+				}
 			}
 		})
 	}

@@ -225,17 +225,28 @@ func (p *Provider) Create(ctx context.Context, opts sandbox.CreateOptions) (sand
 	}
 	// The SDKs refuse sandboxes whose envd predates 0.1.0: their API differs.
 	if versionLess(sb.EnvdVersion, "0.1.0") {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RequestTimeout)
-		defer cancel()
-		if err := p.Delete(cctx, h); err != nil {
-			p.log.Warn("e2b: deleting an outdated sandbox failed", zap.String("sandbox", h.ID), zap.Error(err))
-		}
+		p.discard(ctx, h, "outdated")
 		return sandbox.Handle{}, fmt.Errorf("%w: e2b create: sandbox envd version %q is older than 0.1.0; rebuild the template",
 			sandbox.ErrUnavailable, sb.EnvdVersion)
+	}
+	// Every container has /mnt/data from its first line of code, however it was made, as OpenAI's
+	// do; code-interpreter-v1 has none.
+	if err := p.makeDataDir(ctx, h); err != nil {
+		p.discard(ctx, h, "unprepared")
+		return sandbox.Handle{}, fmt.Errorf("e2b create: making %s: %w", sandbox.DataDir, err)
 	}
 	p.log.Debug("e2b: sandbox created", zap.String("sandbox", h.ID), zap.String("template", p.opts.Template),
 		zap.String("envd", sb.EnvdVersion))
 	return h, nil
+}
+
+// discard deletes a sandbox Create made but does not hand out, even once ctx has ended.
+func (p *Provider) discard(ctx context.Context, h sandbox.Handle, what string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RequestTimeout)
+	defer cancel()
+	if err := p.Delete(cctx, h); err != nil {
+		p.log.Warn("e2b: deleting an "+what+" sandbox failed", zap.String("sandbox", h.ID), zap.Error(err))
+	}
 }
 
 // Delete kills the sandbox. A sandbox that is already gone (404) is not an error.

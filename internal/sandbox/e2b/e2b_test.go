@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"regexp"
@@ -558,3 +559,40 @@ func mustList(t *testing.T, p *e2b.Provider, meta map[string]string) []sandbox.L
 	}
 	return l
 }
+
+// TestCreateMakesMntData: the template has no /mnt/data; Create makes it through envd before it
+// hands the sandbox out, so the first code can write there. A sandbox where it cannot be made is
+// killed and Create fails.
+func TestCreateMakesMntData(t *testing.T) {
+	e, srv := newEnv(t)
+	p := provider(t, srv)
+	h := create(t, p)
+	mk, ok := srv.LastRequest("49983 POST /filesystem.Filesystem/MakeDir")
+	if token, _, _ := srv.AccessToken(h.ID); !ok || mk.Header.Get("X-Access-Token") != token || mk.Header.Get("E2b-Sandbox-Id") != h.ID {
+		t.Fatalf("MakeDir request %v, %+v; want one for the new sandbox with its token", ok, mk.Header)
+	}
+	res, err := p.Run(context.Background(), h, "open('/mnt/data/state.txt', 'w').write('kept')\nprint(open('/mnt/data/state.txt').read())", sandbox.RunOptions{})
+	if err != nil || res.Error != nil || res.Stdout != "kept\n" {
+		t.Fatalf("first code writing /mnt/data = %+v, %v", res, err)
+	}
+
+	refusing := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if strings.HasSuffix(r.URL.Path, "/filesystem.Filesystem/MakeDir") {
+			return &http.Response{StatusCode: http.StatusForbidden, Header: http.Header{"Content-Type": {"application/json"}}, Request: r,
+				Body: io.NopCloser(strings.NewReader(`{"code":"permission_denied","message":"no"}`))}, nil
+		}
+		return srv.Client().Transport.RoundTrip(r)
+	})}
+	live := srv.Live()
+	p = provider(t, srv, func(o *e2b.Options) { o.HTTPClient = refusing })
+	if _, err := p.Create(context.Background(), sandbox.CreateOptions{}); !errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), "/mnt/data") {
+		t.Errorf("Create where /mnt/data cannot be made = %v; want ErrUnavailable naming it", err)
+	}
+	if srv.Live() != live || e.exec.Live() != live {
+		t.Errorf("live sandboxes %d (exec %d); want %d: the unprepared one killed", srv.Live(), e.exec.Live(), live)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -21,9 +21,10 @@ import (
 )
 
 // Files in and out of /mnt/data go through envd (port 49983) as e2b's SDKs move them: uploads are
-// multipart POST /files?path=, downloads GET /files?path=, and listings and file information come
-// from the filesystem Connect service (ListDir, Stat, Move, Remove; unary calls, JSON codec). No
-// user is named, so envd acts as the template's default user, as the SDKs do with envd >= 0.4.0.
+// multipart POST /files?path=, downloads GET /files?path=, and listings, file information and
+// /mnt/data itself come from the filesystem Connect service (ListDir, Stat, MakeDir, Move, Remove;
+// unary calls, JSON codec). No user is named, so envd acts as the template's default user, as the
+// SDKs do with envd >= 0.4.0.
 //
 // Everything envd reports was made by sandboxed code, so nothing it says is trusted:
 //   - a link is reported with its target's type; symlinkTarget or an "L" in its permissions marks
@@ -448,6 +449,18 @@ func (p *Provider) removeQuietly(ctx context.Context, h sandbox.Handle, full str
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RequestTimeout)
 	defer cancel()
 	_ = p.rpc(ctx, h, "remove", "Remove", map[string]string{"path": full}, nil)
+}
+
+// makeDataDir makes /mnt/data in a new sandbox with envd's MakeDir, as the template's user (envd
+// gives what it makes to that user), so that the kernel and the file operations alike can write
+// there. A template that has it already answers 409 already_exists, which is fine.
+func (p *Provider) makeDataDir(ctx context.Context, h sandbox.Handle) error {
+	err := p.rpc(ctx, h, "mkdir", "MakeDir", map[string]string{"path": sandbox.DataDir}, nil)
+	var apiErr *APIError
+	if errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusConflict {
+		return nil
+	}
+	return err
 }
 
 // rpc makes one unary call of the filesystem service and decodes its answer into out (when not

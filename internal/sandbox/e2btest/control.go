@@ -206,6 +206,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, body []byte, v2 
 	var handle *sandbox.Handle
 	if !lazy {
 		h, err := s.exec.Create(r.Context(), sandbox.CreateOptions{Metadata: map[string]string{"e2b_sandbox": sb.id}})
+		if err == nil {
+			if err = s.prepareKernel(r.Context(), h); err != nil {
+				s.deleteExec([]sandbox.Handle{h})
+			}
+		}
 		if err != nil {
 			b, _ := json.Marshal(struct {
 				Code      int    `json:"code"`
@@ -217,8 +222,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, body []byte, v2 
 		}
 		handle = &h
 	}
+	hidden := 0
+	if handle != nil {
+		hidden = 1 // prepareKernel
+	}
 	sb.contexts = []*kernelContext{
-		{id: newUUID(), language: "python", cwd: "/home/user", isDflt: true, handle: handle, lock: make(chan struct{}, 1)},
+		{id: newUUID(), language: "python", cwd: "/home/user", isDflt: true, handle: handle, hidden: hidden, lock: make(chan struct{}, 1)},
 		{id: newUUID(), language: "javascript", cwd: "/home/user", isDflt: true, lock: make(chan struct{}, 1)},
 	}
 

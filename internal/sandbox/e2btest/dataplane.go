@@ -132,10 +132,20 @@ func (s *Server) startContext(ctx context.Context, sb *emuSandbox, kc *kernelCon
 	if err != nil {
 		return sandbox.Handle{}, err
 	}
+	prepared := kc.isDflt && kc.language == "python"
+	if prepared {
+		if err := s.prepareKernel(ctx, h); err != nil {
+			s.deleteExec([]sandbox.Handle{h})
+			return sandbox.Handle{}, err
+		}
+	}
 	s.mu.Lock()
 	_, alive := s.sandboxes[sb.id]
 	if alive && kc.handle == nil && s.hasContextLocked(sb, kc) {
 		kc.handle = &h
+		if prepared {
+			kc.hidden++
+		}
 		s.mu.Unlock()
 		return h, nil
 	}

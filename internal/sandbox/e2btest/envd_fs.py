@@ -3,11 +3,22 @@
 # {"status": ..., "code": <Connect code>, "message": ...} on failure. Paths resolve as envd's
 # ExpandAndResolve does: "~" and relative paths against the user's home, absolute ones as given.
 # Entries are built as envd's GetEntryInfo builds them: from lstat, a link described by its
-# target (type, mode) with symlinkTarget set and its own "L" permissions.
+# target (type, mode) with symlinkTarget set and its own "L" permissions. The directories the
+# template lacks (template.py) are missing until an operation makes them, as envd's EnsureDirs
+# does: MakeDir, an upload, a move into them.
 def __e2b_fs(op, a):
-    import base64, os, pwd, grp, stat, time
+    import base64, builtins, os, pwd, grp, stat, time
 
     home = os.path.expanduser("~")
+    absent = getattr(builtins, "__e2b_absent", set())
+
+    def missing(p):
+        p = os.path.normpath(p)
+        return any(p == a or p.startswith(a + "/") for a in absent)
+
+    def present(p):
+        if missing(p):
+            raise FileNotFoundError(2, "No such file or directory", p)
 
     def resolve(p):
         if p.startswith("~"):
@@ -24,6 +35,9 @@ def __e2b_fs(op, a):
             parts.append(cur)
             cur = os.path.dirname(cur)
         for sub in reversed(parts):
+            if sub in absent:
+                absent.discard(sub)  # made now (the exec sandbox has it already)
+                continue
             try:
                 os.stat(sub)
             except FileNotFoundError:
@@ -78,6 +92,7 @@ def __e2b_fs(op, a):
         return owner, group
 
     def entry(p):
+        present(p)
         st = os.lstat(p)
         m = st.st_mode
         e = {"name": os.path.basename(p)}
@@ -112,6 +127,7 @@ def __e2b_fs(op, a):
     if op == "stat":  # GET /files: os.Stat, following links
         p = resolve(a["path"])
         try:
+            present(p)
             st = os.stat(p)
         except FileNotFoundError:
             raise __E2bFsError(404, "not_found", "path '%s' does not exist" % p)
@@ -153,6 +169,7 @@ def __e2b_fs(op, a):
         depth = a.get("depth") or 1
         requested = resolve(a.get("path", ""))
         try:
+            present(requested)
             resolved = os.path.realpath(requested, strict=True)
         except FileNotFoundError as err:
             raise __E2bFsError(404, "not_found", "path not found: %s" % err)
@@ -178,7 +195,7 @@ def __e2b_fs(op, a):
         return ok({"entries": entries} if entries else {})
     if op == "MakeDir":
         p = resolve(a.get("path", ""))
-        if os.path.exists(p):
+        if not missing(p) and os.path.exists(p):
             if os.path.isdir(p):
                 raise __E2bFsError(409, "already_exists", "directory already exists: %s" % p)
             raise __E2bFsError(400, "invalid_argument", "path already exists but it is not a directory: %s" % p)
@@ -186,14 +203,17 @@ def __e2b_fs(op, a):
         return ok({"entry": entry(p)})
     if op == "Move":
         src, dst = resolve(a.get("source", "")), resolve(a.get("destination", ""))
-        ensure_dirs(os.path.dirname(dst))
         try:
+            present(src)
+            ensure_dirs(os.path.dirname(dst))
             os.rename(src, dst)
         except FileNotFoundError as err:
             raise __E2bFsError(404, "not_found", "source file not found: %s" % err)
         return ok({"entry": entry(dst)})
     if op == "Remove":
         p = resolve(a.get("path", ""))
+        if missing(p):
+            return ok({})
         if os.path.isdir(p) and not os.path.islink(p):
             __import__("shutil").rmtree(p)
         elif os.path.lexists(p):
@@ -208,9 +228,12 @@ class __E2bFsError(Exception):
 
 
 def __e2b_fs_answer(op, args):
-    import json
+    import builtins, json
+    builtins.__e2b_fs_busy = True  # envd's own operations pass template.py's hook
     try:
         out = __e2b_fs(op, args)
     except __E2bFsError as err:
         out = err.answer
+    finally:
+        builtins.__e2b_fs_busy = False
     print(json.dumps(out, separators=(",", ":")))

@@ -232,3 +232,53 @@ func TestFileTransfersStream(t *testing.T) {
 		t.Errorf("an unknown user = %d; want 401", r.status)
 	}
 }
+
+// TestTemplateHasNoMntData: as e2b's code-interpreter-v1, a new sandbox has no /mnt/data: the
+// kernel cannot write there and envd finds nothing, until envd makes it (MakeDir, an upload below
+// it) or the code does.
+func TestTemplateHasNoMntData(t *testing.T) {
+	e := newEnv(t)
+	write := `{"code":"open('/mnt/data/state.txt', 'w').write('kept'); print(open('/mnt/data/state.txt').read())"}`
+	cases := []struct {
+		name string
+		make func(id, token string) response // nil: nothing makes it
+	}{
+		{"nothing makes it", nil},
+		{"MakeDir", func(id, token string) response {
+			return e.rpc(id, token, "MakeDir", `{"path":"/mnt/data"}`)
+		}},
+		{"an upload below it", func(id, token string) response {
+			return e.data(id, e2btest.EnvdPort, "POST", "/files?path=/mnt/data/in/a.csv", "a,b\n", "Content-Type", "application/octet-stream", "X-Access-Token", token)
+		}},
+		{"the code", func(id, token string) response {
+			return e.execute(id, `{"code":"import os; os.makedirs('/mnt/data', exist_ok=True)"}`, "X-Access-Token", token)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sb := e.create(`{"templateID":"code-interpreter-v1","timeout":300,"secure":true}`)
+			id, token := sb["sandboxID"].(string), sb["envdAccessToken"].(string)
+			if r := e.rpc(id, token, "Stat", `{"path":"/mnt/data"}`); r.status != http.StatusNotFound || !strings.Contains(r.body, `"not_found"`) {
+				t.Errorf("Stat of /mnt/data in a new sandbox = %d %s; want 404 not_found", r.status, r.body)
+			}
+			if r := e.rpc(id, token, "ListDir", `{"path":"/mnt/data"}`); r.status != http.StatusNotFound {
+				t.Errorf("ListDir of /mnt/data in a new sandbox = %d %s; want 404", r.status, r.body)
+			}
+			if tc.make == nil {
+				if r := e.execute(id, write, "X-Access-Token", token); !strings.Contains(r.body, `"name": "FileNotFoundError"`) || strings.Contains(r.body, `"text": "kept`) {
+					t.Errorf("writing /mnt/data in a new sandbox = %s; want FileNotFoundError", r.body)
+				}
+				return
+			}
+			if r := tc.make(id, token); r.status != http.StatusOK || strings.Contains(r.body, `"error"`) {
+				t.Fatalf("making it = %d %s", r.status, r.body)
+			}
+			if r := e.execute(id, write, "X-Access-Token", token); !strings.Contains(r.body, `"text": "kept\n"`) {
+				t.Errorf("writing /mnt/data once made = %s", r.body)
+			}
+			if r := e.rpc(id, token, "MakeDir", `{"path":"/mnt/data"}`); r.status != http.StatusConflict || !strings.Contains(r.body, `"already_exists"`) {
+				t.Errorf("MakeDir of the made /mnt/data = %d %s; want 409 already_exists", r.status, r.body)
+			}
+		})
+	}
+}

@@ -2,7 +2,9 @@
 // REST API, its edge proxy's routing and errors, the code-interpreter server (port 49999) and envd's
 // health check (port 49983), closely enough that e2b's own SDKs cannot tell it from the service
 // (docs/wire-e2b.md). Code runs through another sandbox.Provider, normally the local bubblewrap
-// backend, one exec sandbox per emulated kernel.
+// backend, one exec sandbox per emulated kernel. As e2b's code-interpreter-v1 template, a new
+// sandbox has no /mnt/data until envd or the code makes it (template.py), although the exec
+// sandbox has one.
 //
 // Faults can be injected (failing creates, slow, failing, cut or broken executions), the clock can be
 // moved to expire sandboxes, and the last request of every route is kept for assertions.

@@ -31,6 +31,8 @@
 //	bucket:<k>                hash    a token bucket: t tokens at a (Redis's clock, ms)
 //	claim:<key>               string  "<until ms>:<holder>"
 //	idclock                   string  the last millisecond an id was minted for
+//	secret                    string  the replicas' shared secret when their configuration sets
+//	                                  none (SharedSecret; no expiry)
 //
 // # Expiry
 //
@@ -319,6 +321,28 @@ func isTransientReply(err error) bool {
 		}
 	}
 	return false
+}
+
+// SharedSecret returns the secret the replicas of one deployment share when their configuration
+// names none (general_settings.container_secret): the first replica to ask creates it (SET NX of
+// 32 random bytes), and every replica, that one included, gets what Redis holds. Everyone who can
+// reach this Redis can read it, as they can read and change all the state it keeps. It lives until
+// it is deleted (docs/replicas.md: rotation).
+func (s *Store) SharedSecret(ctx context.Context) (string, error) {
+	if err := s.checkOpen(); err != nil {
+		return "", err
+	}
+	mine := randomHex(32)
+	prev, err := s.rdb.SetArgs(ctx, s.key("secret"), mine, redis.SetArgs{Mode: "NX", Get: true}).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return mine, nil // there was none: this one is set
+	case err != nil:
+		return "", fmt.Errorf("redis store: the shared secret: %w", s.fail(ctx, err))
+	case prev == "":
+		return "", errors.New("redis store: the shared secret in Redis is empty; delete the key so that the replicas agree on a new one")
+	}
+	return prev, nil
 }
 
 // NewID implements [store.Store.NewID]. The millisecond of each id comes from one counter in

@@ -717,3 +717,39 @@ func TestPing(t *testing.T) {
 		t.Errorf("Ping after Close = %v; want ErrClosed", err)
 	}
 }
+
+// TestSharedSecret: replicas that ask at once agree on one secret, the first one's; another
+// prefix (another deployment) gets its own; an emptied key is an error, not an empty secret.
+func TestSharedSecret(t *testing.T) {
+	srv := redisserver.Start(t)
+	ctx := context.Background()
+	replicas := []*Store{open(t, srv, Options{}), open(t, srv, Options{}), open(t, srv, Options{})}
+	got := make([]string, 12)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() {
+			var err error
+			if got[i], err = replicas[i%len(replicas)].SharedSecret(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if len(got[0]) != 64 || slices.ContainsFunc(got, func(s string) bool { return s != got[0] }) {
+		t.Fatalf("secrets %q; want one 64-character secret", got)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	if v, err := rdb.Get(ctx, DefaultPrefix+"secret").Result(); err != nil || v != got[0] {
+		t.Errorf("Redis holds %q, %v; want the agreed secret", v, err)
+	}
+	if other, err := open(t, srv, Options{Prefix: "other:"}).SharedSecret(ctx); err != nil || other == got[0] || len(other) != 64 {
+		t.Errorf("another prefix's secret = %q, %v", other, err)
+	}
+	if err := rdb.Set(ctx, DefaultPrefix+"secret", "", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := replicas[0].SharedSecret(ctx); err == nil {
+		t.Errorf("an empty secret in Redis = %q, nil; want an error", s)
+	}
+}
