@@ -5,11 +5,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -111,26 +109,4 @@ func BenchmarkResponsesPassthrough(b *testing.B) {
 			}
 		})
 	}
-}
-
-// BenchmarkDuplicateKey is the cost of the duplicate-key check on an ordinary 4 KiB request,
-// against the validation every request already pays (gjson.ValidBytes) in the same run.
-func BenchmarkDuplicateKey(b *testing.B) {
-	body := []byte(`{"model":"gpt-test","instructions":"` + strings.Repeat("Be brief. ", 200) + `","input":[{"role":"user","content":[{"type":"input_text","text":"` + strings.Repeat("word ", 400) + `"}]}],"tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"a":{"type":"string"}}}}],"temperature":0.2,"stream":true}`)
-	b.Run("duplicateKey", func(b *testing.B) {
-		b.SetBytes(int64(len(body)))
-		for b.Loop() {
-			if _, dup := duplicateKey(body); dup {
-				b.Fatal("duplicate")
-			}
-		}
-	})
-	b.Run("gjson.ValidBytes", func(b *testing.B) {
-		b.SetBytes(int64(len(body)))
-		for b.Loop() {
-			if !gjson.ValidBytes(body) {
-				b.Fatal("invalid")
-			}
-		}
-	})
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
 
 	"github.com/go-chi/chi/v5"
@@ -77,15 +76,18 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 	if err != nil {
 		return nil, err
 	}
-	if !jsondepth.Within(body, jsondepth.Max) {
+	// One scan bounds the depth and finds duplicate keys at any depth (see jsondepth.Scan): the
+	// upstream must never be sent a body it could read otherwise than this proxy did.
+	path, dup, deep := jsondepth.Scan(body, jsondepth.Max)
+	if deep {
 		return nil, apierror.BadRequest(fmt.Sprintf("The JSON body of your request nests deeper than %d levels of arrays and objects.", jsondepth.Max), "", "")
 	}
 	// The depth is bounded now, so gjson's recursive validator is safe.
 	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() {
 		return nil, apierror.BadRequest("We could not parse the JSON body of your request. The API expects a JSON object.", "", "")
 	}
-	if k, dup := duplicateKey(body); dup {
-		return nil, apierror.BadRequest("The JSON body of your request names '"+k+"' more than once.", k, "")
+	if dup {
+		return nil, apierror.BadRequest("The JSON body of your request names '"+path+"' more than once.", path, "")
 	}
 	m := gjson.GetBytes(body, "model")
 	switch {
@@ -101,28 +103,6 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 	deps = s.balancer.Order(deps)
 	annotate(r.Context(), m.Str, deploymentName(deps[0]))
 	return &resolved{cfg: cfg, body: body, model: m.Str, deps: deps, target: s.client.Target(deps)}, nil
-}
-
-// duplicateKey reports a top-level key that body (a valid JSON object) names twice. Readers
-// disagree on such a body: gjson, and so this proxy, takes the first, OpenAI and encoding/json the
-// last. A request whose first "tools" is empty and whose last holds code_interpreter would pass
-// through here and run the upstream's own tool, outside this proxy's sandbox and quotas; so no
-// reading of it is chosen, and it is refused.
-func duplicateKey(body []byte) (string, bool) {
-	var keys [32]string
-	seen := keys[:0]
-	var dup string
-	found := false
-	// @keys reads the body in place and copies out only the keys, not the 4 KiB a parse would.
-	gjson.GetBytes(body, "@keys").ForEach(func(_, k gjson.Result) bool {
-		if slices.Contains(seen, k.Str) {
-			dup, found = k.Str, true
-			return false
-		}
-		seen = append(seen, k.Str)
-		return true
-	})
-	return dup, found
 }
 
 // responses serves POST /v1/responses: the interceptor when it handles the request, pass-through
