@@ -19,8 +19,10 @@ import (
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
-// healthz reports that the process is alive; it checks nothing else.
-func healthz(w http.ResponseWriter, _ *http.Request) {
+// healthz reports that the process is alive; it checks nothing else. It also answers another
+// replica's probe.
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
+	s.answerProbe(w, r)
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 

@@ -144,7 +144,7 @@ func New(opts Options) http.Handler {
 	// No timeout middleware anywhere: most routes may stream, and a stream ends by client
 	// cancellation or the upstream. The server's ReadHeaderTimeout and the body read deadline
 	// bound what a slow client can hold.
-	r.Get("/healthz", healthz)
+	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz)
 	r.With(auth, masterOnly).Method(http.MethodGet, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	if s.files != nil {
