@@ -325,6 +325,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		Balancer:    upstream.NewBalancer(),
 		Interceptor: engine,
 		Files:       state,
+		Responses:   state,
 		Containers:  sessions,
 		Replicas:    replicas,
 		Logger:      log,
