@@ -322,6 +322,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		Balancer:    upstream.NewBalancer(),
 		Interceptor: engine,
 		Files:       state,
+		Responses:   state,
 		Containers:  sessions,
 		Replicas:    replicas,
 		Logger:      log,
@@ -361,7 +362,9 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	})
 
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	// net/http's own answers to requests it cannot read (headers too large, malformed) are
+	// OpenAI-shaped too.
+	go func() { served <- srv.Serve(router.ShapedErrors(ln)) }()
 	log.Info("listening", zap.String("addr", ln.Addr().String()), zap.String("version", version))
 	if listening != nil {
 		listening(ln.Addr())

@@ -58,12 +58,19 @@ func auth(next http.Handler) http.Handler {
 	})
 }
 
-// masterOnly, after auth, keeps an operator's route (/metrics) to the master key when one is set:
-// a client key is a tenant's, and the route reports on every tenant.
+// masterOnly, after auth, keeps an operator's route (/metrics) to the master key: a client key is
+// a tenant's, and the route reports on every tenant. With client keys and no master key, nobody
+// is let in (the operator sets a master key to scrape); an open proxy, where any key is anyone's,
+// lets everyone in.
 func masterOnly(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if g := &configFrom(r.Context()).General; g.MasterKey != "" && !matches(presentedKey(r.Header), g.MasterKey) {
-			apierror.Write(w, apierror.Unauthorized("Incorrect API key provided: this route needs the master key."))
+		g := &configFrom(r.Context()).General
+		if !g.Open() && !matches(presentedKey(r.Header), g.MasterKey) {
+			msg := "Incorrect API key provided: this route needs the master key."
+			if g.MasterKey == "" {
+				msg = "This route needs the master key, and none is configured (general_settings.master_key)."
+			}
+			apierror.Write(w, apierror.Unauthorized(msg))
 			return
 		}
 		next.ServeHTTP(w, r)

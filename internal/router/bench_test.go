@@ -2,14 +2,15 @@ package router
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -17,6 +18,8 @@ import (
 	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
+	"github.com/ciproxy/ciproxy/internal/store/redisstore"
+	"github.com/ciproxy/ciproxy/internal/testutil/redisserver"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -67,13 +70,15 @@ func postOK(b *testing.B, client *http.Client, url string, body []byte) {
 
 // BenchmarkResponsesPassthrough measures one JSON /v1/responses request with an ordinary 4 KiB
 // body (no file_id) passed through to a Responses upstream, with and without the Files API's
-// store (whose presence makes the pass-through look for the caller's file ids).
+// store (whose presence makes the pass-through look for the caller's file ids), and with the
+// record of each response's owner in the embedded store or in Redis (owners.go), as the proxy
+// runs.
 func BenchmarkResponsesPassthrough(b *testing.B) {
-	answer := []byte(`{"id":"resp_1","object":"response","status":"completed","output":[]}`)
+	var n atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(answer)
+		fmt.Fprintf(w, `{"id":"resp_%d","object":"response","status":"completed","output":[]}`, n.Add(1))
 	}))
 	defer up.Close()
 	var body bytes.Buffer
@@ -90,18 +95,37 @@ func BenchmarkResponsesPassthrough(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
+	redisStore := func(b *testing.B) store.Store {
+		rs, err := redisstore.Open(context.Background(), redisstore.Options{URL: redisserver.Start(b).URL()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = rs.Close() })
+		return rs
+	}
 	for _, bc := range []struct {
-		name  string
-		files store.Files
-	}{{"no_files_store", nil}, {"files_store", st}} {
+		name   string
+		files  store.Files
+		owners func(*testing.B) store.Store
+	}{
+		{"no_files_store", nil, nil},
+		{"files_store", st, nil},
+		{"files_store+owners_embedded", st, func(*testing.B) store.Store { return st }},
+		{"files_store+owners_redis", st, redisStore},
+	} {
 		b.Run(bc.name, func(b *testing.B) {
+			var owners store.Responses
+			if bc.owners != nil {
+				owners = bc.owners(b)
+			}
 			cfg := testConfig(up.URL+"/v1", func(c *config.Config) { c.General.MasterKey = masterKey })
 			srv := httptest.NewServer(New(Options{
-				Store:    snapshot.NewStore(&snapshot.Snapshot{Config: cfg}),
-				Client:   upstream.NewClient(upstream.ClientOptions{}),
-				Balancer: upstream.NewBalancer(),
-				Registry: prometheus.NewRegistry(),
-				Files:    bc.files,
+				Store:     snapshot.NewStore(&snapshot.Snapshot{Config: cfg}),
+				Client:    upstream.NewClient(upstream.ClientOptions{}),
+				Balancer:  upstream.NewBalancer(),
+				Registry:  prometheus.NewRegistry(),
+				Files:     bc.files,
+				Responses: owners,
 			}))
 			defer srv.Close()
 			client := srv.Client()
@@ -111,26 +135,4 @@ func BenchmarkResponsesPassthrough(b *testing.B) {
 			}
 		})
 	}
-}
-
-// BenchmarkDuplicateKey is the cost of the duplicate-key check on an ordinary 4 KiB request,
-// against the validation every request already pays (gjson.ValidBytes) in the same run.
-func BenchmarkDuplicateKey(b *testing.B) {
-	body := []byte(`{"model":"gpt-test","instructions":"` + strings.Repeat("Be brief. ", 200) + `","input":[{"role":"user","content":[{"type":"input_text","text":"` + strings.Repeat("word ", 400) + `"}]}],"tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"a":{"type":"string"}}}}],"temperature":0.2,"stream":true}`)
-	b.Run("duplicateKey", func(b *testing.B) {
-		b.SetBytes(int64(len(body)))
-		for b.Loop() {
-			if _, dup := duplicateKey(body); dup {
-				b.Fatal("duplicate")
-			}
-		}
-	})
-	b.Run("gjson.ValidBytes", func(b *testing.B) {
-		b.SetBytes(int64(len(body)))
-		for b.Loop() {
-			if !gjson.ValidBytes(body) {
-				b.Fatal("invalid")
-			}
-		}
-	})
 }

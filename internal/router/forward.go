@@ -39,16 +39,12 @@ func forwarded(ctx context.Context) bool {
 }
 
 // peerCheck verifies the signature of a request that says it was forwarded by another replica
-// (one that says so without a valid signature is refused), and answers another replica's probe
-// (peer.HeaderProbe) with this one's proof.
+// (one that says so without a valid signature is refused).
 func (s *server) peerCheck(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		secret := ""
 		if cfg := configFrom(r.Context()); cfg != nil {
 			secret = cfg.General.ContainerSecret
-		}
-		if nonce := r.Header.Get(peer.HeaderProbe); nonce != "" && len(nonce) <= 64 && secret != "" && s.replicas != nil {
-			w.Header().Set(peer.HeaderPeer, peer.ProbeAnswer(secret, s.replicas.Self(), nonce))
 		}
 		sig := r.Header.Get(peer.HeaderForwarded)
 		if sig == "" {
@@ -64,6 +60,18 @@ func (s *server) peerCheck(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKeyForwarded{}, true)))
 	})
+}
+
+// answerProbe answers another replica's probe (peer.HeaderProbe) with this one's proof. Only GET
+// /healthz answers it, the route a probe asks: an HMAC under the shared secret of whatever nonce
+// anyone sends is nothing to hand out on every route.
+func (s *server) answerProbe(w http.ResponseWriter, r *http.Request) {
+	nonce := r.Header.Get(peer.HeaderProbe)
+	cfg := configFrom(r.Context())
+	if nonce == "" || len(nonce) > 64 || cfg == nil || cfg.General.ContainerSecret == "" || s.replicas == nil {
+		return
+	}
+	w.Header().Set(peer.HeaderPeer, peer.ProbeAnswer(cfg.General.ContainerSecret, s.replicas.Self(), nonce))
 }
 
 // forwardResponses forwards an intercepted POST /v1/responses to the replica that hosts its

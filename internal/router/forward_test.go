@@ -298,3 +298,53 @@ func TestForwarding(t *testing.T) {
 		}
 	})
 }
+
+// TestProbeOnlyOnHealth: a replica proves it is one of the deployment's (peer.HeaderProbe) on GET
+// /healthz, the route another replica's probe asks, and on no other: anyone may send a probe, and
+// an HMAC of any nonce is not to be had from every route.
+func TestProbeOnlyOnHealth(t *testing.T) {
+	st, err := embedded.Open(embedded.Options{Dir: t.TempDir(), SweepEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	a := newReplica(t, st, "a", nil)
+	b := newReplica(t, st, "b", nil)
+	const nonce = "0123456789abcdef"
+	want := peer.ProbeAnswer(forwardSecret, b.peers.Self(), nonce)
+	for _, tc := range []struct {
+		method, path string
+		answers      bool
+	}{
+		{http.MethodGet, "/healthz", true},
+		{http.MethodGet, "/readyz", false},
+		{http.MethodGet, "/v1/models", false},
+		{http.MethodGet, "/metrics", false},
+		{http.MethodPost, "/v1/responses", false},
+		{http.MethodGet, "/v1/responses/resp_1", false},
+		{http.MethodGet, "/nowhere", false},
+	} {
+		req, _ := http.NewRequest(tc.method, b.URL+tc.path, strings.NewReader(`{"model":"gpt-test","input":"x"}`))
+		req.Header.Set(peer.HeaderProbe, nonce)
+		req.Header.Set("Authorization", "Bearer abc")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch got := resp.Header.Get(peer.HeaderPeer); {
+		case tc.answers && got != want:
+			t.Errorf("%s %s: %s = %q; want the proof %q", tc.method, tc.path, peer.HeaderPeer, got, want)
+		case !tc.answers && got != "":
+			t.Errorf("%s %s answered the probe (%s: %q); only GET /healthz may", tc.method, tc.path, peer.HeaderPeer, got)
+		}
+	}
+	// And the probe still works between replicas: without its lease, b is alive by its proof.
+	if err := st.Release(context.Background(), "peer:"+b.peers.Self(), b.peers.Self()); err != nil {
+		t.Fatal(err)
+	}
+	if alive, err := a.peers.Alive(context.Background(), b.peers.Self()); err != nil || !alive {
+		t.Errorf("Alive(b) without its lease = %v, %v; want true by the probe", alive, err)
+	}
+}

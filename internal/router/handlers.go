@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
 
 	"github.com/go-chi/chi/v5"
@@ -20,8 +19,10 @@ import (
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
-// healthz reports that the process is alive; it checks nothing else.
-func healthz(w http.ResponseWriter, _ *http.Request) {
+// healthz reports that the process is alive; it checks nothing else. It also answers another
+// replica's probe.
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
+	s.answerProbe(w, r)
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
@@ -77,15 +78,18 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 	if err != nil {
 		return nil, err
 	}
-	if !jsondepth.Within(body, jsondepth.Max) {
+	// One scan bounds the depth and finds duplicate keys at any depth (see jsondepth.Scan): the
+	// upstream must never be sent a body it could read otherwise than this proxy did.
+	path, dup, deep := jsondepth.Scan(body, jsondepth.Max)
+	if deep {
 		return nil, apierror.BadRequest(fmt.Sprintf("The JSON body of your request nests deeper than %d levels of arrays and objects.", jsondepth.Max), "", "")
 	}
 	// The depth is bounded now, so gjson's recursive validator is safe.
 	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() {
 		return nil, apierror.BadRequest("We could not parse the JSON body of your request. The API expects a JSON object.", "", "")
 	}
-	if k, dup := duplicateKey(body); dup {
-		return nil, apierror.BadRequest("The JSON body of your request names '"+k+"' more than once.", k, "")
+	if dup {
+		return nil, apierror.BadRequest("The JSON body of your request names '"+path+"' more than once.", path, "")
 	}
 	m := gjson.GetBytes(body, "model")
 	switch {
@@ -103,28 +107,6 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 	return &resolved{cfg: cfg, body: body, model: m.Str, deps: deps, target: s.client.Target(deps)}, nil
 }
 
-// duplicateKey reports a top-level key that body (a valid JSON object) names twice. Readers
-// disagree on such a body: gjson, and so this proxy, takes the first, OpenAI and encoding/json the
-// last. A request whose first "tools" is empty and whose last holds code_interpreter would pass
-// through here and run the upstream's own tool, outside this proxy's sandbox and quotas; so no
-// reading of it is chosen, and it is refused.
-func duplicateKey(body []byte) (string, bool) {
-	var keys [32]string
-	seen := keys[:0]
-	var dup string
-	found := false
-	// @keys reads the body in place and copies out only the keys, not the 4 KiB a parse would.
-	gjson.GetBytes(body, "@keys").ForEach(func(_, k gjson.Result) bool {
-		if slices.Contains(seen, k.Str) {
-			dup, found = k.Str, true
-			return false
-		}
-		seen = append(seen, k.Str)
-		return true
-	})
-	return dup, found
-}
-
 // responses serves POST /v1/responses: the interceptor when it handles the request, pass-through
 // otherwise. The interceptor reaches the model's upstream through the Responses seam: the target
 // itself for deployments that speak the Responses API, upstream.ChatAPI for those that speak only
@@ -139,6 +121,14 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 	deps := upstream.SameRequest(req.deps)
 	target := s.client.Target(deps)
 	chat := deps[0].API == config.APIChatCompletions
+	prev := gjson.GetBytes(req.body, "previous_response_id").String()
+	continuesMinted := s.continuesMinted(r.Context(), prev)
+	if prev != "" && !continuesMinted {
+		// An upstream's own id, sent upstream as it is: only its owner may continue it.
+		if err := s.checkPrevious(r.Context(), prev); err != nil {
+			return err
+		}
+	}
 	if s.interceptor == nil {
 		if chat {
 			return apierror.BadRequest("The model '"+req.model+"' speaks only Chat Completions, and this server does not translate /v1/responses; use /v1/chat/completions.", "model", "unsupported_model")
@@ -155,7 +145,7 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 	if chat {
 		ir.Upstream, ir.Stateless = upstream.NewChatAPI(target, upstream.ChatOptionsFor(deps[0])), true
 	}
-	if s.interceptor.Handles(ir) || s.continuesMinted(r.Context(), req.body) {
+	if s.interceptor.Handles(ir) || continuesMinted {
 		if forwarded, err := s.forwardResponses(w, r, req, ir.Caller); forwarded || err != nil {
 			return err // the replica that hosts the container admits and serves it
 		}
@@ -169,13 +159,12 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 	return s.passResponses(w, r, target, req.body)
 }
 
-// continuesMinted reports whether body continues, by previous_response_id, a response the
-// interceptor minted: the upstream never heard of that id, so the interceptor serves the request
-// even without the code_interpreter tool (it sends the upstream its own id). A store that cannot
-// answer counts as no: plain pass-through needs no state, and an upstream's own ids still work.
-func (s *server) continuesMinted(ctx context.Context, body []byte) bool {
-	prev := gjson.GetBytes(body, "previous_response_id").String()
-	if prev == "" {
+// continuesMinted reports whether previous_response_id prev is a response the interceptor
+// minted: the upstream never heard of that id, so the interceptor serves the request even without
+// the code_interpreter tool (it sends the upstream its own id). A store that cannot answer counts
+// as no (the owner check that follows then fails with it).
+func (s *server) continuesMinted(ctx context.Context, prev string) bool {
+	if prev == "" || s.interceptor == nil {
 		return false
 	}
 	minted, err := s.interceptor.Minted(ctx, prev)
@@ -183,17 +172,19 @@ func (s *server) continuesMinted(ctx context.Context, body []byte) bool {
 }
 
 // passResponses passes a POST /v1/responses through to target, a Responses upstream, streamed or
-// not as the client asked. The upstream has never heard of the proxy's file ids, so the input
-// parts that name the caller's Files API files carry those files instead (inputfiles.Inline);
-// every other id, and every other byte, goes as sent.
+// not as the client asked, and records who owns the response it creates (owners.go). The
+// upstream has never heard of the proxy's file ids, so the input parts that name the caller's
+// Files API files carry those files instead (inputfiles.Inline); every other id, and every other
+// byte, goes as sent.
 func (s *server) passResponses(w http.ResponseWriter, r *http.Request, target *upstream.Target, body []byte) error {
+	stored := gjson.GetBytes(body, "store").Type != gjson.False
 	if s.files != nil {
 		var err error
 		if body, err = inputfiles.Inline(r.Context(), s.files, Caller(r.Context()), body); err != nil {
 			return err
 		}
 	}
-	target.Proxy(w, r, body)
+	s.passResponsesTo(w, r, target, body, stored)
 	return nil
 }
 
@@ -240,9 +231,10 @@ func (s *server) mintedOr(w http.ResponseWriter, r *http.Request, serve func(Int
 }
 
 // byID serves the stored-response endpoints (GET and DELETE /v1/responses/{id}, its input_items
-// and cancel). The request names no model, so it goes to the first deployment in model_list that
-// can be called (see config.Deployment.Unusable): with several upstreams, stored responses are
-// only reachable on that one.
+// and cancel) for an id the interceptor did not mint, to its owner only (owners.go). The request
+// names no model, so it goes to the first deployment in model_list that can be called (see
+// config.Deployment.Unusable): with several upstreams, stored responses are only reachable on
+// that one.
 func (s *server) byID(w http.ResponseWriter, r *http.Request) error {
 	cfg := configFrom(r.Context())
 	if cfg == nil {
@@ -253,6 +245,10 @@ func (s *server) byID(w http.ResponseWriter, r *http.Request) error {
 		// another upstream endpoint (/v1/responses/%2e%2e%2ffiles is GET /v1/files) with the
 		// deployment's key.
 		return apierror.BadRequest(fmt.Sprintf("Invalid 'response_id': %q is not a response id.", id), "response_id", "")
+	} else if owns, err := s.ownsUpstream(r.Context(), id); err != nil {
+		return err
+	} else if !owns {
+		return responseNotFound(id)
 	}
 	if len(cfg.Models) == 0 {
 		return apierror.NotFound("No response found with id '"+chi.URLParam(r, "id")+"': no upstream is configured in model_list.", "")

@@ -47,31 +47,47 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
-// TestMetricsNeedTheMasterKey: /metrics is the operator's, so with a master key set it takes that
-// key only; a client key (a tenant) is refused, and without any key so is everyone.
+// TestMetricsNeedTheMasterKey: /metrics is the operator's (every tenant's counters), so it takes
+// the master key only: a client key (a tenant) is refused, with or without a master key set, and
+// without any key so is everyone. Only an open proxy, where any key is anyone's, serves it freely.
 func TestMetricsNeedTheMasterKey(t *testing.T) {
-	cfg, err := config.ParseWith([]byte(quotaYAML("http://127.0.0.1:1/v1", "")), "t.yaml", config.ParseOptions{
-		LookupEnv: func(string) (string, bool) { return "", false },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := newProxy(t, cfg)
+	withMaster := quotaYAML("http://127.0.0.1:1/v1", "")
+	noMaster := strings.Replace(withMaster, "  master_key: "+quotaMK+"\n", "", 1)
+	open := "model_list:\n  - model_name: gpt-test\n    litellm_params: {model: openai/gpt-up, api_base: http://127.0.0.1:1/v1, api_key: sk-up}\n"
 	for _, tc := range []struct {
 		name   string
+		yaml   string
 		header []string
 		want   int
 	}{
-		{"the master key", []string{"Authorization", "Bearer " + quotaMK}, http.StatusOK},
-		{"a client key", []string{"Authorization", "Bearer " + aliceKey}, http.StatusUnauthorized},
-		{"no key", nil, http.StatusUnauthorized},
+		{"the master key", withMaster, []string{"Authorization", "Bearer " + quotaMK}, http.StatusOK},
+		{"a client key", withMaster, []string{"Authorization", "Bearer " + aliceKey}, http.StatusUnauthorized},
+		{"no key", withMaster, nil, http.StatusUnauthorized},
+		{"a client key, no master key set", noMaster, []string{"Authorization", "Bearer " + aliceKey}, http.StatusUnauthorized},
+		{"another client key, no master key set", noMaster, []string{"x-api-key", carolKey}, http.StatusUnauthorized},
+		{"no key, no master key set", noMaster, nil, http.StatusUnauthorized},
+		{"an open proxy, any key", open, []string{"Authorization", "Bearer anything"}, http.StatusOK},
+		{"an open proxy, no key", open, nil, http.StatusOK},
 	} {
-		status, _, body := p.do(t, http.MethodGet, "/metrics", "", tc.header...)
-		if status != tc.want {
-			t.Errorf("%s: GET /metrics = %d %s; want %d", tc.name, status, body, tc.want)
-		}
-		if status != http.StatusOK && gjson.GetBytes(body, "error.code").String() != "invalid_api_key" {
-			t.Errorf("%s: refusal %s; want an OpenAI-shaped invalid_api_key error", tc.name, body)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.ParseWith([]byte(tc.yaml), "t.yaml", config.ParseOptions{
+				LookupEnv: func(string) (string, bool) { return "", false },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := newProxy(t, cfg)
+			status, _, body := p.do(t, http.MethodGet, "/metrics", "", tc.header...)
+			if status != tc.want {
+				t.Fatalf("GET /metrics = %d %s; want %d", status, body, tc.want)
+			}
+			if status == http.StatusOK {
+				if !strings.Contains(string(body), "ciproxy_http_requests_in_flight") {
+					t.Errorf("GET /metrics = %.200s; want the metrics", body)
+				}
+			} else if gjson.GetBytes(body, "error.code").String() != "invalid_api_key" {
+				t.Errorf("refusal %s; want an OpenAI-shaped invalid_api_key error", body)
+			}
+		})
 	}
 }

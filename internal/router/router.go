@@ -57,6 +57,10 @@ type Options struct {
 	Interceptor Interceptor
 	// Files stores the Files API's files (/v1/files). Nil: the Files API is not served.
 	Files store.Files
+	// Responses is where the owner of each response an upstream stores for a pass-through request
+	// is recorded, so that only that owner reaches it (owners.go). Nil: such responses are
+	// reachable by any key (tests of other things only).
+	Responses store.Responses
 	// Replicas are the other replicas sharing the store: requests for a container that one of them
 	// hosts are forwarded to it (see forward.go). Nil: one replica, nothing is forwarded.
 	Replicas *peer.Peers
@@ -87,6 +91,7 @@ type server struct {
 	balancer    *upstream.Balancer
 	interceptor Interceptor
 	files       store.Files
+	owners      store.Responses
 	replicas    *peer.Peers
 	containers  *sandbox.Sessions
 	log         *zap.Logger
@@ -109,6 +114,7 @@ func New(opts Options) http.Handler {
 		balancer:    opts.Balancer,
 		interceptor: opts.Interceptor,
 		files:       opts.Files,
+		owners:      opts.Responses,
 		replicas:    opts.Replicas,
 		containers:  opts.Containers,
 		log:         opts.Logger,
@@ -144,7 +150,7 @@ func New(opts Options) http.Handler {
 	// No timeout middleware anywhere: most routes may stream, and a stream ends by client
 	// cancellation or the upstream. The server's ReadHeaderTimeout and the body read deadline
 	// bound what a slow client can hold.
-	r.Get("/healthz", healthz)
+	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz)
 	r.With(auth, masterOnly).Method(http.MethodGet, "/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	if s.files != nil {

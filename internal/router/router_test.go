@@ -23,7 +23,9 @@ import (
 
 func TestRequestValidation(t *testing.T) {
 	up := newUpstream(t, nil)
-	p := newProxy(t, testConfig(up.URL+"/v1"))
+	passing := newProxy(t, testConfig(up.URL+"/v1"))
+	// Every POST /v1/responses of this one is intercepted: the checks come before.
+	intercepting := newProxy(t, testConfig(up.URL+"/v1"), func(o *Options) { o.Interceptor = namedInterceptor{name: "r"} })
 	cases := []struct {
 		name      string
 		body      string
@@ -44,26 +46,34 @@ func TestRequestValidation(t *testing.T) {
 		{"a key named twice, once escaped", `{"model":"gpt-test","tools":[],"tool\u0073":[{"type":"code_interpreter"}]}`, "tools", "", "names 'tools' more than once"},
 		{"the model named twice", `{"model":"gpt-test","model":"gpt-test"}`, "model", "", "names 'model' more than once"},
 		{"an empty key named twice", `{"model":"gpt-test","":1,"":2}`, "", "", "names '' more than once"},
+		// The proxy reads the first of two keys, OpenAI the last: a function tool that is OpenAI's
+		// own code_interpreter would run the code on OpenAI's containers.
+		{"a tool's type named twice", `{"model":"gpt-test","tools":[{"type":"function","name":"f","parameters":{},"type":"code_interpreter","container":{"type":"auto"}}]}`, "tools[0].type", "", "names 'tools[0].type' more than once"},
+		{"beside a real code_interpreter", `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto"}},{"type":"function","name":"f","type":"code_interpreter"}]}`, "tools[1].type", "", "names 'tools[1].type' more than once"},
+		{"escaped, deep in an input item", `{"model":"gpt-test","input":[{"role":"user","content":[{"type":"input_text","text":"a","t\u0065xt":"b"}]}]}`, "input[0].content[0].text", "", "more than once"},
+		{"in a nested container object", `{"model":"gpt-test","tools":[{"type":"code_interpreter","container":{"type":"auto","type":"cntr_x"}}]}`, "tools[0].container.type", "", "more than once"},
 	}
-	for _, path := range []string{"/v1/responses", "/chat/completions", "/v1/completions", "/embeddings"} {
-		for _, tc := range cases {
-			t.Run(path+"/"+tc.name, func(t *testing.T) {
-				req, _ := http.NewRequest(http.MethodPost, p.URL+path, strings.NewReader(tc.body))
-				resp, err := p.Client().Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer resp.Body.Close()
-				var buf bytes.Buffer
-				_, _ = buf.ReadFrom(resp.Body)
-				if resp.StatusCode != http.StatusBadRequest {
-					t.Fatalf("POST %s %s = %d %s; want 400", path, tc.body, resp.StatusCode, buf.Bytes())
-				}
-				msg, typ, param, code := decodeError(t, buf.Bytes())
-				if typ != "invalid_request_error" || param != tc.wantParam || code != tc.wantCode || !strings.Contains(msg, tc.wantMsg) {
-					t.Errorf("error = %s; want type invalid_request_error, param %q, code %q, message containing %q", buf.Bytes(), tc.wantParam, tc.wantCode, tc.wantMsg)
-				}
-			})
+	for _, p := range []*proxy{passing, intercepting} {
+		for _, path := range []string{"/v1/responses", "/chat/completions", "/v1/completions", "/embeddings"} {
+			for _, tc := range cases {
+				t.Run(path+"/"+tc.name, func(t *testing.T) {
+					req, _ := http.NewRequest(http.MethodPost, p.URL+path, strings.NewReader(tc.body))
+					resp, err := p.Client().Do(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer resp.Body.Close()
+					var buf bytes.Buffer
+					_, _ = buf.ReadFrom(resp.Body)
+					if resp.StatusCode != http.StatusBadRequest {
+						t.Fatalf("POST %s %s = %d %s; want 400", path, tc.body, resp.StatusCode, buf.Bytes())
+					}
+					msg, typ, param, code := decodeError(t, buf.Bytes())
+					if typ != "invalid_request_error" || param != tc.wantParam || code != tc.wantCode || !strings.Contains(msg, tc.wantMsg) {
+						t.Errorf("error = %s; want type invalid_request_error, param %q, code %q, message containing %q", buf.Bytes(), tc.wantParam, tc.wantCode, tc.wantMsg)
+					}
+				})
+			}
 		}
 	}
 	if n := len(up.requests()); n != 0 {

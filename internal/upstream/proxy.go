@@ -1,15 +1,19 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httputil"
 	"strings"
 
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 // StatusClientClosedRequest is the status recorded when the client went away before the upstream
@@ -40,6 +44,25 @@ const StatusClientClosedRequest = 499
 // after the headers are sent, a broken stream aborts the handler with http.ErrAbortHandler, which
 // net/http (and the router's recoverer) treat as a silent abort.
 func (t *Target) Proxy(w http.ResponseWriter, r *http.Request, body []byte) {
+	t.proxy(w, r, body, nil)
+}
+
+// NoteID is told the id of a response an upstream created (ProxyResponses). ctx is the request's.
+type NoteID func(ctx context.Context, id string) error
+
+// ProxyResponses is Proxy for POST /v1/responses, telling note the id of the response the upstream
+// created: the top-level "id" of a JSON answer, or the "response.id" of the first event of a
+// stream that has one, in a 2xx answer. note runs before any byte of the answer reaches the
+// client, so no client can name the id before note has returned; an error from note (the id could
+// not be recorded) is written instead of the answer, as an *apierror.Error or a 502. To read the
+// id the answer must be plain, so the upstream is not asked for compression (the transport
+// negotiates and undoes it itself). An answer whose id is not within its first 64 KiB is passed
+// on without note.
+func (t *Target) ProxyResponses(w http.ResponseWriter, r *http.Request, body []byte, note NoteID) {
+	t.proxy(w, r, body, note)
+}
+
+func (t *Target) proxy(w http.ResponseWriter, r *http.Request, body []byte, note NoteID) {
 	rp := &httputil.ReverseProxy{
 		Rewrite:        rewriteOutbound,
 		Transport:      &failoverTransport{t: t, path: trimVersion(r.URL.Path), body: body},
@@ -48,6 +71,18 @@ func (t *Target) Proxy(w http.ResponseWriter, r *http.Request, body []byte) {
 		ErrorLog:       t.c.errorLog,
 		BufferPool:     &t.c.buffers,
 	}
+	if note != nil {
+		rp.Rewrite = func(pr *httputil.ProxyRequest) {
+			rewriteOutbound(pr)
+			pr.Out.Header.Del("Accept-Encoding")
+		}
+		rp.ModifyResponse = func(resp *http.Response) error {
+			if err := modifyResponse(resp); err != nil {
+				return err
+			}
+			return noteResponseID(resp, note)
+		}
+	}
 	rp.ServeHTTP(w, r)
 }
 
@@ -55,6 +90,91 @@ func (t *Target) Proxy(w http.ResponseWriter, r *http.Request, body []byte) {
 // credential. URL, Host and body are set by failoverTransport for each deployment it tries.
 func rewriteOutbound(pr *httputil.ProxyRequest) {
 	dropClientHeaders(pr.Out.Header)
+}
+
+// maxIDPrefix bounds what noteResponseID reads of an answer to find its id. OpenAI's Response
+// names its id first, and its stream's first event names it in its first hundred bytes.
+const maxIDPrefix = 64 << 10
+
+// noteResponseID reads resp's body until it finds the id of the response (see ProxyResponses),
+// tells note, and leaves resp.Body yielding every byte as the upstream sent it.
+func noteResponseID(resp *http.Response, note NoteID) error {
+	if resp.StatusCode/100 != 2 {
+		return nil
+	}
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	var (
+		buf     []byte
+		id      string
+		readErr error
+	)
+	chunk := make([]byte, 1<<10) // the id is in the first hundred bytes
+	for len(buf) < maxIDPrefix {
+		var n int
+		n, readErr = resp.Body.Read(chunk)
+		buf = append(buf, chunk[:n]...)
+		var done bool
+		if id, done = responseID(buf, sse, readErr != nil); done || readErr != nil {
+			break
+		}
+	}
+	rest := resp.Body
+	if readErr != nil {
+		rest = io.NopCloser(errReader{readErr})
+	}
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(buf), rest), resp.Body}
+	if id == "" {
+		return nil
+	}
+	if err := note(resp.Request.Context(), id); err != nil {
+		_ = resp.Body.Close()
+		return err
+	}
+	return nil
+}
+
+// errReader fails every read with err (io.EOF: it is empty).
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// responseID finds the response id in prefix, the start of an answer (all of it when ended): done
+// reports that reading more would not change the answer ("" for no id). A JSON answer's id is its
+// top-level "id"; a stream's, the "response.id" of the first data line that has one. gjson reads
+// a prefix safely: a value the prefix cuts short is not found.
+func responseID(prefix []byte, sse, ended bool) (id string, done bool) {
+	if !sse {
+		return prefixString(prefix, "id", ended)
+	}
+	for line := range bytes.Lines(prefix) {
+		complete := ended || bytes.HasSuffix(line, []byte("\n"))
+		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
+		if !ok {
+			if !complete {
+				return "", false
+			}
+			continue
+		}
+		if id, done := prefixString(bytes.TrimPrefix(data, []byte(" ")), "response.id", complete); id != "" || !done {
+			return id, done
+		}
+	}
+	return "", ended
+}
+
+// prefixString is the string at path in the JSON text whose start is prefix (all of it when
+// complete), and whether reading more would not change it.
+func prefixString(prefix []byte, path string, complete bool) (string, bool) {
+	if !jsondepth.Within(prefix, jsondepth.Max) {
+		return "", true // gjson must not recurse through it; such an answer is refused anyway
+	}
+	if r := gjson.GetBytes(prefix, path); r.Type == gjson.String {
+		return r.Str, true
+	}
+	return "", complete
 }
 
 // modifyResponse drops response headers that would apply to the proxy's origin, not the upstream's.

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 )
 
@@ -379,5 +380,130 @@ func TestTransportSpeaksHTTP2WhenOffered(t *testing.T) {
 	resp.Body.Close()
 	if string(b) != "2" {
 		t.Errorf("upstream saw HTTP/%s; want HTTP/2", b)
+	}
+}
+
+// TestResponseID: the id of a created response is found in the start of its answer, JSON or a
+// stream, once the bytes that hold it are in, and never from a value cut short.
+func TestResponseID(t *testing.T) {
+	created := `data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_s","object":"response"}}`
+	tests := []struct {
+		name     string
+		prefix   string
+		sse      bool
+		ended    bool
+		wantID   string
+		wantDone bool
+	}{
+		{"a JSON Response", `{"id":"resp_1","object":"response","output":[]}`, false, true, "resp_1", true},
+		{"its id first, the rest still to come", `{"id":"resp_1","object":"resp`, false, false, "resp_1", true},
+		{"an id cut short", `{"id":"resp_1`, false, false, "", false},
+		{"an id after other fields", `{"object":"response","created_at":1,"id":"resp_2"`, false, false, "resp_2", true},
+		{"an escaped id decodes", `{"id":"resp_\u0041"}`, false, true, "resp_A", true},
+		{"a nested id is not the response's", `{"object":"response","output":[{"id":"msg_1"}]}`, false, true, "", true},
+		{"a nested id, the rest still to come", `{"output":[{"id":"msg_1"}`, false, false, "", false},
+		{"an id that is no string", `{"id":7}`, false, true, "", true},
+		{"a stream's first event", "event: response.created\n" + created + "\n\n", true, false, "resp_s", true},
+		{"a stream's first event with CRLF", "event: response.created\r\n" + created + "\r\n\r\n", true, false, "resp_s", true},
+		{"a stream's first event cut after the id", "event: response.created\n" + created[:strings.Index(created, `,"object"`)], true, false, "resp_s", true},
+		{"a stream's first event cut in the id", "event: response.created\n" + created[:strings.Index(created, `_s"`)], true, false, "", false},
+		{"a comment and an event line, more to come", ": keepalive\nevent: response.cre", true, false, "", false},
+		{"an event without the id, then one with", "data: {\"type\":\"x\"}\n\n" + created + "\n\n", true, false, "resp_s", true},
+		{"a stream that ended without an id", "data: {\"type\":\"error\"}\n\n", true, true, "", true},
+		{"data without a space", `data:{"response":{"id":"resp_t"}}` + "\n", true, false, "resp_t", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			id, done := responseID([]byte(tc.prefix), tc.sse, tc.ended)
+			if id != tc.wantID || done != tc.wantDone {
+				t.Errorf("responseID(%q) = %q, %v; want %q, %v", tc.prefix, id, done, tc.wantID, tc.wantDone)
+			}
+		})
+	}
+}
+
+// TestProxyResponsesNotesTheID: ProxyResponses tells its note the id of the response before the
+// client has any byte of it, passes every byte on, asks for no compression whatever the client
+// accepts, and answers with note's error instead when the id cannot be recorded. Error answers
+// and answers without an id are passed on untouched.
+func TestProxyResponsesNotesTheID(t *testing.T) {
+	const jsonAnswer = `{"id":"resp_j","object":"response","output":[]}`
+	const sseAnswer = "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_e\"}}\n\n" +
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_e\"}}\n\n"
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.Header.Get("X-Answer") {
+		case "error":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"no","type":"invalid_request_error","param":null,"code":null}}`)
+		case "stream":
+			w.Header().Set("Content-Type", "text/event-stream")
+			first, rest, _ := strings.Cut(sseAnswer, "\n\n")
+			_, _ = io.WriteString(w, first+"\n\n")
+			w.(http.Flusher).Flush()
+			select { // the rest only once the note has been told the id
+			case <-release:
+			case <-time.After(30 * time.Second):
+				t.Error("the note was not told the id while the stream was open")
+			}
+			_, _ = io.WriteString(w, rest)
+		default:
+			if r.Header.Get("Accept-Encoding") == "" {
+				t.Errorf("the transport asked for no compression (it undoes it itself)")
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Encoding", "gzip")
+			_, _ = w.Write(gzipped(t, jsonAnswer))
+		}
+	})
+	c := newTestClient(t, nil)
+	deps := []config.Deployment{dep("m", up.URL, "sk")}
+	var noted []string
+	var noteErr error
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		c.Target(deps).ProxyResponses(w, r, body, func(ctx context.Context, id string) error {
+			noted = append(noted, id)
+			if strings.Contains(string(body), `"stream":true`) {
+				close(release)
+			}
+			return noteErr
+		})
+	}))
+	t.Cleanup(srv.Close)
+	post := func(body, answer string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses", strings.NewReader(body))
+		req.Header.Set("Accept-Encoding", "gzip, br")
+		req.Header.Set("X-Answer", answer)
+		resp, err := plainClient(t).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if enc := resp.Header.Get("Content-Encoding"); enc != "" {
+			t.Errorf("answer encoded %q; want plain", enc)
+		}
+		return resp.StatusCode, string(b)
+	}
+
+	if status, body := post(`{"model":"alias"}`, "json"); status != http.StatusOK || body != jsonAnswer {
+		t.Errorf("JSON = %d %q; want 200 and the answer as sent", status, body)
+	}
+	if status, body := post(`{"model":"alias","stream":true}`, "stream"); status != http.StatusOK || body != sseAnswer {
+		t.Errorf("stream = %d %q; want 200 and every event as sent", status, body)
+	}
+	if status, _ := post(`{"model":"alias"}`, "error"); status != http.StatusBadRequest {
+		t.Errorf("error answer = %d; want the upstream's 400", status)
+	}
+	if want := []string{"resp_j", "resp_e"}; fmt.Sprint(noted) != fmt.Sprint(want) {
+		t.Errorf("noted %q; want %q", noted, want)
+	}
+	noteErr = &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "store_unavailable", Message: "down"}
+	status, body := post(`{"model":"alias"}`, "json")
+	if status != http.StatusServiceUnavailable || strings.Contains(body, "resp_j") || !strings.Contains(body, "store_unavailable") {
+		t.Errorf("with the note failing = %d %s; want the note's 503 and no id", status, body)
 	}
 }
