@@ -40,6 +40,11 @@ const StatusClientClosedRequest = 499
 // after the headers are sent, a broken stream aborts the handler with http.ErrAbortHandler, which
 // net/http (and the router's recoverer) treat as a silent abort.
 func (t *Target) Proxy(w http.ResponseWriter, r *http.Request, body []byte) {
+	t.ProxyStreamed(w, r, Streamed{JSON: body})
+}
+
+// ProxyStreamed is Proxy for a body whose holes are read as it is sent, for each attempt.
+func (t *Target) ProxyStreamed(w http.ResponseWriter, r *http.Request, body Streamed) {
 	rp := &httputil.ReverseProxy{
 		Rewrite:        rewriteOutbound,
 		Transport:      &failoverTransport{t: t, path: trimVersion(r.URL.Path), body: body},
@@ -93,7 +98,7 @@ func (t *Target) writeError(w http.ResponseWriter, r *http.Request, err error) {
 type failoverTransport struct {
 	t    *Target
 	path string
-	body []byte
+	body Streamed
 }
 
 // RoundTrip implements http.RoundTripper. out comes from ReverseProxy, already rewritten; its Body
