@@ -45,8 +45,8 @@ type Inlined struct {
 // which owner must not read) is left as sent. A body with neither "file_id" nor a \u escape
 // costs two scans of its bytes and comes back as it is, with no stream. Files over the limits
 // are the 400 naming the part's file_id; an error that is not an *apierror.Error is the store's.
-func Inline(ctx context.Context, files Store, owner string, body []byte) (*Inlined, error) {
-	out := &Inlined{Body: body}
+func Inline(ctx context.Context, files Store, owner string, body []byte) (Inlined, error) {
+	out := Inlined{Body: body}
 	if files == nil || !bytes.Contains(body, fileIDKey) && !bytes.Contains(body, unicodeEscape) {
 		return out, nil
 	}
@@ -120,10 +120,10 @@ func Inline(ctx context.Context, files Store, owner string, body []byte) (*Inlin
 		return true
 	})
 	if err != nil {
-		return nil, err
+		return Inlined{}, err
 	}
 	if out.Body, err = splice(body, edits); err != nil {
-		return nil, err
+		return Inlined{}, err
 	}
 	return out, nil
 }

@@ -65,6 +65,7 @@ func TestPassThroughInlineMemoryBounded(t *testing.T) {
 			t.Errorf("request %d: %v", i, err)
 		}
 	}
+	t.Logf("peak resident memory %d MiB before the requests, %d MiB with them in flight", before>>20, during>>20)
 	// One copy of the file's base64 for all the requests together is 43 MiB; allow half.
 	if grown := during - before; grown > size*2/3 {
 		t.Errorf("%d requests of a %d MiB file grew the proxy's peak memory by %d MiB; want under %d MiB", n, size>>20, grown>>20, size*2/3>>20)
