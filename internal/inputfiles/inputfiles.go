@@ -2,7 +2,9 @@
 // file_id into what any upstream can read: an input_image part's image as a data URL, an
 // input_file part's file as inline file_data. The interception engine uses its readers and its
 // walk over the input's parts; Inline is the whole rewrite for a request that passes through to a
-// Responses upstream, which has never heard of the proxy's ids (docs/files.md).
+// Responses upstream, which has never heard of the proxy's ids, with the files streamed from the
+// store as the request is sent rather than held; Budget bounds the bytes both inline at once
+// (docs/files.md).
 package inputfiles
 
 import (
