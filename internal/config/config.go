@@ -265,6 +265,11 @@ type General struct {
 	DataDir              string
 	MaxFileUploadSize    int64 // largest file POST /v1/files accepts, default 512 MiB
 	MaxFileStoragePerKey int64 // total bytes of files one API key may store, default 10 GiB
+	// MaxInlineBytesInFlight and MaxInlineBytesInFlightPerKey bound the bytes of stored files
+	// that requests in flight inline by file_id, in all and per key (default 512 MiB and 128 MiB;
+	// 0 in a Config built in code: no bound).
+	MaxInlineBytesInFlight       int64
+	MaxInlineBytesInFlightPerKey int64
 	// Quotas are the quotas of every caller without a client_keys entry of its own (the master
 	// key's, an open proxy's callers), and the totals.
 	Quotas Quotas

@@ -31,6 +31,10 @@ const (
 	DefaultShutdownGrace        = 30 * time.Second
 	DefaultMaxFileUploadSize    = 512 << 20 // OpenAI's limit for one file
 	DefaultMaxFileStoragePerKey = 10 << 30
+	// The bytes of stored files that requests in flight inline by file_id, in all and per key:
+	// above what one request may name (100 MB of files and images), well below the host's memory.
+	DefaultMaxInlineBytesInFlight       = 512 << 20
+	DefaultMaxInlineBytesInFlightPerKey = 128 << 20
 
 	// DefaultSandboxToolName names the sandbox tool that stands in when sandbox_tools is absent, and
 	// DefaultSandboxBackend is its backend, with that backend's defaults.
@@ -447,6 +451,8 @@ func (d *decoder) general(n *yaml.Node) General {
 	g.DataDir = strings.TrimSpace(p.String("data_dir").S)
 	g.MaxFileUploadSize, _ = p.Size("max_file_upload_size", DefaultMaxFileUploadSize)
 	g.MaxFileStoragePerKey, _ = p.Size("max_file_storage_per_key", DefaultMaxFileStoragePerKey)
+	g.MaxInlineBytesInFlight, _ = p.Size("max_inline_bytes_in_flight", DefaultMaxInlineBytesInFlight)
+	g.MaxInlineBytesInFlightPerKey, _ = p.Size("max_inline_bytes_in_flight_per_key", DefaultMaxInlineBytesInFlightPerKey)
 	g.Quotas = d.quotas(p, keyCount(g.MasterKey, p.Node("client_keys")))
 	g.ClientKeys = d.clientKeys(p.Node("client_keys"), g.Quotas, g.MasterKey)
 	if v := p.String("advertise_url"); v.Present && strings.TrimSpace(v.S) != "" {

@@ -349,20 +349,22 @@ var vocabulary = map[string][]vocabKey{
 	},
 	secGeneral: {
 		{"master_key", read, ""},
-		{"container_secret", read, ""},                // ciproxy's own
-		{"max_request_body_size", read, ""},           // ciproxy's own
-		{"shutdown_grace", read, ""},                  // ciproxy's own
-		{"data_dir", read, ""},                        // ciproxy's own
-		{"max_file_upload_size", read, ""},            // ciproxy's own
-		{"max_file_storage_per_key", read, ""},        // ciproxy's own
-		{"client_keys", read, ""},                     // ciproxy's own: keys besides master_key
-		{"max_containers", read, ""},                  // ciproxy's own quotas (quotas.go)
-		{"max_containers_per_key", read, ""},          // ciproxy's own
-		{"container_creates_per_minute", read, ""},    // ciproxy's own
-		{"container_create_burst", read, ""},          // ciproxy's own
-		{"max_concurrent_requests", read, ""},         // ciproxy's own
-		{"max_concurrent_requests_per_key", read, ""}, // ciproxy's own
-		{"advertise_url", read, ""},                   // ciproxy's own: where the other replicas reach this one
+		{"container_secret", read, ""},                   // ciproxy's own
+		{"max_request_body_size", read, ""},              // ciproxy's own
+		{"shutdown_grace", read, ""},                     // ciproxy's own
+		{"data_dir", read, ""},                           // ciproxy's own
+		{"max_file_upload_size", read, ""},               // ciproxy's own
+		{"max_file_storage_per_key", read, ""},           // ciproxy's own
+		{"max_inline_bytes_in_flight", read, ""},         // ciproxy's own
+		{"max_inline_bytes_in_flight_per_key", read, ""}, // ciproxy's own
+		{"client_keys", read, ""},                        // ciproxy's own: keys besides master_key
+		{"max_containers", read, ""},                     // ciproxy's own quotas (quotas.go)
+		{"max_containers_per_key", read, ""},             // ciproxy's own
+		{"container_creates_per_minute", read, ""},       // ciproxy's own
+		{"container_create_burst", read, ""},             // ciproxy's own
+		{"max_concurrent_requests", read, ""},            // ciproxy's own
+		{"max_concurrent_requests_per_key", read, ""},    // ciproxy's own
+		{"advertise_url", read, ""},                      // ciproxy's own: where the other replicas reach this one
 		{"max_request_size_mb", read, ""},
 		{"completion_model", ignore, whyDefaults},
 		{"image_generation_model", ignore, whyDefaults},

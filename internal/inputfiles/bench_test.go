@@ -2,6 +2,7 @@ package inputfiles
 
 import (
 	"context"
+	"io"
 	"strings"
 	"testing"
 
@@ -53,5 +54,33 @@ func BenchmarkInline(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkInlineLargeFile measures the upstream body of a request naming one 32 MiB file by
+// file_id, produced to the end as the upstream reads it: the body with the file's data URL
+// streamed from the store, a chunk at a time.
+func BenchmarkInlineLargeFile(b *testing.B) {
+	ctx := context.Background()
+	ff := storetest.NewMemFiles()
+	data := "%PDF-1.4\n" + strings.Repeat("x", 32<<20-9)
+	ff.Add("k", "file-big", "big.pdf", data, int64(len(data)))
+	body := []byte(`{"model":"m","input":[{"role":"user","content":[{"type":"input_file","file_id":"file-big"}]}]}`)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		in, err := Inline(ctx, ff, "k", body)
+		if err != nil || len(in.Streams) != 1 {
+			b.Fatal(err)
+		}
+		rc, err := in.Streams[0].Open(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, rc)
+		rc.Close()
+		if err != nil || n != in.Streams[0].Size {
+			b.Fatal(n, err)
+		}
 	}
 }

@@ -3,14 +3,15 @@ package inputfiles
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
-	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 // Inline looks further only into a body that holds fileIDKey, or a \u escape, which can spell the
@@ -21,29 +22,44 @@ var (
 	unicodeEscape = []byte(`\u`)
 )
 
+// Inlined is a request body with files inlined: Body, in which each stream's Mark stands for
+// the stream's bytes, the base64 of a stored file inside its data URL. Bytes is what the files
+// take in the store: what the request sends of them.
+type Inlined struct {
+	Body    []byte
+	Streams []Stream
+	Bytes   int64
+}
+
 // Inline returns body, a POST /v1/responses body that goes to a Responses upstream as it is,
 // with the input parts that name one of owner's Files API files by file_id carrying that file
 // instead, since the upstream cannot know the proxy's ids: an input_image {file_id} becomes
 // {image_url: data URL}, an input_file {file_id} becomes {file_data: data URL, filename}, in
 // messages' content and in function_call_output output lists. Every other byte is the client's.
 //
+// The files are not read here beyond their first bytes (their type): the data URLs' payloads
+// are Streams, which read the store each time the body is sent, so a request holds no file
+// whatever their size.
+//
 // An id that is not one of owner's files (an id the upstream issued itself, or another owner's,
 // which owner must not read) is left as sent. A body with neither "file_id" nor a \u escape
-// costs two scans of its bytes and comes back as it is. Files over the limits are the 400 naming
-// the part's file_id; an error that is not an *apierror.Error is the store's.
-func Inline(ctx context.Context, files Store, owner string, body []byte) ([]byte, error) {
+// costs two scans of its bytes and comes back as it is, with no stream. Files over the limits
+// are the 400 naming the part's file_id; an error that is not an *apierror.Error is the store's.
+func Inline(ctx context.Context, files Store, owner string, body []byte) (Inlined, error) {
+	out := Inlined{Body: body}
 	if files == nil || !bytes.Contains(body, fileIDKey) && !bytes.Contains(body, unicodeEscape) {
-		return body, nil
+		return out, nil
 	}
 	input := gjson.GetBytes(body, "input")
 	if !input.IsArray() {
-		return body, nil
+		return out, nil
 	}
 	var (
 		edits               []edit
 		err                 error
 		images              int
 		imageLeft, fileLeft int64 = MaxInputImageBytes, MaxInputFileBytes
+		token               string
 	)
 	ForEachPart(input, func(p Part) bool {
 		typ := p.Value.Get("type").String()
@@ -55,28 +71,15 @@ func Inline(ctx context.Context, files Store, owner string, body []byte) ([]byte
 			return true
 		}
 		param := p.Param() + ".file_id"
-		var url, part string
+		var o opened
 		if typ == "input_image" {
 			if images++; images > MaxInputImages {
 				err = apierror.BadRequest(fmt.Sprintf("Too many images by file_id: more than %d per request.", MaxInputImages), "input", "")
 				return false
 			}
-			var n int64
-			if url, _, n, err = readImage(ctx, files, owner, id.Str, param, imageLeft); err == nil {
-				imageLeft -= n
-				part, err = replace(p.Value.Raw, "image_url", url, "")
-			}
+			o, err = openImage(ctx, files, owner, id.Str, param, imageLeft)
 		} else {
-			var f store.File
-			var n int64
-			if url, f, n, err = readFile(ctx, files, owner, id.Str, param, fileLeft); err == nil {
-				fileLeft -= n
-				name := f.Filename
-				if p.Value.Get("filename").Type == gjson.String {
-					name = "" // the client's stays
-				}
-				part, err = replace(p.Value.Raw, "file_data", url, name)
-			}
+			o, err = openInputFile(ctx, files, owner, id.Str, param, fileLeft)
 		}
 		switch {
 		case err != nil && notFound(err):
@@ -84,18 +87,56 @@ func Inline(ctx context.Context, files Store, owner string, body []byte) ([]byte
 				images-- // not one of ours: the upstream's business
 			}
 			err = nil
+			return true
 		case err != nil:
 			err = FileError(err, id.Str, param)
 			return false
-		default:
-			edits = append(edits, edit{at: p.Value.Index, raw: p.Value.Raw, part: part})
 		}
+		o.rest.Close()
+		size := o.f.Bytes // what each send reads, exactly
+		if token == "" {
+			token = markToken(body)
+		}
+		mark := token + strconv.Itoa(len(out.Streams)) + "-" // "-1-" is no prefix of "-10-"
+		url := "data:" + o.typ + ";base64," + mark
+		var part string
+		if typ == "input_image" {
+			imageLeft -= size
+			part, err = replace(p.Value.Raw, "image_url", url, "")
+		} else {
+			fileLeft -= size
+			name := o.f.Filename
+			if p.Value.Get("filename").Type == gjson.String {
+				name = "" // the client's stays
+			}
+			part, err = replace(p.Value.Raw, "file_data", url, name)
+		}
+		if err != nil {
+			return false
+		}
+		edits = append(edits, edit{at: p.Value.Index, raw: p.Value.Raw, part: part})
+		out.Streams = append(out.Streams, stream(files, owner, id.Str, param, mark, size))
+		out.Bytes += size
 		return true
 	})
 	if err != nil {
-		return nil, err
+		return Inlined{}, err
 	}
-	return splice(body, edits)
+	if out.Body, err = splice(body, edits); err != nil {
+		return Inlined{}, err
+	}
+	return out, nil
+}
+
+// markToken returns the start of the marks of a body's streams: random, so that no client can
+// write one, and checked against body all the same.
+func markToken(body []byte) string {
+	for {
+		t := "ciproxy-inline-" + rand.Text() + "-"
+		if !bytes.Contains(body, []byte(t)) {
+			return t
+		}
+	}
 }
 
 // replace returns the part raw without its file_id and with field set to url, and filename set

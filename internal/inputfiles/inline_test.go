@@ -1,8 +1,11 @@
 package inputfiles
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -11,6 +14,31 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/store/storetest"
 )
+
+// inlineAll is Inline's body with its streams read into it, as an upstream receives it.
+func inlineAll(ctx context.Context, files Store, owner string, body []byte) ([]byte, error) {
+	in, err := Inline(ctx, files, owner, body)
+	if err != nil {
+		return nil, err
+	}
+	out := in.Body
+	for _, s := range in.Streams {
+		rc, err := s.Open(ctx)
+		if err != nil {
+			return nil, err
+		}
+		b, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			return nil, err
+		}
+		if int64(len(b)) != s.Size || bytes.Count(out, []byte(s.Mark)) != 1 {
+			return nil, fmt.Errorf("stream %s: %d bytes, %d announced; %d marks", s.Mark, len(b), s.Size, bytes.Count(out, []byte(s.Mark)))
+		}
+		out = bytes.Replace(out, []byte(s.Mark), b, 1)
+	}
+	return out, nil
+}
 
 func TestInline(t *testing.T) {
 	const pdf = "%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj\n<<>>\nendobj\n"
@@ -62,7 +90,7 @@ func TestInline(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out, err := Inline(context.Background(), files, "k", []byte(tt.body))
+			out, err := inlineAll(context.Background(), files, "k", []byte(tt.body))
 			if tt.par != "" {
 				var ae *apierror.Error
 				if !errors.As(err, &ae) || ae.Status != 400 || ae.Code != tt.code || ae.Param != tt.par {
@@ -88,7 +116,11 @@ func TestInlineLeavesAnUntouchedBodyUncopied(t *testing.T) {
 		`{"model":"m","input":[{"role":"user","content":[{"type":"input_file","file_id":"file-nope"}]}]}`,
 	} {
 		in := []byte(body)
-		out, err := Inline(context.Background(), files, "k", in)
+		got, err := Inline(context.Background(), files, "k", in)
+		if err != nil || len(got.Streams) != 0 || &got.Body[0] != &in[0] || len(got.Body) != len(in) {
+			t.Errorf("Inline(%s) = %+v, %v; want the same slice", body, got, err)
+		}
+		out, err := inlineAll(context.Background(), files, "k", in)
 		if err != nil || &out[0] != &in[0] || len(out) != len(in) {
 			t.Errorf("Inline(%s) = %s, %v; want the same slice", body, out, err)
 		}
@@ -100,7 +132,7 @@ func TestInlineCountsOnlyTheProxysImages(t *testing.T) {
 	files.Add("k", "file-png", "photo.png", pngData, int64(len(pngData)))
 	body := `{"input":[{"role":"user","content":[` + strings.Repeat(`{"type":"input_image","file_id":"file-nope"},`, MaxInputImages+1) +
 		strings.Repeat(`{"type":"input_image","file_id":"file-png"},`, MaxInputImages-1) + `{"type":"input_image","file_id":"file-png"}]}]}`
-	out, err := Inline(context.Background(), files, "k", []byte(body))
+	out, err := inlineAll(context.Background(), files, "k", []byte(body))
 	if err != nil || strings.Count(string(out), `"image_url"`) != MaxInputImages || strings.Count(string(out), "file-nope") != MaxInputImages+1 {
 		t.Fatalf("Inline = %v; want %d images inlined and the others left", err, MaxInputImages)
 	}
@@ -112,12 +144,12 @@ func TestInlineFilesTogether(t *testing.T) {
 	files := storetest.NewMemFiles()
 	files.Add("k", "file-a", "a.pdf", data, int64(len(data)))
 	body := `{"input":[{"role":"user","content":[{"type":"input_file","file_id":"file-a"}]},{"type":"function_call_output","call_id":"c","output":[{"type":"input_file","file_id":"file-a"}]}]}`
-	_, err := Inline(context.Background(), files, "k", []byte(body))
+	_, err := inlineAll(context.Background(), files, "k", []byte(body))
 	var ae *apierror.Error
 	if !errors.As(err, &ae) || ae.Code != "file_too_large" || ae.Param != "input[1].output[0].file_id" || !strings.Contains(ae.Message, "together") {
 		t.Fatalf("Inline = %v; want file_too_large naming the second file", err)
 	}
-	out, err := Inline(context.Background(), files, "k", []byte(body[:strings.Index(body, `,{"type":"function_call_output"`)]+"]}"))
+	out, err := inlineAll(context.Background(), files, "k", []byte(body[:strings.Index(body, `,{"type":"function_call_output"`)]+"]}"))
 	if err != nil || gjson.GetBytes(out, "input.0.content.0.file_data").String() != dataURL("application/pdf", data) {
 		t.Fatalf("one file: %v", err)
 	}
@@ -127,18 +159,18 @@ func TestInlineStoreFailure(t *testing.T) {
 	files := storetest.NewMemFiles()
 	files.Fail = errors.New("disk on fire")
 	body := `{"input":[{"role":"user","content":[{"type":"input_file","file_id":"file-a"}]}]}`
-	_, err := Inline(context.Background(), files, "k", []byte(body))
+	_, err := inlineAll(context.Background(), files, "k", []byte(body))
 	var ae *apierror.Error
 	if err == nil || errors.As(err, &ae) || !errors.Is(err, files.Fail) {
 		t.Fatalf("Inline = %v; want the store's error", err)
 	}
 	// No lookup at all for a body that names no file of the proxy's shape.
 	for _, body := range []string{`{"input":"hi"}`, `{"input":[{"role":"user","content":[{"type":"input_file","file_id":"file_x"}]}]}`} {
-		if _, err := Inline(context.Background(), files, "k", []byte(body)); err != nil {
+		if _, err := inlineAll(context.Background(), files, "k", []byte(body)); err != nil {
 			t.Errorf("Inline(%s) = %v; want no lookup", body, err)
 		}
 	}
-	if _, err := Inline(context.Background(), nil, "k", []byte(body)); err != nil {
+	if _, err := inlineAll(context.Background(), nil, "k", []byte(body)); err != nil {
 		t.Errorf("without a store: %v", err)
 	}
 }

@@ -2,7 +2,9 @@
 // file_id into what any upstream can read: an input_image part's image as a data URL, an
 // input_file part's file as inline file_data. The interception engine uses its readers and its
 // walk over the input's parts; Inline is the whole rewrite for a request that passes through to a
-// Responses upstream, which has never heard of the proxy's ids (docs/files.md).
+// Responses upstream, which has never heard of the proxy's ids, with the files streamed from the
+// store as the request is sent rather than held; Budget bounds the bytes both inline at once
+// (docs/files.md).
 package inputfiles
 
 import (
@@ -111,6 +113,15 @@ func ImageURL(ctx context.Context, files Store, owner, id, param string, left in
 
 // readImage is ImageURL, with the store's not-found error as it is.
 func readImage(ctx context.Context, files Store, owner, id, param string, left int64) (string, store.File, int64, error) {
+	o, err := openImage(ctx, files, owner, id, param, left)
+	if err != nil {
+		return "", o.f, 0, err
+	}
+	return o.dataURL()
+}
+
+// openImage opens owner's image id for an input_image part, checked as ImageURL says.
+func openImage(ctx context.Context, files Store, owner, id, param string, left int64) (opened, error) {
 	limit := min(int64(MaxImageBytes), left)
 	tooLarge := func() error {
 		if limit < MaxImageBytes {
@@ -128,22 +139,25 @@ func readImage(ctx context.Context, files Store, owner, id, param string, left i
 		}
 		return typ, nil
 	}
-	return readDataURL(ctx, files, owner, id, limit, tooLarge, typeOf)
+	return openChecked(ctx, files, owner, id, limit, tooLarge, typeOf)
 }
 
 // FileDataURL reads owner's file id for an input_file part as a data URL of its type, and returns
 // it with the file and its size. The file may take left bytes (what the request's files have
 // left) and MaxFileBytes. Errors name param; an id owner has no file for is the 404.
 func FileDataURL(ctx context.Context, files Store, owner, id, param string, left int64) (string, store.File, int64, error) {
-	url, f, n, err := readFile(ctx, files, owner, id, param, left)
-	if err != nil && notFound(err) {
-		return "", f, 0, FileError(err, id, param)
+	o, err := openInputFile(ctx, files, owner, id, param, left)
+	if err != nil {
+		if notFound(err) {
+			err = FileError(err, id, param)
+		}
+		return "", o.f, 0, err
 	}
-	return url, f, n, err
+	return o.dataURL()
 }
 
-// readFile is FileDataURL, with the store's not-found error as it is.
-func readFile(ctx context.Context, files Store, owner, id, param string, left int64) (string, store.File, int64, error) {
+// openInputFile opens owner's file id for an input_file part, checked as FileDataURL says.
+func openInputFile(ctx context.Context, files Store, owner, id, param string, left int64) (opened, error) {
 	limit := min(int64(MaxFileBytes), left)
 	tooLarge := func() error {
 		if limit < MaxFileBytes {
@@ -151,7 +165,7 @@ func readFile(ctx context.Context, files Store, owner, id, param string, left in
 		}
 		return apierror.BadRequest(fmt.Sprintf("The file %s is larger than %d MB, the most an input_file may carry.", id, MaxFileBytes>>20), param, "file_too_large")
 	}
-	return readDataURL(ctx, files, owner, id, limit, tooLarge, func(f store.File, head []byte) (string, error) {
+	return openChecked(ctx, files, owner, id, limit, tooLarge, func(f store.File, head []byte) (string, error) {
 		return fileType(f.Filename, head), nil
 	})
 }
@@ -178,46 +192,64 @@ func fileExt(name string) string {
 	return ""
 }
 
-// readDataURL reads owner's file id, at most limit bytes of it (more is tooLarge), into a data URL
-// whose type typeOf gives from the file and its first bytes. It returns the URL, the file and the
-// number of bytes read; an id owner has no file for is the store's error.
-func readDataURL(ctx context.Context, files Store, owner, id string, limit int64, tooLarge func() error,
-	typeOf func(store.File, []byte) (string, error)) (string, store.File, int64, error) {
+// opened is a stored file checked for a data URL and open past its first bytes.
+type opened struct {
+	id    string
+	f     store.File
+	typ   string        // the data URL's media type
+	head  []byte        // the file's first bytes, read to learn typ
+	rest  io.ReadCloser // the file past head
+	limit int64         // the most it may hold
+	large func() error  // the error of a file over limit
+}
+
+// openChecked opens owner's file id, refuses it when the store says it holds more than limit
+// bytes (tooLarge), and reads its first bytes, from which and the file typeOf gives the data
+// URL's type. An id owner has no file for is the store's error. The caller closes rest.
+func openChecked(ctx context.Context, files Store, owner, id string, limit int64, tooLarge func() error,
+	typeOf func(store.File, []byte) (string, error)) (opened, error) {
 	if files == nil {
-		return "", store.File{}, 0, store.ErrNotFound
+		return opened{}, store.ErrNotFound
 	}
 	f, rc, err := files.OpenFile(ctx, owner, id)
 	if err != nil {
-		return "", f, 0, err
+		return opened{f: f}, err
 	}
-	defer rc.Close()
 	if f.Bytes > limit {
-		return "", f, 0, tooLarge()
+		rc.Close()
+		return opened{f: f}, tooLarge()
 	}
-	src := io.LimitReader(rc, limit+1)
 	head := make([]byte, 512) // what http.DetectContentType reads
-	nh, err := io.ReadFull(src, head)
+	nh, err := io.ReadFull(rc, head)
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
-		return "", f, 0, fmt.Errorf("reading file %s: %w", id, err)
+		rc.Close()
+		return opened{f: f}, fmt.Errorf("reading file %s: %w", id, err)
 	}
-	head = head[:nh]
-	typ, err := typeOf(f, head)
+	typ, err := typeOf(f, head[:nh])
 	if err != nil {
-		return "", f, 0, err
+		rc.Close()
+		return opened{f: f}, err
 	}
-	// The whole URL is built in one buffer, the size the store announces (at most limit).
+	return opened{id: id, f: f, typ: typ, head: head[:nh], rest: rc, limit: limit, large: tooLarge}, nil
+}
+
+// dataURL reads the rest of the file, at most the limit (more is its error), into a data URL,
+// and closes it. It returns the URL, the file and the number of bytes read.
+func (o opened) dataURL() (string, store.File, int64, error) {
+	defer o.rest.Close()
+	// The whole URL is built in one buffer, the size the store announces (at most the limit).
 	var b strings.Builder
-	b.Grow(len("data:;base64,") + len(typ) + base64.StdEncoding.EncodedLen(int(max(f.Bytes, int64(nh)))))
-	b.WriteString("data:" + typ + ";base64,")
+	b.Grow(len("data:;base64,") + len(o.typ) + base64.StdEncoding.EncodedLen(int(max(o.f.Bytes, int64(len(o.head))))))
+	b.WriteString("data:" + o.typ + ";base64,")
 	enc := base64.NewEncoder(base64.StdEncoding, &b)
-	_, _ = enc.Write(head) // a strings.Builder does not fail
-	n, err := io.Copy(enc, src)
+	_, _ = enc.Write(o.head) // a strings.Builder does not fail
+	n, err := io.Copy(enc, io.LimitReader(o.rest, o.limit+1-int64(len(o.head))))
 	if err != nil {
-		return "", f, 0, fmt.Errorf("reading file %s: %w", id, err)
+		return "", o.f, 0, fmt.Errorf("reading file %s: %w", o.id, err)
 	}
-	if n += int64(nh); n > limit {
-		return "", f, 0, tooLarge()
+	if n += int64(len(o.head)); n > o.limit {
+		return "", o.f, 0, o.large()
 	}
 	_ = enc.Close()
-	return b.String(), f, n, nil
+	return b.String(), o.f, n, nil
 }

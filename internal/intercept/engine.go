@@ -134,6 +134,10 @@ type Request struct {
 	// engine then serves every request for it, with or without code_interpreter, and keeps each
 	// response's conversation itself, so previous_response_id, GET, DELETE and input_items work.
 	Stateless bool
+	// Inline admits the bytes of the stored files the request inlines by file_id, which it holds
+	// as data URLs until it ends, and returns the func that releases them; its error is the answer
+	// (a 429, a 503). Nil: no bound.
+	Inline func(bytes int64) (release func(), err error)
 }
 
 // Handles reports whether the engine serves req: every request for a stateless upstream, and for
@@ -172,10 +176,12 @@ func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Req
 		e.m.requests.WithLabelValues(result).Inc()
 		return aerr
 	}
-	if err := req.findFiles(ctx, e.files, caller); err != nil {
+	release, err := req.findFiles(ctx, e.files, caller, in.Inline)
+	if err != nil {
 		e.m.requests.WithLabelValues("client_error").Inc()
 		return err
 	}
+	defer release()
 	var rend renderer
 	if req.stream {
 		rend = newSSERenderer(w, e.log)

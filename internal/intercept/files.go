@@ -195,9 +195,49 @@ func decodeFileData(s, param string) ([]byte, *apierror.Error) {
 
 // findFiles completes the request's files from the caller's Files API files: their names, and a
 // 404 naming the parameter for an id the caller has no file for; then it puts each input_image
-// by file_id upstream as a data URL of its bytes (inlineImage). It runs before the container is
-// touched and before anything goes upstream, so a wrong id runs no code.
-func (r *parsedRequest) findFiles(ctx context.Context, files FileStore, caller string) error {
+// by file_id upstream as a data URL of its bytes, and each input_file part to inline as
+// file_data, after admit (when not nil) has admitted the bytes they take; the returned func
+// releases them. It runs before the container is touched and before anything goes upstream, so
+// a wrong id runs no code.
+func (r *parsedRequest) findFiles(ctx context.Context, files FileStore, caller string, admit func(int64) (func(), error)) (func(), error) {
+	if err := r.findPlaced(ctx, files, caller); err != nil {
+		return nil, err
+	}
+	release := func() {}
+	if admit != nil && len(r.inlined) > 0 && files != nil {
+		var err error
+		if release, err = admit(r.inlineBytes(ctx, files, caller)); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.readInlined(ctx, files, caller); err != nil {
+		release()
+		return nil, err
+	}
+	return release, nil
+}
+
+// inlineBytes is the most the request's inline parts can hold: their files' sizes, each kind at
+// most what one request may carry of it. An id the caller has no file for counts nothing (it is
+// the 404 once read).
+func (r *parsedRequest) inlineBytes(ctx context.Context, files FileStore, caller string) int64 {
+	var images, docs int64
+	for _, in := range r.inlined {
+		f, err := files.File(ctx, caller, in.fileID)
+		switch {
+		case err != nil:
+		case in.file:
+			docs += f.Bytes
+		default:
+			images += f.Bytes
+		}
+	}
+	return min(images, inputfiles.MaxInputImageBytes) + min(docs, inputfiles.MaxInputFileBytes)
+}
+
+// findPlaced completes the files to place from the caller's Files API files: their names, and
+// a 404 naming the parameter for an id the caller has no file for.
+func (r *parsedRequest) findPlaced(ctx context.Context, files FileStore, caller string) error {
 	for i := range r.files {
 		w := &r.files[i]
 		if w.FileID == "" {
@@ -213,6 +253,11 @@ func (r *parsedRequest) findFiles(ctx context.Context, files FileStore, caller s
 		}
 		w.Name = f.Filename
 	}
+	return nil
+}
+
+// readInlined reads the files of the parts to inline into the input, as data URLs.
+func (r *parsedRequest) readInlined(ctx context.Context, files FileStore, caller string) error {
 	imageBytes, fileBytes := int64(0), int64(0)
 	for _, in := range r.inlined {
 		var out []byte

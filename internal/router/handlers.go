@@ -142,6 +142,7 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 		Provider: deps[0].Provider,
 		Caller:   Caller(r.Context()),
 	}
+	ir.Inline = func(n int64) (func(), error) { return s.inlined.Reserve(ir.Caller, n, inlineLimits(req.cfg)) }
 	if chat {
 		ir.Upstream, ir.Stateless = upstream.NewChatAPI(target, upstream.ChatOptionsFor(deps[0])), true
 	}
@@ -174,18 +175,41 @@ func (s *server) continuesMinted(ctx context.Context, prev string) bool {
 // passResponses passes a POST /v1/responses through to target, a Responses upstream, streamed or
 // not as the client asked, and records who owns the response it creates (owners.go). The
 // upstream has never heard of the proxy's file ids, so the input parts that name the caller's
-// Files API files carry those files instead (inputfiles.Inline); every other id, and every other
-// byte, goes as sent.
+// Files API files carry those files instead (inputfiles.Inline), streamed from the store as the
+// body is sent; every other id, and every other byte, goes as sent. A request that inlines counts
+// in the in-flight quotas, as an intercepted one does, and its files' bytes in the inline budget
+// (max_inline_bytes_in_flight, _per_key): 1 KB in may be 50 MB out.
 func (s *server) passResponses(w http.ResponseWriter, r *http.Request, target *upstream.Target, body []byte) error {
 	stored := gjson.GetBytes(body, "store").Type != gjson.False
-	if s.files != nil {
-		var err error
-		if body, err = inputfiles.Inline(r.Context(), s.files, Caller(r.Context()), body); err != nil {
-			return err
-		}
+	in, err := inputfiles.Inline(r.Context(), s.files, Caller(r.Context()), body)
+	if err != nil {
+		return err
 	}
-	s.passResponsesTo(w, r, target, body, stored)
+	if len(in.Streams) == 0 {
+		s.passResponsesTo(w, r, target, upstream.Streamed{JSON: in.Body}, stored)
+		return nil
+	}
+	done, err := s.inflight.admit(r.Context())
+	if err != nil {
+		return err
+	}
+	defer done()
+	release, err := s.inlined.Reserve(Caller(r.Context()), in.Bytes, inlineLimits(configFrom(r.Context())))
+	if err != nil {
+		return err
+	}
+	defer release()
+	sb := upstream.Streamed{JSON: in.Body, Holes: make([]upstream.Hole, len(in.Streams))}
+	for i, st := range in.Streams {
+		sb.Holes[i] = upstream.Hole(st)
+	}
+	s.passResponsesTo(w, r, target, sb, stored)
 	return nil
+}
+
+// inlineLimits are cfg's bounds on the bytes of stored files inlined at once.
+func inlineLimits(cfg *config.Config) inputfiles.Limits {
+	return inputfiles.Limits{InFlight: cfg.General.MaxInlineBytesInFlight, PerOwner: cfg.General.MaxInlineBytesInFlightPerKey}
 }
 
 // modelPassthrough serves the endpoints that name a model in their body (chat completions,

@@ -46,9 +46,9 @@ func (s *server) noteOwner(ctx context.Context, id string) error {
 
 // passResponsesTo passes body through to target, recording the owner of the response it creates
 // unless the request says store false (the upstream keeps nothing to reach again).
-func (s *server) passResponsesTo(w http.ResponseWriter, r *http.Request, target *upstream.Target, body []byte, stored bool) {
+func (s *server) passResponsesTo(w http.ResponseWriter, r *http.Request, target *upstream.Target, body upstream.Streamed, stored bool) {
 	if s.owners == nil || !stored {
-		target.Proxy(w, r, body)
+		target.ProxyStreamed(w, r, body)
 		return
 	}
 	target.ProxyResponses(w, r, body, s.noteOwner)

@@ -10,7 +10,8 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
-// inflight counts the intercepted requests in progress, by caller and in total, against the
+// inflight counts the intercepted requests in progress, and the pass-through ones that inline
+// stored files (each of which sends up to 50 MB for a small body), by caller and in total, against the
 // quotas of each request's configuration snapshot (general_settings.max_concurrent_requests and
 // max_concurrent_requests_per_key, or a client key's max_concurrent_requests).
 type inflight struct {
@@ -19,7 +20,7 @@ type inflight struct {
 	byCaller map[string]int
 }
 
-// admit counts one intercepted request of ctx's caller, or returns the 429 of the quota it would
+// admit counts one such request of ctx's caller, or returns the 429 of the quota it would
 // exceed. The returned func ends the request's count; call it once.
 func (f *inflight) admit(ctx context.Context) (func(), error) {
 	q := callerQuotas(ctx)
@@ -28,12 +29,12 @@ func (f *inflight) admit(ctx context.Context) (func(), error) {
 	defer f.mu.Unlock()
 	if q.MaxConcurrentRequestsPerKey > 0 && f.byCaller[who] >= q.MaxConcurrentRequestsPerKey {
 		return nil, apierror.RateLimited(fmt.Sprintf(
-			"Rate limit reached for concurrent code interpreter requests per API key: limit %d in flight (max_concurrent_requests_per_key). Please try again once one finishes.",
+			"Rate limit reached for concurrent code interpreter and file-inlining requests per API key: limit %d in flight (max_concurrent_requests_per_key). Please try again once one finishes.",
 			q.MaxConcurrentRequestsPerKey), 0)
 	}
 	if q.MaxConcurrentRequests > 0 && f.total >= q.MaxConcurrentRequests {
 		return nil, apierror.RateLimited(fmt.Sprintf(
-			"Rate limit reached for concurrent code interpreter requests: the proxy serves its limit of %d at once (max_concurrent_requests). Please try again shortly.",
+			"Rate limit reached for concurrent code interpreter and file-inlining requests: the proxy serves its limit of %d at once (max_concurrent_requests). Please try again shortly.",
 			q.MaxConcurrentRequests), 0)
 	}
 	if f.byCaller == nil {

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/inputfiles"
 	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/peer"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
@@ -100,7 +101,8 @@ type server struct {
 	bodyTimeout time.Duration
 	now         func() time.Time
 	started     time.Time
-	inflight    *inflight // intercepted requests in progress (quota.go)
+	inflight    *inflight          // intercepted requests in progress, and pass-through ones that inline (quota.go)
+	inlined     *inputfiles.Budget // bytes of stored files inlined by requests in progress
 }
 
 // New returns the proxy's HTTP handler. Every route is served both with and without the /v1 prefix.
@@ -123,6 +125,7 @@ func New(opts Options) http.Handler {
 		bodyTimeout: opts.BodyReadTimeout,
 		now:         opts.Now,
 		inflight:    &inflight{},
+		inlined:     &inputfiles.Budget{},
 	}
 	if s.log == nil {
 		s.log = zap.NewNop()

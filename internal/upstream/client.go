@@ -142,7 +142,7 @@ func (t *Target) Post(ctx context.Context, path string, body []byte, h http.Head
 	if len(body) > 0 && hdr.Get("Content-Type") == "" {
 		hdr.Set("Content-Type", "application/json")
 	}
-	return t.send(ctx, http.MethodPost, path, "", hdr, body)
+	return t.send(ctx, http.MethodPost, path, "", hdr, Streamed{JSON: body})
 }
 
 // errHeaderTimeout is the cause of an attempt that got no response headers within its timeout.
@@ -150,7 +150,7 @@ var errHeaderTimeout = errors.New("no response headers within the deployment's t
 
 // send tries the deployments in order; see Post for the rules. hdr must already be clean and is
 // not modified.
-func (t *Target) send(ctx context.Context, method, urlPath, rawQuery string, hdr http.Header, body []byte) (*http.Response, config.Deployment, error) {
+func (t *Target) send(ctx context.Context, method, urlPath, rawQuery string, hdr http.Header, body Streamed) (*http.Response, config.Deployment, error) {
 	var usable []int // indexes of the deployments that can be called
 	var skipped *config.Deployment
 	for i, d := range t.deps {
@@ -173,7 +173,7 @@ func (t *Target) send(ctx context.Context, method, urlPath, rawQuery string, hdr
 	if a := t.deps[usable[0]].Attempts; a > 0 {
 		attempts = a
 	}
-	stream := gjson.GetBytes(body, "stream").Bool()
+	stream := gjson.GetBytes(body.JSON, "stream").Bool()
 
 	var (
 		last     *http.Response    // a buffered 5xx from an attempt that was not the last
@@ -182,7 +182,7 @@ func (t *Target) send(ctx context.Context, method, urlPath, rawQuery string, hdr
 		connErrs []error
 		timedOut bool // the last failed attempt got no headers in time
 
-		sent    []byte // body as prepared for sentFor, reused while the deployment stays the same
+		sent    sendable // body as prepared for sentFor, reused while the deployment stays the same
 		sentFor = -1
 	)
 	for n := range attempts {
@@ -192,8 +192,12 @@ func (t *Target) send(ctx context.Context, method, urlPath, rawQuery string, hdr
 			t.c.metrics.failover(d.Provider)
 		}
 		lastDep = d
+		var err error
 		if sentFor != i {
-			sent, sentFor = DeploymentBody(d, urlPath, body), i
+			if sent, err = body.forDeployment(d, urlPath); err != nil {
+				return nil, d, err
+			}
+			sentFor = i
 		}
 		timeout := d.Timeout
 		if stream {
@@ -254,7 +258,7 @@ func (t *Target) send(ctx context.Context, method, urlPath, rawQuery string, hdr
 // attempt makes one upstream call. With a timeout, the call fails with errHeaderTimeout when no
 // response headers arrived in time; once they have, the body may take as long as it takes (a
 // stream, a slow model), until ctx ends.
-func (t *Target) attempt(ctx context.Context, method string, d config.Deployment, urlPath, rawQuery string, hdr http.Header, body []byte, timeout time.Duration) (*http.Response, error) {
+func (t *Target) attempt(ctx context.Context, method string, d config.Deployment, urlPath, rawQuery string, hdr http.Header, body sendable, timeout time.Duration) (*http.Response, error) {
 	actx, cancel := context.WithCancelCause(ctx)
 	req, err := newRequest(actx, method, d, urlPath, rawQuery, hdr, body)
 	if err != nil {
@@ -335,19 +339,16 @@ func unusableReason(reason string) string {
 }
 
 // newRequest builds the request for one deployment. hdr is copied, never modified.
-func newRequest(ctx context.Context, method string, d config.Deployment, urlPath, rawQuery string, hdr http.Header, body []byte) (*http.Request, error) {
+func newRequest(ctx context.Context, method string, d config.Deployment, urlPath, rawQuery string, hdr http.Header, body sendable) (*http.Request, error) {
 	u, err := endpointURL(d, urlPath, rawQuery)
 	if err != nil {
 		return nil, err
 	}
-	var rd io.Reader
-	if len(body) > 0 {
-		rd = bytes.NewReader(body) // sets ContentLength and GetBody, so the transport may retry
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("building upstream request: %w", err)
 	}
+	body.setBody(req) // with GetBody, so the transport may retry
 	req.Header = hdr.Clone()
 	if req.Header == nil {
 		req.Header = make(http.Header)

@@ -44,25 +44,30 @@ const StatusClientClosedRequest = 499
 // after the headers are sent, a broken stream aborts the handler with http.ErrAbortHandler, which
 // net/http (and the router's recoverer) treat as a silent abort.
 func (t *Target) Proxy(w http.ResponseWriter, r *http.Request, body []byte) {
+	t.proxy(w, r, Streamed{JSON: body}, nil)
+}
+
+// ProxyStreamed is Proxy for a body whose holes are read as it is sent, for each attempt.
+func (t *Target) ProxyStreamed(w http.ResponseWriter, r *http.Request, body Streamed) {
 	t.proxy(w, r, body, nil)
 }
 
 // NoteID is told the id of a response an upstream created (ProxyResponses). ctx is the request's.
 type NoteID func(ctx context.Context, id string) error
 
-// ProxyResponses is Proxy for POST /v1/responses, telling note the id of the response the upstream
-// created: the top-level "id" of a JSON answer, or the "response.id" of the first event of a
-// stream that has one, in a 2xx answer. note runs before any byte of the answer reaches the
+// ProxyResponses is ProxyStreamed for POST /v1/responses, telling note the id of the response the
+// upstream created: the top-level "id" of a JSON answer, or the "response.id" of the first event
+// of a stream that has one, in a 2xx answer. note runs before any byte of the answer reaches the
 // client, so no client can name the id before note has returned; an error from note (the id could
 // not be recorded) is written instead of the answer, as an *apierror.Error or a 502. To read the
 // id the answer must be plain, so the upstream is not asked for compression (the transport
 // negotiates and undoes it itself). An answer whose id is not within its first 64 KiB is passed
 // on without note.
-func (t *Target) ProxyResponses(w http.ResponseWriter, r *http.Request, body []byte, note NoteID) {
+func (t *Target) ProxyResponses(w http.ResponseWriter, r *http.Request, body Streamed, note NoteID) {
 	t.proxy(w, r, body, note)
 }
 
-func (t *Target) proxy(w http.ResponseWriter, r *http.Request, body []byte, note NoteID) {
+func (t *Target) proxy(w http.ResponseWriter, r *http.Request, body Streamed, note NoteID) {
 	rp := &httputil.ReverseProxy{
 		Rewrite:        rewriteOutbound,
 		Transport:      &failoverTransport{t: t, path: trimVersion(r.URL.Path), body: body},
@@ -213,7 +218,7 @@ func (t *Target) writeError(w http.ResponseWriter, r *http.Request, err error) {
 type failoverTransport struct {
 	t    *Target
 	path string
-	body []byte
+	body Streamed
 }
 
 // RoundTrip implements http.RoundTripper. out comes from ReverseProxy, already rewritten; its Body

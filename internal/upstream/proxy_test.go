@@ -463,7 +463,7 @@ func TestProxyResponsesNotesTheID(t *testing.T) {
 	var noteErr error
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		c.Target(deps).ProxyResponses(w, r, body, func(ctx context.Context, id string) error {
+		c.Target(deps).ProxyResponses(w, r, Streamed{JSON: body}, func(ctx context.Context, id string) error {
 			noted = append(noted, id)
 			if strings.Contains(string(body), `"stream":true`) {
 				close(release)
