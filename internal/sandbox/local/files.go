@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ciproxy/ciproxy/internal/ctxio"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
@@ -156,7 +157,7 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, path string,
 				unix.Unlinkat(dir, tmp, 0)
 			}
 		}()
-		n, err := io.Copy(f, io.LimitReader(ctxReader{ctx, r}, max+1))
+		n, err := io.Copy(f, io.LimitReader(ctxio.Reader(ctx, r), max+1))
 		if err != nil {
 			return fmt.Errorf("local sandbox: writing %s: %w", path, err)
 		}
@@ -169,19 +170,6 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, path string,
 		ok = true
 		return nil
 	})
-}
-
-// ctxReader stops a copy when its context ends.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
 
 // ReadFile copies the regular file at path below /mnt/data into w.
@@ -208,7 +196,7 @@ func (p *Provider) ReadFile(ctx context.Context, h sandbox.Handle, path string, 
 		if st.Size > max {
 			return fmt.Errorf("%w: %s is %d bytes, over %d", sandbox.ErrFileTooLarge, path, st.Size, max)
 		}
-		n, err = io.CopyN(w, ctxReader{ctx, f}, st.Size)
+		n, err = io.CopyN(w, ctxio.Reader(ctx, f), st.Size)
 		if errors.Is(err, io.EOF) {
 			err = nil // it shrank meanwhile
 		}
