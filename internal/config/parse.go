@@ -30,6 +30,11 @@ const (
 	DefaultShutdownGrace        = 30 * time.Second
 	DefaultMaxFileUploadSize    = 512 << 20 // OpenAI's limit for one file
 	DefaultMaxFileStoragePerKey = 10 << 30
+	// Uploads in flight: one key's at once, every key's bytes together (of this process, or of
+	// every replica on Redis), and how long one upload's body may take.
+	DefaultMaxConcurrentUploadsPerKey = 16
+	DefaultMaxUploadBytesInFlight     = 2 << 30
+	DefaultUploadTimeout              = 15 * time.Minute
 
 	// DefaultSandboxToolName names the sandbox tool that stands in when sandbox_tools is absent, and
 	// DefaultSandboxBackend is its backend, with that backend's defaults.
@@ -438,6 +443,9 @@ func (d *decoder) general(n *yaml.Node) General {
 	g.DataDir = strings.TrimSpace(p.String("data_dir").S)
 	g.MaxFileUploadSize, _ = p.Size("max_file_upload_size", DefaultMaxFileUploadSize)
 	g.MaxFileStoragePerKey, _ = p.Size("max_file_storage_per_key", DefaultMaxFileStoragePerKey)
+	g.MaxConcurrentUploadsPerKey = p.Int("max_concurrent_uploads_per_key", DefaultMaxConcurrentUploadsPerKey, 1)
+	g.MaxUploadBytesInFlight, _ = p.Size("max_upload_bytes_in_flight", DefaultMaxUploadBytesInFlight)
+	g.UploadTimeout = p.Duration("upload_timeout", DefaultUploadTimeout, false)
 	g.Quotas = d.quotas(p)
 	g.ClientKeys = d.clientKeys(p.Node("client_keys"), g.Quotas, g.MasterKey)
 	if v := p.String("advertise_url"); v.Present && strings.TrimSpace(v.S) != "" {
