@@ -446,6 +446,10 @@ func (d *decoder) general(n *yaml.Node) General {
 	g.MaxConcurrentUploadsPerKey = p.Int("max_concurrent_uploads_per_key", DefaultMaxConcurrentUploadsPerKey, 1)
 	g.MaxUploadBytesInFlight, _ = p.Size("max_upload_bytes_in_flight", DefaultMaxUploadBytesInFlight)
 	g.UploadTimeout = p.Duration("upload_timeout", DefaultUploadTimeout, false)
+	if g.MaxUploadBytesInFlight < g.MaxFileUploadSize {
+		d.Warnf("%s.max_upload_bytes_in_flight (%d) is below max_file_upload_size (%d): a file larger than it can never be uploaded",
+			path, g.MaxUploadBytesInFlight, g.MaxFileUploadSize)
+	}
 	g.Quotas = d.quotas(p)
 	g.ClientKeys = d.clientKeys(p.Node("client_keys"), g.Quotas, g.MasterKey)
 	if v := p.String("advertise_url"); v.Present && strings.TrimSpace(v.S) != "" {
