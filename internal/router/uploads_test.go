@@ -15,12 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/store/redisstore"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 	"github.com/ciproxy/ciproxy/internal/testutil/redisserver"
 )
 
@@ -285,56 +287,60 @@ func TestUploadsInFlightCaps(t *testing.T) {
 	}
 }
 
-// TestUploadTimeout: a client that keeps every read just inside the per-read deadline, a few
+// TestUploadTimeout: a client that keeps every read far inside the per-read deadline, a few
 // bytes at a time, cannot make its upload last past upload_timeout: it gets a 408 and nothing is
-// stored.
+// stored, for a Files API upload and a container file upload alike.
 func TestUploadTimeout(t *testing.T) {
-	const perRead, total = 2 * time.Second, 500 * time.Millisecond
-	dir := t.TempDir()
-	st, err := embedded.Open(embedded.Options{Dir: dir, SweepEvery: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	cfg := filesConfig(func(c *config.Config) { c.General.UploadTimeout = total })
-	p := newProxy(t, cfg, func(o *Options) { o.Files = st; o.BodyReadTimeout = perRead })
+	const total = 500 * time.Millisecond
+	withTimeout := func(c *config.Config) { c.General.UploadTimeout = total }
+	t.Run("files", func(t *testing.T) {
+		p := newFilesProxy(t, filesConfig(withTimeout), "")
+		checkUploadTimeout(t, trickle(t, p.Listener.Addr().String(), "/v1/files", form{{"purpose", "user_data", ""}, {"file", strings.Repeat("t", 1<<10), "slow.bin"}}), total)
+		p.nothingStored(t, "")
+	})
+	t.Run("container files", func(t *testing.T) {
+		p := newContainerBackend(t, "e2b").start(t, containersConfig(withTimeout), t.TempDir(), storetest.NewClock())
+		cl := p.client("")
+		made, err := cl.Containers.New(context.Background(), openai.ContainerNewParams{Name: "slow"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkUploadTimeout(t, trickle(t, p.Listener.Addr().String(), "/v1/containers/"+made.ID+"/files", form{{"file", strings.Repeat("t", 1<<10), "slow.bin"}}), total)
+		if l, err := p.sess.Files(context.Background(), "", made.ID, store.ContainerFileQuery{}); err != nil || len(l.Items) != 0 {
+			t.Errorf("files after a timed-out upload = %+v, %v; want none", l.Items, err)
+		}
+	})
+}
 
-	conn, err := net.Dial("tcp", p.Listener.Addr().String())
+// trickle posts parts to path on addr 16 bytes every 100 ms (a body of about a kilobyte then
+// takes 8 s), and returns the raw answer, whenever it comes.
+func trickle(t *testing.T, addr, path string, parts form) []byte {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	body, ct := multipartBody(form{{"purpose", "user_data", ""}, {"file", strings.Repeat("t", 1<<10), "slow.bin"}})
-	fmt.Fprintf(conn, "POST /v1/files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n", ct, len(body))
-	// The trickle: 16 bytes every 100 ms, far inside the per-read deadline. Sent whole it would
-	// take 8 s, and be stored: the total deadline must end it long before.
+	body, ct := multipartBody(parts)
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n", path, ct, len(body))
 	answer := make(chan []byte, 1)
 	go func() {
 		b, _ := io.ReadAll(conn)
 		answer <- b
 	}()
-	trickled := 0
-	for trickled < len(body) {
+	for sent := 0; sent < len(body); {
 		select {
 		case b := <-answer:
-			checkUploadTimeout(t, b, total)
-			if u, err := st.Usage(context.Background(), ""); err != nil || u != (store.Usage{}) {
-				t.Errorf("Usage = %+v, %v; want nothing stored", u, err)
-			}
-			eventually(t, "tmp/ to be empty", func() bool {
-				entries, err := os.ReadDir(filepath.Join(dir, "tmp"))
-				return err == nil && len(entries) == 0
-			})
-			return
+			return b
 		case <-time.After(100 * time.Millisecond):
 		}
-		n := min(16, len(body)-trickled)
-		if _, err := io.WriteString(conn, body[trickled:trickled+n]); err != nil {
+		n := min(16, len(body)-sent)
+		if _, err := io.WriteString(conn, body[sent:sent+n]); err != nil {
 			break
 		}
-		trickled += n
+		sent += n
 	}
-	checkUploadTimeout(t, <-answer, total)
+	return <-answer
 }
 
 // checkUploadTimeout checks that the raw HTTP answer is the 408 of upload_timeout.
