@@ -9,9 +9,13 @@ import (
 	"mime/multipart"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -151,5 +155,90 @@ func TestContainersSurviveARestart(t *testing.T) {
 				t.Errorf("Delete() = %v, e2b sandboxes left %d; want none", err, emu.Live())
 			}
 		})
+	}
+}
+
+// TestHeldUploadsStayInTheQuota: uploads held open before their last boundary count against the
+// key's max_file_storage_per_key as their bytes arrive: the data directory never holds more than
+// the quota, and the upload that would pass it gets OpenAI's 400 storage_limit_exceeded.
+func TestHeldUploadsStayInTheQuota(t *testing.T) {
+	const quota, each = 4 << 20, 1536 << 10
+	up := newUpstreamServer(t)
+	path := writeConfig(t, t.TempDir(), configYAML(up.URL, "gpt-a")+"  max_file_storage_per_key: 4m\n")
+	dataDir := t.TempDir()
+	p := start(t, "--config", path, "--data-dir", dataDir)
+	onDisk := func() int64 {
+		var n int64
+		for _, sub := range []string{"tmp", "blobs"} {
+			entries, _ := os.ReadDir(filepath.Join(dataDir, sub))
+			for _, e := range entries {
+				if info, err := e.Info(); err == nil {
+					n += info.Size()
+				}
+			}
+		}
+		return n
+	}
+	// hold sends the purpose and each bytes of the file, then nothing until the test ends.
+	hold := func() <-chan *http.Response {
+		pr, pw := io.Pipe()
+		t.Cleanup(func() { _ = pw.CloseWithError(io.ErrUnexpectedEOF) })
+		mw := multipart.NewWriter(pw)
+		req, _ := http.NewRequest(http.MethodPost, p.url+"/v1/files", pr)
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		req.Header.Set("Content-Type", mw.FormDataContentType())
+		answer := make(chan *http.Response, 1)
+		go func() {
+			resp, _ := http.DefaultClient.Do(req)
+			answer <- resp
+		}()
+		go func() {
+			_ = mw.WriteField("purpose", "user_data")
+			fw, _ := mw.CreateFormFile("file", "held.bin")
+			_, _ = fw.Write(bytes.Repeat([]byte("a"), each)) // no line break: all of it passes the multipart reader
+		}()
+		return answer
+	}
+	var most atomic.Int64
+	stop := make(chan struct{})
+	var sampled sync.WaitGroup
+	sampled.Go(func() {
+		for {
+			most.Store(max(most.Load(), onDisk()))
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	})
+	for i := range 2 {
+		hold()
+		deadline := time.Now().Add(20 * time.Second)
+		for onDisk() != int64(i+1)*each {
+			if time.Now().After(deadline) {
+				t.Fatalf("upload %d: %d bytes on disk; want %d", i+1, onDisk(), (i+1)*each)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	select {
+	case resp := <-hold():
+		if resp == nil {
+			t.Fatal("the upload past the quota failed without an answer")
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var e struct{ Error struct{ Code, Param string } }
+		if resp.StatusCode != http.StatusBadRequest || json.Unmarshal(b, &e) != nil || e.Error.Code != "storage_limit_exceeded" || e.Error.Param != "file" {
+			t.Errorf("the upload past the quota = %d %s; want 400 storage_limit_exceeded", resp.StatusCode, b)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("no answer to the upload past the quota")
+	}
+	close(stop)
+	sampled.Wait()
+	if most.Load() > quota {
+		t.Errorf("the data directory held %d bytes of one key's uploads; its quota is %d", most.Load(), quota)
 	}
 }

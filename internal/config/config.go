@@ -270,6 +270,12 @@ type General struct {
 	// 0 in a Config built in code: no bound).
 	MaxInlineBytesInFlight       int64
 	MaxInlineBytesInFlightPerKey int64
+	// Uploads in flight (Files API): how many one key may have at once (default 16), how many
+	// bytes every key's may hold together (default 2 GiB: in this process's data directory, or
+	// in Redis for every replica), and how long one upload's body may take (default 15m).
+	MaxConcurrentUploadsPerKey int
+	MaxUploadBytesInFlight     int64
+	UploadTimeout              time.Duration
 	// Quotas are the quotas of every caller without a client_keys entry of its own (the master
 	// key's, an open proxy's callers), and the totals.
 	Quotas Quotas

@@ -35,6 +35,11 @@ const (
 	// above what one request may name (100 MB of files and images), well below the host's memory.
 	DefaultMaxInlineBytesInFlight       = 512 << 20
 	DefaultMaxInlineBytesInFlightPerKey = 128 << 20
+	// Uploads in flight: one key's at once, every key's bytes together (of this process, or of
+	// every replica on Redis), and how long one upload's body may take.
+	DefaultMaxConcurrentUploadsPerKey = 16
+	DefaultMaxUploadBytesInFlight     = 2 << 30
+	DefaultUploadTimeout              = 15 * time.Minute
 
 	// DefaultSandboxToolName names the sandbox tool that stands in when sandbox_tools is absent, and
 	// DefaultSandboxBackend is its backend, with that backend's defaults.
@@ -453,6 +458,13 @@ func (d *decoder) general(n *yaml.Node) General {
 	g.MaxFileStoragePerKey, _ = p.Size("max_file_storage_per_key", DefaultMaxFileStoragePerKey)
 	g.MaxInlineBytesInFlight, _ = p.Size("max_inline_bytes_in_flight", DefaultMaxInlineBytesInFlight)
 	g.MaxInlineBytesInFlightPerKey, _ = p.Size("max_inline_bytes_in_flight_per_key", DefaultMaxInlineBytesInFlightPerKey)
+	g.MaxConcurrentUploadsPerKey = p.Int("max_concurrent_uploads_per_key", DefaultMaxConcurrentUploadsPerKey, 1)
+	g.MaxUploadBytesInFlight, _ = p.Size("max_upload_bytes_in_flight", DefaultMaxUploadBytesInFlight)
+	g.UploadTimeout = p.Duration("upload_timeout", DefaultUploadTimeout, false)
+	if g.MaxUploadBytesInFlight < g.MaxFileUploadSize {
+		d.Warnf("%s.max_upload_bytes_in_flight (%d) is below max_file_upload_size (%d): a file larger than it can never be uploaded",
+			path, g.MaxUploadBytesInFlight, g.MaxFileUploadSize)
+	}
 	g.Quotas = d.quotas(p, keyCount(g.MasterKey, p.Node("client_keys")))
 	g.ClientKeys = d.clientKeys(p.Node("client_keys"), g.Quotas, g.MasterKey)
 	if v := p.String("advertise_url"); v.Present && strings.TrimSpace(v.S) != "" {

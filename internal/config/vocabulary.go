@@ -355,6 +355,9 @@ var vocabulary = map[string][]vocabKey{
 		{"data_dir", read, ""},                           // ciproxy's own
 		{"max_file_upload_size", read, ""},               // ciproxy's own
 		{"max_file_storage_per_key", read, ""},           // ciproxy's own
+		{"max_concurrent_uploads_per_key", read, ""},     // ciproxy's own
+		{"max_upload_bytes_in_flight", read, ""},         // ciproxy's own
+		{"upload_timeout", read, ""},                     // ciproxy's own
 		{"max_inline_bytes_in_flight", read, ""},         // ciproxy's own
 		{"max_inline_bytes_in_flight_per_key", read, ""}, // ciproxy's own
 		{"client_keys", read, ""},                        // ciproxy's own: keys besides master_key

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"mime/multipart"
 	"net/http"
@@ -414,15 +413,15 @@ func (s *server) createContainerFile(w http.ResponseWriter, r *http.Request) err
 		w.Header().Set("Connection", "close")
 		return containerError(sandbox.ErrFileTooLarge, id, "", "file")
 	}
-	body := &uploadBody{r: http.MaxBytesReader(w, r.Body, bodyMax), rc: http.NewResponseController(w), timeout: s.bodyTimeout}
+	body := s.uploadBody(w, r, bodyMax, cfg)
 	up := &containerUpload{s: s, r: r, id: id, lim: lim}
 	defer up.release()
-	if err := up.read(multipart.NewReader(body, params["boundary"])); err != nil {
+	if err := readForm(multipart.NewReader(body, params["boundary"]), up); err != nil {
 		w.Header().Set("Connection", "close")
 		up.undo()
-		return err
+		return uploadError(err, r, cfg)
 	}
-	_ = body.rc.SetReadDeadline(time.Time{})
+	body.done()
 	switch {
 	case up.stored != nil && up.fileID != nil:
 		// Both were sent: the upload is undone, as neither can be told to win.
@@ -491,36 +490,12 @@ func (u *containerUpload) release() {
 	}
 }
 
-func (u *containerUpload) read(mr *multipart.Reader) error {
-	for {
-		part, err := mr.NextPart()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return uploadError(readError{err}, u.r, configFrom(u.r.Context()))
-		}
-		switch part.FormName() {
-		case "file":
-			if err := u.file(part); err != nil {
-				return err
-			}
-		case "file_id":
-			v, err := io.ReadAll(io.LimitReader(part, fieldLimit+1))
-			if err != nil {
-				return uploadError(readError{err}, u.r, configFrom(u.r.Context()))
-			}
-			if len(v) > fieldLimit {
-				return apierror.BadRequest("'file_id' is too long.", "file_id", "")
-			}
-			s := string(v)
-			u.fileID = &s
-		default:
-			if _, err := io.Copy(io.Discard, part); err != nil {
-				return uploadError(readError{err}, u.r, configFrom(u.r.Context()))
-			}
-		}
+// field implements uploadParts.
+func (u *containerUpload) field(name string) func(string) error {
+	if name == "file_id" {
+		return keep(&u.fileID)
 	}
+	return nil
 }
 
 // file streams the file part into the container.
@@ -542,8 +517,8 @@ func (u *containerUpload) file(part *multipart.Part) error {
 	src := &readRecorder{r: part}
 	f, err := u.c.AddFile(ctx, rawFilename(part), "", src, u.lim)
 	if err != nil {
-		if src.err != nil && !errors.Is(src.err, io.EOF) {
-			return uploadError(readError{src.err}, u.r, configFrom(u.r.Context()))
+		if src.err != nil {
+			return readError{src.err}
 		}
 		return containerError(err, u.id, "", "file")
 	}

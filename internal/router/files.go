@@ -92,15 +92,25 @@ func noSuchFile(id string) *apierror.Error {
 }
 
 // storeError turns what the store refused into the client's error; anything else becomes a 500
-// (or a 503 when the store is out of reach) whose cause only the log sees.
+// (or a 503 when the store is out of reach) whose cause only the log sees. The limits of
+// uploads in flight are quotas, 429 as the others; the storage quota is OpenAI's 400.
 func storeError(err error, cfg *config.Config) error {
+	lim := fileLimits(cfg)
 	switch {
 	case errors.Is(err, store.ErrTooLarge):
 		return &apierror.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: "file", Code: "file_too_large",
-			Message: fmt.Sprintf("The file is larger than the limit of %d bytes.", cfg.General.MaxFileUploadSize), Err: err}
+			Message: fmt.Sprintf("The file is larger than the limit of %d bytes.", lim.MaxBytes), Err: err}
 	case errors.Is(err, store.ErrQuota):
 		return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: "file", Code: "storage_limit_exceeded",
-			Message: fmt.Sprintf("Storing this file would take your files past the limit of %d bytes for this API key; delete files to make room.", cfg.General.MaxFileStoragePerKey), Err: err}
+			Message: fmt.Sprintf("Storing this file would take your files past the limit of %d bytes for this API key; delete files to make room.", lim.OwnerBytes), Err: err}
+	case errors.Is(err, store.ErrTooManyUploads):
+		return apierror.RateLimited(fmt.Sprintf(
+			"Rate limit reached for concurrent file uploads per API key: limit %d in flight (max_concurrent_uploads_per_key). Please try again once one finishes.",
+			lim.MaxUploads), 0)
+	case errors.Is(err, store.ErrInFlightFull):
+		return apierror.RateLimited(fmt.Sprintf(
+			"Rate limit reached for file uploads: the uploads in flight hold the proxy's limit of %d bytes (max_upload_bytes_in_flight). Please try again shortly.",
+			lim.MaxInFlight), 0)
 	case errors.Is(err, store.ErrUnavailable):
 		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "The file store is unavailable; try again later.", Err: err}
 	}
@@ -109,7 +119,9 @@ func storeError(err error, cfg *config.Config) error {
 
 // fileLimits are the request's configuration's limits on an upload.
 func fileLimits(cfg *config.Config) store.FileLimits {
-	lim := store.FileLimits{MaxBytes: cfg.General.MaxFileUploadSize, OwnerBytes: cfg.General.MaxFileStoragePerKey}
+	g := cfg.General
+	lim := store.FileLimits{MaxBytes: g.MaxFileUploadSize, OwnerBytes: g.MaxFileStoragePerKey,
+		MaxUploads: g.MaxConcurrentUploadsPerKey, MaxInFlight: g.MaxUploadBytesInFlight}
 	if lim.MaxBytes <= 0 {
 		lim.MaxBytes = config.DefaultMaxFileUploadSize
 	}
@@ -134,15 +146,15 @@ func (s *server) createFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil || mt != "multipart/form-data" || params["boundary"] == "" {
 		return apierror.BadRequest("The request body must be multipart/form-data with the fields 'file' and 'purpose'.", "", "")
 	}
-	body := &uploadBody{r: http.MaxBytesReader(w, r.Body, bodyMax), rc: http.NewResponseController(w), timeout: s.bodyTimeout}
+	body := s.uploadBody(w, r, bodyMax, cfg)
 	form := &uploadForm{s: s, r: r, owner: Caller(r.Context()), lim: lim, cfg: cfg}
 	defer form.abort()
-	if err := form.read(multipart.NewReader(body, params["boundary"])); err != nil {
+	if err := readForm(multipart.NewReader(body, params["boundary"]), form); err != nil {
 		// What remains of the body cannot be read usefully; do not let net/http try.
 		w.Header().Set("Connection", "close")
 		return uploadError(err, r, cfg)
 	}
-	_ = body.rc.SetReadDeadline(time.Time{})
+	body.done()
 	f, err := form.commit()
 	if err != nil {
 		return err
@@ -151,19 +163,49 @@ func (s *server) createFile(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// uploadBody sets a read deadline before every read, so a client may take as long as its upload
-// needs but may not stall for longer than timeout.
+// errUploadTimeout: the upload's body was not over by upload_timeout.
+var errUploadTimeout = errors.New("the upload took longer than upload_timeout")
+
+// uploadBody sets a read deadline before every read, so a client may neither stall for longer
+// than perRead nor, sending a byte now and then, make its upload last past end.
 type uploadBody struct {
 	r       io.Reader
 	rc      *http.ResponseController
-	timeout time.Duration
+	perRead time.Duration
+	end     time.Time
+}
+
+// uploadBody is r's body, of at most max bytes, under the upload's deadlines.
+func (s *server) uploadBody(w http.ResponseWriter, r *http.Request, max int64, cfg *config.Config) *uploadBody {
+	return &uploadBody{r: http.MaxBytesReader(w, r.Body, max), rc: http.NewResponseController(w), perRead: s.bodyTimeout,
+		end: time.Now().Add(uploadTimeout(cfg))}
+}
+
+// uploadTimeout is general_settings.upload_timeout.
+func uploadTimeout(cfg *config.Config) time.Duration {
+	if t := cfg.General.UploadTimeout; t > 0 {
+		return t
+	}
+	return config.DefaultUploadTimeout
 }
 
 func (b *uploadBody) Read(p []byte) (int, error) {
 	// ErrNotSupported (a writer without deadlines) only loses the deadline.
-	_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
-	return b.r.Read(p)
+	deadline := time.Now().Add(b.perRead)
+	if deadline.After(b.end) {
+		deadline = b.end
+	}
+	_ = b.rc.SetReadDeadline(deadline)
+	n, err := b.r.Read(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(b.end) {
+		err = fmt.Errorf("%w: %w", errUploadTimeout, err)
+	}
+	return n, err
 }
+
+// done clears the deadline once the body has been read, so that the connection's next reads do
+// not inherit it.
+func (b *uploadBody) done() { _ = b.rc.SetReadDeadline(time.Time{}) }
 
 // readError is a failure to read the client's body (as opposed to the store failing to write).
 type readError struct{ err error }
@@ -199,6 +241,11 @@ func uploadError(err error, r *http.Request, cfg *config.Config) error {
 		return storeError(store.ErrTooLarge, cfg)
 	case errors.As(err, &rerr):
 		switch {
+		case errors.Is(err, errUploadTimeout):
+			// 408, as a stalled body: the client did not send its request in the time the proxy
+			// waits for one, and a retry on a faster link may well succeed.
+			return &apierror.Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Err: err,
+				Message: fmt.Sprintf("The upload took longer than the limit of %s for one upload; nothing was stored.", uploadTimeout(cfg))}
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			return &apierror.Error{Status: http.StatusRequestTimeout, Message: "Timed out reading the request body.", Type: "invalid_request_error", Err: err}
 		case r.Context().Err() != nil:
@@ -230,9 +277,13 @@ func (f *uploadForm) abort() {
 	}
 }
 
-// read reads every part of the form. The file goes to the store as it is read; the other fields
-// are small and kept. A purpose sent before the file is checked before the file is read.
-func (f *uploadForm) read(mr *multipart.Reader) error {
+// readForm reads the parts of an upload's form in order: the part named "file" goes to the
+// form's file, the text fields it knows to their setters (at most fieldLimit bytes each), and the
+// fields it does not know are read past, as OpenAI's SDKs may add some. A failure to read the
+// body is a readError. It stops at the first error and leaves the part it refuses unread:
+// NextPart would drain it, and after an error nothing calls NextPart, so a refused upload is not
+// read to its end.
+func readForm(mr *multipart.Reader, f uploadParts) error {
 	for {
 		part, err := mr.NextPart()
 		if errors.Is(err, io.EOF) {
@@ -241,43 +292,65 @@ func (f *uploadForm) read(mr *multipart.Reader) error {
 		if err != nil {
 			return readError{err}
 		}
-		if err := f.part(part); err != nil {
+		if part.FormName() == "file" {
+			if err := f.file(part); err != nil {
+				return err
+			}
+			continue
+		}
+		set := f.field(part.FormName())
+		if set == nil {
+			if _, err := io.Copy(io.Discard, part); err != nil {
+				return readError{err}
+			}
+			continue
+		}
+		v, err := io.ReadAll(io.LimitReader(part, fieldLimit+1))
+		if err != nil {
+			return readError{err}
+		}
+		if len(v) > fieldLimit {
+			name := paramName(part.FormName())
+			return apierror.BadRequest(fmt.Sprintf("'%s' is too long.", name), name, "")
+		}
+		if err := set(string(v)); err != nil {
 			return err
 		}
 	}
 }
 
-// part reads one part. It leaves a part it refuses unread: NextPart would drain it, and after an
-// error nothing calls NextPart, so a refused upload is not read to its end.
-func (f *uploadForm) part(part *multipart.Part) error {
-	var dst **string
-	switch part.FormName() {
-	case "file":
-		return f.file(part)
-	case "purpose":
-		dst = &f.purpose
-	case "expires_after[anchor]", "expires_after.anchor":
-		dst = &f.anchor
-	case "expires_after[seconds]", "expires_after.seconds":
-		dst = &f.seconds
-	default:
-		// Fields this API does not know are read past, as OpenAI's SDKs may add some.
-		if _, err := io.Copy(io.Discard, part); err != nil {
-			return readError{err}
-		}
+// uploadParts is what one kind of upload form does with its parts (readForm).
+type uploadParts interface {
+	// file takes the part named "file", streaming it where it goes.
+	file(*multipart.Part) error
+	// field returns what takes the text field name, nil for a field the form does not know.
+	field(name string) func(value string) error
+}
+
+// keep is a field setter that keeps the value in *dst.
+func keep(dst **string) func(string) error {
+	return func(v string) error {
+		*dst = &v
 		return nil
 	}
-	v, err := io.ReadAll(io.LimitReader(part, fieldLimit+1))
-	if err != nil {
-		return readError{err}
-	}
-	if len(v) > fieldLimit {
-		return apierror.BadRequest(fmt.Sprintf("'%s' is too long.", paramName(part.FormName())), paramName(part.FormName()), "")
-	}
-	s := string(v)
-	*dst = &s
-	if dst == &f.purpose && f.up == nil {
-		return checkPurpose(s)
+}
+
+// field implements uploadParts. A purpose sent before the file is checked before the file is
+// read.
+func (f *uploadForm) field(name string) func(string) error {
+	switch name {
+	case "purpose":
+		return func(v string) error {
+			f.purpose = &v
+			if f.up == nil {
+				return checkPurpose(v)
+			}
+			return nil
+		}
+	case "expires_after[anchor]", "expires_after.anchor":
+		return keep(&f.anchor)
+	case "expires_after[seconds]", "expires_after.seconds":
+		return keep(&f.seconds)
 	}
 	return nil
 }

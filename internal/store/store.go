@@ -32,6 +32,12 @@ var (
 	ErrTooLarge = errors.New("store: file too large")
 	// ErrQuota: storing a file would take its owner past FileLimits.OwnerBytes. Nothing was stored.
 	ErrQuota = errors.New("store: owner's storage quota exceeded")
+	// ErrTooManyUploads: the owner has FileLimits.MaxUploads uploads in flight already. Nothing
+	// was stored.
+	ErrTooManyUploads = errors.New("store: too many uploads in flight for the owner")
+	// ErrInFlightFull: the uploads in flight would together hold more than
+	// FileLimits.MaxInFlight bytes. Nothing was stored.
+	ErrInFlightFull = errors.New("store: the bytes of the uploads in flight are at their limit")
 	// ErrInvalid: an argument is malformed (an id or cursor of the wrong shape, a record that
 	// cannot be encoded).
 	ErrInvalid = errors.New("store: invalid argument")
@@ -234,9 +240,20 @@ type ContainerFile struct {
 }
 
 // Files are the Files API's files: metadata and bytes.
+//
+// An upload in flight (begun, neither committed nor aborted) holds a reservation: one of its
+// owner's FileLimits.MaxUploads, and every byte it has written, which counts against its owner's
+// FileLimits.OwnerBytes beside the owner's files and against FileLimits.MaxInFlight beside every
+// other upload in flight. Bytes are reserved before they are stored, so an owner's files and
+// uploads together never hold more than OwnerBytes, on disk or in the store's service, at any
+// moment. Commit turns the reservation into the file; Abort frees it. The reservation of an
+// upload whose process died is not kept forever: it goes with the process (the embedded store)
+// or expires with the upload's stored bytes (a shared store; see its UploadTTL).
 type Files interface {
-	// BeginFile starts storing a file for owner under lim. Nothing is visible, and nothing counts
-	// against the owner, until FileUpload.Commit succeeds.
+	// BeginFile starts storing a file for owner under lim: ErrTooManyUploads when the owner has
+	// lim.MaxUploads uploads in flight, ErrQuota when the owner's files and uploads already hold
+	// lim.OwnerBytes, ErrInFlightFull when the uploads in flight hold lim.MaxInFlight bytes.
+	// Nothing is visible until FileUpload.Commit succeeds.
 	BeginFile(ctx context.Context, owner string, lim FileLimits) (FileUpload, error)
 	// File returns owner's file id.
 	File(ctx context.Context, owner, id string) (File, error)
@@ -247,7 +264,7 @@ type Files interface {
 	ListFiles(ctx context.Context, owner string, q FileQuery) (List[File], error)
 	// DeleteFile removes owner's file id and returns what it was.
 	DeleteFile(ctx context.Context, owner, id string) (File, error)
-	// Usage reports what owner's files take.
+	// Usage reports what owner's files take (committed files only, not uploads in flight).
 	Usage(ctx context.Context, owner string) (Usage, error)
 }
 
@@ -255,21 +272,30 @@ type Files interface {
 type FileLimits struct {
 	// MaxBytes is the largest file accepted.
 	MaxBytes int64
-	// OwnerBytes is the most the owner's files may take together, this one included.
+	// OwnerBytes is the most the owner's files and uploads in flight may hold together, this one
+	// included.
 	OwnerBytes int64
+	// MaxUploads is the most uploads the owner may have in flight at once, this one included.
+	MaxUploads int
+	// MaxInFlight is the most bytes the uploads in flight of every owner may hold together: of
+	// the process for a store only one process opens, of every process sharing it otherwise.
+	MaxInFlight int64
 }
 
 // FileUpload is a file being stored. It is used by one goroutine.
 type FileUpload interface {
-	// Write appends everything r yields. Past FileLimits.MaxBytes it fails with ErrTooLarge, and
-	// past what the owner has left with ErrQuota; the upload can then only be aborted.
+	// Write appends everything r yields, reserving each byte before it is stored (see Files).
+	// Past FileLimits.MaxBytes it fails with ErrTooLarge, past what the owner has left with
+	// ErrQuota, past what the uploads in flight may hold with ErrInFlightFull; the upload can
+	// then only be aborted. When Write returns, every byte it took is reserved.
 	Write(ctx context.Context, r io.Reader) (int64, error)
 	// Commit makes the file visible with the bytes written. f.ID, when empty, is minted (a taken
 	// ID is ErrExists); Owner and Bytes are set from the upload. The quota is checked again, with
-	// everything committed meanwhile. After a failed Commit nothing is stored.
+	// everything committed meanwhile. After a failed Commit nothing is stored. Either way the
+	// upload's reservation is gone.
 	Commit(ctx context.Context, f File) (File, error)
-	// Abort discards the upload. It does nothing after a successful Commit and may be called more
-	// than once, so callers defer it.
+	// Abort discards the upload and frees its reservation. It does nothing after a successful
+	// Commit and may be called more than once, so callers defer it.
 	Abort() error
 }
 

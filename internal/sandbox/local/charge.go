@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/ciproxy/ciproxy/internal/ctxio"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
@@ -54,7 +55,7 @@ func (cg *sandboxCgroup) chargeDir() string {
 // chargedCopy copies at most limit bytes of src into dst, a new file in b's /mnt/data, charged to
 // b's memory cgroup where it has one, and returns the bytes copied.
 func (p *Provider) chargedCopy(ctx context.Context, b *box, dst *os.File, src io.Reader, limit int64) (int64, error) {
-	src = io.LimitReader(ctxReader{ctx, src}, limit)
+	src = io.LimitReader(ctxio.Reader(ctx, src), limit)
 	memcg := b.cg.chargeDir()
 	if memcg == "" || p.copier == "" {
 		return io.Copy(dst, src)

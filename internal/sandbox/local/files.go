@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ciproxy/ciproxy/internal/ctxio"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
@@ -242,19 +243,6 @@ func (p *Provider) Fit(ctx context.Context, h sandbox.Handle, sizes []int64) (in
 	return n, err
 }
 
-// ctxReader stops a copy when its context ends.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
-}
-
 // ReadFile copies the regular file at path below /mnt/data into w.
 func (p *Provider) ReadFile(ctx context.Context, h sandbox.Handle, path string, w io.Writer, max int64) (int64, error) {
 	if _, err := splitPath(path); err != nil {
@@ -279,7 +267,7 @@ func (p *Provider) ReadFile(ctx context.Context, h sandbox.Handle, path string, 
 		if st.Size > max {
 			return fmt.Errorf("%w: %s is %d bytes, over %d", sandbox.ErrFileTooLarge, path, st.Size, max)
 		}
-		n, err = io.CopyN(w, ctxReader{ctx, f}, st.Size)
+		n, err = io.CopyN(w, ctxio.Reader(ctx, f), st.Size)
 		if errors.Is(err, io.EOF) {
 			err = nil // it shrank meanwhile
 		}

@@ -86,6 +86,8 @@ type Store struct {
 	places     map[string]map[string]time.Time // owner -> container id -> until when it holds a place
 	shared     map[string]time.Time            // container id -> the same, for shared containers
 	buckets    map[string]bucket
+	uploads    map[string]*ownerUploads // owner -> its uploads in flight
+	inFlight   int64                    // the bytes every upload in flight has written
 
 	stopSweep chan struct{}
 	swept     sync.WaitGroup
@@ -130,6 +132,7 @@ func Open(opts Options) (*Store, error) {
 		places:     map[string]map[string]time.Time{},
 		shared:     map[string]time.Time{},
 		buckets:    map[string]bucket{},
+		uploads:    map[string]*ownerUploads{},
 		stopSweep:  make(chan struct{}),
 	}
 	if err := s.prepare(); err != nil {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/ctxio"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
@@ -119,36 +120,29 @@ func (s *Store) usedLocked(owner string) (int64, error) {
 	return 0, errors.Join(errs...)
 }
 
+// ownerUploads is what one owner's uploads in flight hold (see store.Files): they live in this
+// process only, so a process that dies takes them with it, and its temporary files go at the
+// next Open.
+type ownerUploads struct {
+	n     int   // uploads in flight
+	bytes int64 // the bytes they have written
+}
+
 // BeginFile implements [store.Files.BeginFile].
 func (s *Store) BeginFile(ctx context.Context, owner string, lim store.FileLimits) (store.FileUpload, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	err := s.checkOpen()
-	var used int64
-	if err == nil {
-		used, err = s.usedLocked(owner)
-	}
-	s.mu.Unlock()
-	if err != nil {
+	u := &upload{s: s, owner: owner, lim: lim}
+	if err := u.hold(); err != nil {
 		return nil, err
-	}
-	if lim.OwnerBytes > 0 && used >= lim.OwnerBytes {
-		return nil, fmt.Errorf("%w: %d of %d bytes in use", store.ErrQuota, used, lim.OwnerBytes)
 	}
 	f, err := os.CreateTemp(s.path(dirTmp), "upload-*")
 	if err != nil {
+		u.release()
 		return nil, fmt.Errorf("embedded store: %w", err)
 	}
-	u := &upload{s: s, owner: owner, lim: lim, f: f, max: -1, tooLarge: store.ErrTooLarge}
-	// The first limit to bind decides which error a file too big for it gets.
-	if lim.MaxBytes > 0 {
-		u.max = lim.MaxBytes
-	}
-	if lim.OwnerBytes > 0 && (u.max < 0 || lim.OwnerBytes-used < u.max) {
-		u.max, u.tooLarge = lim.OwnerBytes-used, store.ErrQuota
-	}
+	u.f = f
 	return u, nil
 }
 
@@ -159,32 +153,123 @@ type upload struct {
 	lim      store.FileLimits
 	f        *os.File // nil once committed or aborted
 	n        int64
-	max      int64 // -1: no limit
-	tooLarge error // what passing max is
+	reserved int64 // bytes counted in flight for the upload: n, or more after a failed write
+	held     bool  // the upload holds one of its owner's uploads in flight
 	failed   bool
 }
 
-// Write implements [store.FileUpload.Write].
+// hold takes one of the owner's uploads in flight, if the limits leave one.
+func (u *upload) hold() error {
+	s := u.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	used, err := s.usedLocked(u.owner)
+	if err != nil {
+		return err
+	}
+	ou := s.uploads[u.owner]
+	if ou == nil {
+		ou = &ownerUploads{}
+	}
+	switch lim := u.lim; {
+	case lim.MaxUploads > 0 && ou.n >= lim.MaxUploads:
+		return fmt.Errorf("%w: %d of %d", store.ErrTooManyUploads, ou.n, lim.MaxUploads)
+	case lim.OwnerBytes > 0 && used+ou.bytes >= lim.OwnerBytes:
+		return fmt.Errorf("%w: %d bytes in files and %d in uploads of %d", store.ErrQuota, used, ou.bytes, lim.OwnerBytes)
+	case lim.MaxInFlight > 0 && s.inFlight >= lim.MaxInFlight:
+		return fmt.Errorf("%w: %d of %d bytes", store.ErrInFlightFull, s.inFlight, lim.MaxInFlight)
+	}
+	ou.n++
+	s.uploads[u.owner] = ou
+	u.held = true
+	return nil
+}
+
+// reserve counts n more bytes of the upload, if its owner's quota and the bytes in flight leave
+// room for them. The owner's bytes are taken as they stand, without dropping expired files
+// first (which costs a pass over them all): an expired file still counting is a refusal too
+// many, never a byte too many, and BeginFile and Commit drop them.
+func (u *upload) reserve(n int64) error {
+	s := u.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var used int64
+	if of := s.ownerFiles[u.owner]; of != nil {
+		used = of.bytes
+	}
+	ou := s.uploads[u.owner]
+	switch lim := u.lim; {
+	case lim.OwnerBytes > 0 && used+ou.bytes+n > lim.OwnerBytes:
+		return fmt.Errorf("%w: %d bytes in files and %d in uploads, %d more asked, %d allowed", store.ErrQuota, used, ou.bytes, n, lim.OwnerBytes)
+	case lim.MaxInFlight > 0 && s.inFlight+n > lim.MaxInFlight:
+		return fmt.Errorf("%w: %d bytes in flight, %d more asked, %d allowed", store.ErrInFlightFull, s.inFlight, n, lim.MaxInFlight)
+	}
+	ou.bytes += n
+	s.inFlight += n
+	u.reserved += n
+	return nil
+}
+
+// releaseLocked gives back what the upload holds: its place among its owner's uploads and the
+// bytes it reserved.
+func (u *upload) releaseLocked() {
+	if !u.held {
+		return
+	}
+	s := u.s
+	ou := s.uploads[u.owner]
+	ou.bytes -= u.reserved
+	s.inFlight -= u.reserved
+	if ou.n--; ou.n == 0 {
+		delete(s.uploads, u.owner)
+	}
+	u.held = false
+}
+
+func (u *upload) release() {
+	u.s.mu.Lock()
+	defer u.s.mu.Unlock()
+	u.releaseLocked()
+}
+
+// Write implements [store.FileUpload.Write]: each block is reserved before it is written.
 func (u *upload) Write(ctx context.Context, r io.Reader) (int64, error) {
 	if u.f == nil || u.failed {
 		return 0, fmt.Errorf("%w: the upload is finished", errInvalid)
 	}
 	src := r
-	if u.max >= 0 {
+	if u.lim.MaxBytes > 0 {
 		// One byte past the limit tells "exactly max" from "more than max".
-		src = io.LimitReader(r, u.max-u.n+1)
+		src = io.LimitReader(r, u.lim.MaxBytes-u.n+1)
 	}
-	n, err := io.Copy(u.f, ctxReader{ctx, src})
-	u.n += n
+	n, err := io.Copy(reservedWriter{u}, ctxio.Reader(ctx, src))
 	switch {
+	case errors.Is(err, store.ErrQuota) || errors.Is(err, store.ErrInFlightFull):
+		u.failed = true
+		return n, err
 	case err != nil:
 		u.failed = true
 		return n, fmt.Errorf("embedded store: storing a file: %w", err)
-	case u.max >= 0 && u.n > u.max:
+	case u.lim.MaxBytes > 0 && u.n > u.lim.MaxBytes:
 		u.failed = true
-		return n, fmt.Errorf("%w: more than %d bytes", u.tooLarge, u.max)
+		return n, fmt.Errorf("%w: more than %d bytes", store.ErrTooLarge, u.lim.MaxBytes)
 	}
 	return n, nil
+}
+
+// reservedWriter writes to the upload's file what it has reserved first.
+type reservedWriter struct{ u *upload }
+
+func (w reservedWriter) Write(p []byte) (int, error) {
+	if err := w.u.reserve(int64(len(p))); err != nil {
+		return 0, err
+	}
+	n, err := w.u.f.Write(p)
+	w.u.n += int64(n)
+	return n, err
 }
 
 // Commit implements [store.FileUpload.Commit].
@@ -225,8 +310,10 @@ func (u *upload) Commit(ctx context.Context, f store.File) (store.File, error) {
 	if err != nil {
 		return store.File{}, err
 	}
-	if u.lim.OwnerBytes > 0 && used+u.n > u.lim.OwnerBytes {
-		return store.File{}, fmt.Errorf("%w: %d bytes in use, %d more asked, %d allowed", store.ErrQuota, used, u.n, u.lim.OwnerBytes)
+	// The upload's own bytes are reserved already: what the others hold counts beside them.
+	others := s.uploads[u.owner].bytes - u.reserved
+	if u.lim.OwnerBytes > 0 && used+others+u.n > u.lim.OwnerBytes {
+		return store.File{}, fmt.Errorf("%w: %d bytes in files and %d in other uploads, %d more asked, %d allowed", store.ErrQuota, used, others, u.n, u.lim.OwnerBytes)
 	}
 	if f.CreatedAt.IsZero() {
 		f.CreatedAt = s.now()
@@ -245,12 +332,14 @@ func (u *upload) Commit(ctx context.Context, f store.File) (store.File, error) {
 		_ = os.Remove(blob)
 		return store.File{}, err
 	}
+	u.releaseLocked()
 	s.indexFileLocked(r)
 	return *r, nil
 }
 
 // Abort implements [store.FileUpload.Abort].
 func (u *upload) Abort() error {
+	u.release()
 	if u.f == nil {
 		return nil
 	}
@@ -261,19 +350,6 @@ func (u *upload) Abort() error {
 		return fmt.Errorf("embedded store: %w", err)
 	}
 	return nil
-}
-
-// ctxReader stops a copy when ctx ends.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
 
 // File implements [store.Files.File].

@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +58,8 @@ func uploadAndWait(addr string) error {
 }
 
 // TestKilledUploadLeavesNothing: a process killed (SIGKILL) in the middle of an upload leaves
-// only its upload key, with a TTL, and then nothing; the file never appears and never counts.
+// only its upload key and its reservation, with the same TTL, and then nothing; the file never
+// appears, and the reservation holds the owner's quota only until it expires.
 func TestKilledUploadLeavesNothing(t *testing.T) {
 	srv := redisserver.Start(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -85,22 +88,47 @@ func TestKilledUploadLeavesNothing(t *testing.T) {
 	}
 	_ = cmd.Wait()
 
-	s := open(t, srv, Options{})
+	s := open(t, srv, Options{ReadGrace: time.Millisecond})
 	ks := keys(t, s)
-	if len(ks) != 1 || !strings.HasPrefix(ks[0], "upload:") {
-		t.Fatalf("keys after the kill = %v; want only the upload's", ks)
+	var uploads []string
+	for _, k := range ks {
+		if strings.HasPrefix(k, "upload:") {
+			uploads = append(uploads, k)
+		}
 	}
-	if n, err := s.rdb.HLen(context.Background(), s.prefix+ks[0]).Result(); err != nil || n != helperChunks {
+	// Beside its bytes, the upload's reservation: among the owner's uploads and everyone's.
+	want := []string{"owner:victim:uploads", "owner:victim:uploads:n", "uploads", "uploads:n"}
+	if len(uploads) != 1 || !slices.Equal(slices.DeleteFunc(ks, func(k string) bool { return k == uploads[0] }), want) {
+		t.Fatalf("keys after the kill = %v; want the upload's and %v", keys(t, s), want)
+	}
+	if n, err := s.rdb.HLen(context.Background(), s.prefix+uploads[0]).Result(); err != nil || n != helperChunks {
 		t.Errorf("the upload holds %d chunks, %v; want the %d written", n, err, helperChunks)
 	}
-	if d := pttl(t, s, ks[0]); d <= 0 || d > helperUploadTTL {
-		t.Errorf("PTTL of the upload = %s; want at most %s", d, helperUploadTTL)
+	for _, k := range append(want, uploads[0]) {
+		if d := pttl(t, s, k); d <= 0 || d > helperUploadTTL {
+			t.Errorf("PTTL of %s = %s; want at most %s", k, d, helperUploadTTL)
+		}
+	}
+	// Until it expires, the dead upload's reservation (every byte it took, the half chunk still
+	// in its memory included) holds the owner's quota; then the whole quota is free.
+	lim := store.FileLimits{OwnerBytes: (helperChunks + 1) * helperChunk}
+	if _, err := store.CreateFile(context.Background(), s, store.File{Owner: "victim"}, bytes.NewReader(make([]byte, helperChunk)), lim); !errors.Is(err, store.ErrQuota) {
+		t.Errorf("a chunk beside the dead upload's reservation = %v; want ErrQuota", err)
+	}
+	eventually(t, "the dead upload's reservation to expire", func() bool {
+		_, err := store.CreateFile(context.Background(), s, store.File{Owner: "victim"}, bytes.NewReader(make([]byte, lim.OwnerBytes)), lim)
+		return err == nil
+	})
+	l, err := s.ListFiles(context.Background(), "victim", store.FileQuery{})
+	if err != nil || len(l.Items) != 1 {
+		t.Fatalf("ListFiles = %+v, %v; want the one file that filled the quota", l, err)
+	}
+	if _, err := s.DeleteFile(context.Background(), "victim", l.Items[0].ID); err != nil {
+		t.Fatal(err)
 	}
 	if u, err := s.Usage(context.Background(), "victim"); err != nil || u != (store.Usage{}) {
 		t.Errorf("Usage of the killed uploader's owner = %+v, %v", u, err)
 	}
-	if l, err := s.ListFiles(context.Background(), "victim", store.FileQuery{}); err != nil || len(l.Items) != 0 {
-		t.Errorf("ListFiles = %+v, %v", l, err)
-	}
-	eventually(t, "the cut upload to expire", func() bool { return len(keys(t, s)) == 0 })
+	// The id clock alone stays (the file minted an id).
+	eventually(t, "the cut upload to expire", func() bool { return slices.Equal(keys(t, s), []string{"idclock"}) })
 }

@@ -54,26 +54,23 @@ func (s *Store) Usage(ctx context.Context, owner string) (store.Usage, error) {
 	return store.Usage{Files: int(files), Bytes: bytes}, nil
 }
 
-// BeginFile implements [store.Files.BeginFile]. Nothing is written to Redis until the first
-// chunk is full.
+// BeginFile implements [store.Files.BeginFile]. It holds the upload's place among the owner's
+// uploads in flight; no byte is written to Redis until the first chunk is full.
 func (s *Store) BeginFile(ctx context.Context, owner string, lim store.FileLimits) (store.FileUpload, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	u, err := s.Usage(ctx, owner)
-	if err != nil {
+	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	if lim.OwnerBytes > 0 && u.Bytes >= lim.OwnerBytes {
-		return nil, fmt.Errorf("%w: %d of %d bytes in use", store.ErrQuota, u.Bytes, lim.OwnerBytes)
+	up := &upload{s: s, owner: owner, lim: lim, blob: randomHex(16)}
+	v, err := scriptBeginUpload.Run(ctx, s.rdb, []string{up.reservations(), s.ownerKey(owner, "files")}, s.prefix, s.nowMs(), s.readGrace.Milliseconds(),
+		up.blob, lim.MaxUploads, lim.OwnerBytes, lim.MaxInFlight, s.nowMs()+s.uploadTTL.Milliseconds()).Result()
+	if err != nil {
+		return nil, s.fail(ctx, err)
 	}
-	up := &upload{s: s, owner: owner, lim: lim, blob: randomHex(16), max: -1, tooLarge: store.ErrTooLarge}
-	// The first limit to bind decides which error a file too big for it gets.
-	if lim.MaxBytes > 0 {
-		up.max = lim.MaxBytes
-	}
-	if lim.OwnerBytes > 0 && (up.max < 0 || lim.OwnerBytes-u.Bytes < up.max) {
-		up.max, up.tooLarge = lim.OwnerBytes-u.Bytes, store.ErrQuota
+	if err := up.refused(v); err != nil {
+		return nil, err
 	}
 	up.buf = s.chunks.Get().(*[]byte)
 	return up, nil
@@ -89,14 +86,37 @@ type upload struct {
 	fill     int     // bytes in *buf
 	chunks   int     // full chunks stored in Redis
 	n        int64
-	max      int64 // -1: no limit
-	tooLarge error // what passing max is
+	reserved int64 // of n
 	failed   bool
 }
 
 func (u *upload) key() string { return u.s.key("upload", u.blob) }
 
-// Write implements [store.FileUpload.Write].
+// reservations is the zset of the owner's uploads in flight.
+func (u *upload) reservations() string { return u.s.ownerKey(u.owner, "uploads") }
+
+// refused reads the reply of a script that reserves for the upload: nil when it did.
+func (u *upload) refused(v any) error {
+	st, rest, err := status(v)
+	switch {
+	case err != nil:
+		return err
+	case st == "ok":
+		return nil
+	case st == "busy" && len(rest) == 1:
+		return fmt.Errorf("%w: %s of %d", store.ErrTooManyUploads, str(rest[0]), u.lim.MaxUploads)
+	case st == "quota" && len(rest) == 1:
+		return fmt.Errorf("%w: %s bytes in files and uploads, %d allowed", store.ErrQuota, str(rest[0]), u.lim.OwnerBytes)
+	case st == "full" && len(rest) == 1:
+		return fmt.Errorf("%w: %s bytes in flight, %d allowed", store.ErrInFlightFull, str(rest[0]), u.lim.MaxInFlight)
+	case st == "lost":
+		return fmt.Errorf("redis store: the upload's reservation expired (more than %s between two chunks)", u.s.uploadTTL)
+	}
+	return fmt.Errorf("redis store: unexpected reply %v", v)
+}
+
+// Write implements [store.FileUpload.Write]. Each full chunk is reserved and stored by one
+// script; what is left in memory at the end is reserved too before Write returns.
 func (u *upload) Write(ctx context.Context, r io.Reader) (int64, error) {
 	if u.buf == nil || u.failed {
 		return 0, fmt.Errorf("%w: the upload is finished", store.ErrInvalid)
@@ -106,60 +126,73 @@ func (u *upload) Write(ctx context.Context, r io.Reader) (int64, error) {
 		return 0, err
 	}
 	src := r
-	if u.max >= 0 {
+	if u.lim.MaxBytes > 0 {
 		// One byte past the limit tells "exactly max" from "more than max".
-		src = io.LimitReader(r, u.max-u.n+1)
+		src = io.LimitReader(r, u.lim.MaxBytes-u.n+1)
 	}
+	written, err := u.copy(ctx, src)
+	if err == nil && u.n > u.reserved {
+		err = u.reserve(ctx, nil)
+	}
+	if err != nil {
+		u.failed = true
+	}
+	return written, err
+}
+
+// copy reads src into chunks, storing each one as it fills.
+func (u *upload) copy(ctx context.Context, src io.Reader) (int64, error) {
 	var written int64
 	buf := *u.buf
 	for {
 		if err := ctx.Err(); err != nil {
-			u.failed = true
 			return written, err
 		}
 		m, err := src.Read(buf[u.fill:])
 		u.fill += m
 		u.n += int64(m)
 		written += int64(m)
-		if u.max >= 0 && u.n > u.max {
-			u.failed = true
-			return written, fmt.Errorf("%w: more than %d bytes", u.tooLarge, u.max)
+		if u.lim.MaxBytes > 0 && u.n > u.lim.MaxBytes {
+			return written, fmt.Errorf("%w: more than %d bytes", store.ErrTooLarge, u.lim.MaxBytes)
 		}
 		if u.fill == len(buf) {
-			if ferr := u.flush(ctx); ferr != nil {
-				u.failed = true
+			if ferr := u.reserve(ctx, buf); ferr != nil {
 				return written, ferr
 			}
+			u.chunks++
+			u.fill = 0
 		}
 		switch {
 		case errors.Is(err, io.EOF):
 			return written, nil
 		case err != nil:
-			u.failed = true
 			return written, fmt.Errorf("redis store: storing a file: %w", err)
 		}
 	}
 }
 
-// flush stores the full chunk and refreshes the upload's TTL, in one transaction, so that no
-// chunk is ever stored without a TTL.
-func (u *upload) flush(ctx context.Context) error {
-	key := u.key()
-	_, err := u.s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, key, strconv.Itoa(u.chunks), (*u.buf)[:u.fill])
-		p.PExpire(ctx, key, u.s.uploadTTL)
-		return nil
-	})
-	if err != nil {
-		return u.s.fail(ctx, err)
+// reserve reserves the bytes written since the last reservation and stores chunk (when not nil)
+// as the next one, in one script, so that no chunk is ever stored unreserved or without a TTL.
+func (u *upload) reserve(ctx context.Context, chunk []byte) error {
+	s := u.s
+	args := []any{s.prefix, s.nowMs(), u.blob, u.n - u.reserved, u.lim.OwnerBytes, u.lim.MaxInFlight,
+		s.nowMs() + s.uploadTTL.Milliseconds(), s.uploadTTL.Milliseconds()}
+	if chunk != nil {
+		args = append(args, u.chunks, chunk)
 	}
-	u.chunks++
-	u.fill = 0
+	v, err := scriptUploadChunk.Run(ctx, s.rdb, []string{u.key(), u.reservations(), s.ownerKey(u.owner, "files")}, args...).Result()
+	if err != nil {
+		return s.fail(ctx, err)
+	}
+	if err := u.refused(v); err != nil {
+		return err
+	}
+	u.reserved = u.n
 	return nil
 }
 
-// Commit implements [store.FileUpload.Commit]: the last chunk, the id, the quota, the bytes and
-// the metadata are settled by one script.
+// Commit implements [store.FileUpload.Commit]: the last chunk, the id, the quota, the bytes, the
+// metadata and the end of the reservation are settled by one script.
 func (u *upload) Commit(ctx context.Context, f store.File) (store.File, error) {
 	if u.buf == nil || u.failed {
 		return store.File{}, fmt.Errorf("%w: the upload is finished", store.ErrInvalid)
@@ -191,7 +224,7 @@ func (u *upload) Commit(ctx context.Context, f store.File) (store.File, error) {
 	if len(tail) > 0 {
 		chunks++
 	}
-	keys := []string{u.key(), s.key("blob", u.blob), s.key("file", f.ID), s.ownerKey(u.owner, "files")}
+	keys := []string{u.key(), s.key("blob", u.blob), s.key("file", f.ID), s.ownerKey(u.owner, "files"), u.reservations()}
 	v, err := scriptCommitFile.Run(ctx, s.rdb, keys, s.prefix, s.nowMs(), s.readGrace.Milliseconds(),
 		f.ID, u.owner, u.n, chunks, u.chunks, tail, u.lim.OwnerBytes, atMs(f.ExpiresAt), u.blob, rec).Result()
 	if err != nil {
@@ -222,19 +255,19 @@ func (u *upload) release() {
 	}
 }
 
-// Abort implements [store.FileUpload.Abort]. When Redis cannot be reached (or the store is
-// closed) the chunks stored so far are left to expire with the upload's TTL.
+// Abort implements [store.FileUpload.Abort]: the chunks and the reservation go together. When
+// Redis cannot be reached (or the store is closed) they are left to expire with the upload's TTL.
 func (u *upload) Abort() error {
 	if u.buf == nil {
 		return nil
 	}
 	u.release()
-	if u.chunks == 0 || u.s.checkOpen() != nil {
+	if u.s.checkOpen() != nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), u.s.rdb.Options().ReadTimeout)
 	defer cancel()
-	return u.s.fail(ctx, u.s.rdb.Unlink(ctx, u.key()).Err())
+	return u.s.fail(ctx, scriptAbortUpload.Run(ctx, u.s.rdb, []string{u.key(), u.reservations()}, u.s.prefix, u.s.nowMs(), u.blob).Err())
 }
 
 // File implements [store.Files.File].

@@ -24,7 +24,13 @@
 //	owner:<o>:files           zset    the owner's file ids in mint order
 //	owner:<o>:files:exp       zset    the same ids scored by ExpiresAt (+inf: never)
 //	owner:<o>:files:size      hash    file id -> bytes
-//	owner:<o>:files:bytes     string  the sum of the sizes: the owner's quota use
+//	owner:<o>:files:bytes     string  the sum of the sizes: with the bytes of the owner's
+//	                                  uploads in flight, the owner's quota use
+//	owner:<o>:uploads         zset    the owner's uploads in flight (blob ids), scored by when
+//	                                  their reservation ends (ms)
+//	owner:<o>:uploads:n       hash    blob id -> the bytes that upload has reserved
+//	uploads                   zset    every owner's uploads in flight, likewise
+//	uploads:n                 hash    blob id -> bytes, for them
 //	owner:<o>:places          zset    the owner's containers holding a place (store.Quotas),
 //	                                  scored by when it ends (ms)
 //	places:shared             zset    the same for every owner's containers whose Host is ""
@@ -40,7 +46,8 @@
 // (ForgetAt for a container, whose files and cfile markers share its lifetime); an index's keys
 // expire with the longest-lived member of the index (its companion zset scored by expiry says
 // which one), and lose their expired members lazily, whenever a script reads or writes that
-// index. A claim expires with its lease, an upload UploadTTL after its last chunk, idclock a day
+// index. A claim expires with its lease, an upload (its bytes and its reservation alike)
+// UploadTTL after its last chunk, idclock a day
 // after the last id, a places zset with its last place, a bucket when it has refilled.
 //
 // Expiry times are sent to Redis as durations from the store's own clock (PEXPIRE, not
@@ -52,6 +59,7 @@
 //
 // Every change that touches more than one key, or must check before it writes, is one Lua script:
 // creating a container or a file (create-if-absent), UpdateContainer (the Version check),
+// reserving an upload's place and each of its chunks (the owner's quota, the bytes in flight),
 // committing an upload (id, quota and bytes decided together), claims, reserving a container's
 // place (the scripts that write a record move its place with it), taking a token. Scripts run one
 // at a time in Redis, so of several replicas racing for one thing exactly one wins.
@@ -64,10 +72,11 @@
 // object store would be a second source of truth, with its own orphans after a crash). Chunks,
 // because a single 512 MB value would hold Redis's one thread for the whole copy and reach its
 // default bulk limit; one hash, because its chunks then share one TTL, are committed by one RENAME
-// and freed by one UNLINK. An upload streams: each chunk is written as soon as it is full (with
-// the upload's TTL refreshed in the same transaction), so at most one chunk per upload is in the
-// proxy's memory, and a cut upload leaves only a key that expires. A reader fetches one chunk at
-// a time. The cost is Redis memory: every stored byte is in RAM (and in its persistence files),
+// and freed by one UNLINK. An upload streams: each chunk is reserved (store.Files) and written as
+// soon as it is full, with the upload's TTL refreshed, by one script, so at most one chunk per
+// upload is in the proxy's memory, no byte reaches Redis past the owner's quota or the bytes in
+// flight allowed, and a cut upload leaves only keys that expire. A reader fetches one chunk at a
+// time. The cost is Redis memory: every stored byte is in RAM (and in its persistence files),
 // so Redis must be sized for max_file_storage_per_key times the callers, and run with
 // maxmemory-policy noeviction, as any Redis holding state must.
 package redisstore

@@ -87,6 +87,53 @@ local function place(ix, id, upto, shared)
   end
 end
 
+-- The uploads in flight (store.Files): a zset of upload ids scored by when each one's reservation
+-- ends (ms), and beside it (z .. ':n') a hash of the bytes each has reserved; one pair per owner
+-- (owner:<o>:uploads) and one for every owner's (uploads). A reservation that is not renewed ends
+-- with the upload's bytes (the same TTL, set by the same script): a process that died mid-upload
+-- holds nothing after it.
+local UPLOADS = P .. 'uploads'
+
+-- fit_uploads drops the reservations of z that have ended and gives z the lifetime of its last one.
+local function fit_uploads(z)
+  local n = z .. ':n'
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', z, '-inf', NOW)) do redis.call('HDEL', n, id) end
+  redis.call('ZREMRANGEBYSCORE', z, '-inf', NOW)
+  local top = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  if #top == 0 then
+    redis.call('DEL', z, n)
+  else
+    local ms = math.max(1, tonumber(top[2]) - NOW)
+    redis.call('PEXPIRE', z, ms)
+    redis.call('PEXPIRE', n, ms)
+  end
+end
+
+-- reserved is what the uploads of z have reserved (fit_uploads first).
+local function reserved(z)
+  local sum = 0
+  for _, v in ipairs(redis.call('HVALS', z .. ':n')) do sum = sum + tonumber(v) end
+  return sum
+end
+
+-- hold_upload reserves add more bytes for upload id in z, and renews its reservation until upto.
+local function hold_upload(z, id, add, upto)
+  redis.call('ZADD', z, upto, id)
+  redis.call('HINCRBY', z .. ':n', id, add)
+  fit_uploads(z)
+end
+
+local function drop_upload(z, id)
+  redis.call('ZREM', z, id)
+  redis.call('HDEL', z .. ':n', id)
+  fit_uploads(z)
+end
+
+-- committed is what the files of the owner whose file index is ix take.
+local function committed(ix)
+  return tonumber(redis.call('GET', ix .. ':bytes') or '0')
+end
+
 -- drop_container removes container id (its key cntr) with its files, their markers and its
 -- index entries.
 local function drop_container(cntr, id)
@@ -322,14 +369,69 @@ reap(ix, ARGV[3])
 return {'ok', redis.call('HLEN', ix .. ':size'), redis.call('GET', ix .. ':bytes') or '0'}
 `)
 
-// scriptCommitFile: KEYS upload blob meta ix; ARGV grace id owner bytes chunks tail-index tail
-// quota expires blob-id record. The upload's last chunk (tail, possibly empty) is written here,
-// and the upload renamed to the file's blob, only once the id and the quota are settled; a
-// refused commit writes nothing. Returns {'ok'}, {'exists'}, {'quota', used} or {'lost'} (the
-// upload's bytes expired before the commit).
+// scriptBeginUpload: KEYS the owner's uploads, the owner's file index; ARGV grace upload-id
+// max-uploads quota max-in-flight until. Reserves nothing yet but the upload's place among the
+// owner's uploads in flight, until until. Returns {'ok'}, {'busy', uploads} (max-uploads
+// reached), {'quota', used} (the owner's files and uploads hold the quota) or {'full', in flight}.
+var scriptBeginUpload = script(`
+local z, ix, id = KEYS[1], KEYS[2], ARGV[4]
+local most, quota, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+reap(ix, ARGV[3])
+fit_uploads(z)
+fit_uploads(UPLOADS)
+local n = redis.call('ZCARD', z)
+if most > 0 and n >= most then return {'busy', n} end
+local used = committed(ix) + reserved(z)
+if quota > 0 and used >= quota then return {'quota', used} end
+local all = reserved(UPLOADS)
+if cap > 0 and all >= cap then return {'full', all} end
+hold_upload(z, id, 0, ARGV[8])
+hold_upload(UPLOADS, id, 0, ARGV[8])
+return {'ok'}
+`)
+
+// scriptUploadChunk: KEYS upload, the owner's uploads, the owner's file index; ARGV upload-id
+// bytes quota max-in-flight until ttl [chunk-index chunk]. Reserves bytes more for the upload,
+// then stores the chunk when one is given: nothing reaches Redis unreserved. The upload's bytes
+// and its reservation get the same lifetime. The owner's expired files are not dropped first
+// (Begin and Commit do): one still counting can refuse a chunk, never let one too many in.
+// Returns {'ok'}, {'quota', used}, {'full', in flight} or {'lost'} (the reservation ended).
+var scriptUploadChunk = script(`
+local upload, z, ix, id = KEYS[1], KEYS[2], KEYS[3], ARGV[3]
+local add, quota, cap, upto = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+fit_uploads(z)
+fit_uploads(UPLOADS)
+if not redis.call('ZSCORE', z, id) then return {'lost'} end
+if add > 0 then
+  local used = committed(ix) + reserved(z)
+  if quota > 0 and used + add > quota then return {'quota', used} end
+  local all = reserved(UPLOADS)
+  if cap > 0 and all + add > cap then return {'full', all} end
+end
+hold_upload(z, id, add, upto)
+hold_upload(UPLOADS, id, add, upto)
+if ARGV[9] then redis.call('HSET', upload, ARGV[9], ARGV[10]) end
+redis.call('PEXPIRE', upload, ARGV[8])
+return {'ok'}
+`)
+
+// scriptAbortUpload: KEYS upload, the owner's uploads; ARGV upload-id.
+var scriptAbortUpload = script(`
+redis.call('UNLINK', KEYS[1])
+drop_upload(KEYS[2], ARGV[3])
+drop_upload(UPLOADS, ARGV[3])
+return {'ok'}
+`)
+
+// scriptCommitFile: KEYS upload blob meta ix, the owner's uploads; ARGV grace id owner bytes
+// chunks tail-index tail quota expires blob-id record. The upload's last chunk (tail, possibly
+// empty; reserved already) is written here, and the upload renamed to the file's blob, only once
+// the id and the quota are settled; its reservation becomes the file's bytes. A refused commit
+// writes nothing. Returns {'ok'}, {'exists'}, {'quota', used} or {'lost'} (the upload's bytes and
+// reservation expired before the commit).
 var scriptCommitFile = script(`
-local upload, blob, meta, ix = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local grace, id, n = ARGV[3], ARGV[4], tonumber(ARGV[6])
+local upload, blob, meta, ix, z = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local grace, id, n, up = ARGV[3], ARGV[4], tonumber(ARGV[6]), ARGV[12]
 reap(ix, grace)
 local old = redis.call('HMGET', meta, 'ix', 'e')
 if old[1] then
@@ -339,13 +441,20 @@ if old[1] then
   fit_files(old[1])
   drop_meta(meta, grace)
 end
-local used = tonumber(redis.call('GET', ix .. ':bytes') or '0')
+fit_uploads(z)
+fit_uploads(UPLOADS)
+local mine = redis.call('HGET', z .. ':n', up)
+if not mine then return {'lost'} end
+-- The upload's own bytes are reserved already: what the others hold counts beside them.
+local used = committed(ix) + reserved(z) - tonumber(mine)
 local quota = tonumber(ARGV[10])
 if quota > 0 and used + n > quota then return {'quota', used} end
 local chunks, tail = tonumber(ARGV[7]), ARGV[9]
 local stored = chunks
 if tail ~= '' then stored = chunks - 1 end
 if redis.call('HLEN', upload) ~= stored then return {'lost'} end
+drop_upload(z, up)
+drop_upload(UPLOADS, up)
 local expires = ARGV[11]
 if chunks > 0 then
   if tail ~= '' then redis.call('HSET', upload, ARGV[8], tail) end

@@ -82,6 +82,10 @@ func Run(t *testing.T, f Factory) {
 	t.Run("Files", func(t *testing.T) { testFiles(t, f) })
 	t.Run("FileLimits", func(t *testing.T) { testFileLimits(t, f) })
 	t.Run("FileQuotaRace", func(t *testing.T) { testFileQuotaRace(t, f) })
+	t.Run("UploadReservations", func(t *testing.T) { testUploadReservations(t, f) })
+	t.Run("UploadSlots", func(t *testing.T) { testUploadSlots(t, f) })
+	t.Run("UploadsInFlight", func(t *testing.T) { testUploadsInFlight(t, f) })
+	t.Run("AbandonedUpload", func(t *testing.T) { testAbandonedUpload(t, f) })
 	t.Run("FilePages", func(t *testing.T) { testFilePages(t, f) })
 	t.Run("FileExpiry", func(t *testing.T) { testFileExpiry(t, f) })
 	t.Run("Containers", func(t *testing.T) { testContainers(t, f) })
@@ -394,28 +398,17 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// testFileQuotaRace: uploads that each fit the quota alone but not together are decided at
-// Commit, so that exactly as many succeed as fit.
+// testFileQuotaRace: uploads that each fit the quota alone but not together race from BeginFile
+// to Commit; exactly as many succeed as fit, the others are refused by their Write (whose bytes
+// are reserved) or their Commit.
 func testFileQuotaRace(t *testing.T, f Factory) {
 	e := newEnv(t, f)
 	lim := store.FileLimits{OwnerBytes: 100}
-	ups := make([]store.FileUpload, 8)
-	for i := range ups {
-		up, err := e.s.BeginFile(e.ctx, "alice", lim)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := up.Write(e.ctx, strings.NewReader(strings.Repeat("x", 30))); err != nil {
-			t.Fatal(err)
-		}
-		ups[i] = up
-	}
 	var ok, quota atomic.Int32
 	var wg sync.WaitGroup
-	for _, up := range ups {
+	for range 8 {
 		wg.Go(func() {
-			defer up.Abort()
-			_, err := up.Commit(e.ctx, store.File{Filename: "x", Purpose: "user_data"})
+			_, err := e.put("alice", "x", "user_data", strings.Repeat("x", 30), lim)
 			switch {
 			case err == nil:
 				ok.Add(1)
@@ -428,10 +421,181 @@ func testFileQuotaRace(t *testing.T, f Factory) {
 	}
 	wg.Wait()
 	if ok.Load() != 3 || quota.Load() != 5 {
-		t.Errorf("%d commits succeeded and %d were over the quota; want 3 and 5", ok.Load(), quota.Load())
+		t.Errorf("%d uploads succeeded and %d were over the quota; want 3 and 5", ok.Load(), quota.Load())
 	}
 	if u := e.usage("alice"); u != (store.Usage{Files: 3, Bytes: 90}) {
 		t.Errorf("Usage = %+v", u)
+	}
+}
+
+// begin starts an upload of owner, failing the test if it is refused.
+func (e *env) begin(owner string, lim store.FileLimits) store.FileUpload {
+	e.t.Helper()
+	up, err := e.s.BeginFile(e.ctx, owner, lim)
+	if err != nil {
+		e.t.Fatalf("BeginFile(%s) = %v", owner, err)
+	}
+	e.t.Cleanup(func() { _ = up.Abort() })
+	return up
+}
+
+// write writes n bytes to up.
+func (e *env) write(up store.FileUpload, n int) error {
+	_, err := up.Write(e.ctx, strings.NewReader(strings.Repeat("r", n)))
+	return err
+}
+
+func (e *env) commit(up store.FileUpload) (store.File, error) {
+	return up.Commit(e.ctx, store.File{Filename: "r", Purpose: "user_data"})
+}
+
+// testUploadReservations: what an upload in flight has written counts against its owner's quota
+// (not another owner's) until it is committed, when it becomes the file's, or aborted, when it is
+// free again; uploads in flight are not files (Usage).
+func testUploadReservations(t *testing.T, f Factory) {
+	e := newEnv(t, f)
+	lim := store.FileLimits{OwnerBytes: 100}
+	a := e.begin("alice", lim)
+	if err := e.write(a, 60); err != nil {
+		t.Fatalf("60 of 100 bytes = %v", err)
+	}
+	b := e.begin("alice", lim)
+	if err := e.write(b, 41); !errors.Is(err, store.ErrQuota) {
+		t.Errorf("41 bytes beside 60 in flight, of 100 = %v; want ErrQuota", err)
+	}
+	if err := b.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	c := e.begin("alice", lim)
+	if err := e.write(c, 40); err != nil {
+		t.Errorf("40 bytes beside 60 in flight, of 100 = %v", err)
+	}
+	if _, err := e.s.BeginFile(e.ctx, "alice", lim); !errors.Is(err, store.ErrQuota) {
+		t.Errorf("BeginFile with the quota held by uploads in flight = %v; want ErrQuota", err)
+	}
+	if u := e.usage("alice"); u != (store.Usage{}) {
+		t.Errorf("Usage with two uploads in flight = %+v; uploads in flight are not files", u)
+	}
+	bob := e.begin("bob", lim)
+	if err := e.write(bob, 100); err != nil {
+		t.Errorf("another owner's upload = %v; quotas are per owner", err)
+	}
+	if err := a.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	d := e.begin("alice", lim)
+	if err := e.write(d, 60); err != nil {
+		t.Errorf("60 bytes after an abort freed 60 = %v", err)
+	}
+	for _, up := range []store.FileUpload{c, d} {
+		if _, err := e.commit(up); err != nil {
+			t.Errorf("Commit = %v", err)
+		}
+	}
+	if u := e.usage("alice"); u != (store.Usage{Files: 2, Bytes: 100}) {
+		t.Errorf("Usage after two commits = %+v", u)
+	}
+	if _, err := e.s.BeginFile(e.ctx, "alice", lim); !errors.Is(err, store.ErrQuota) {
+		t.Errorf("BeginFile with the quota held by files = %v; want ErrQuota", err)
+	}
+	// A commit frees the reservation: the bytes count once, as the file's.
+	l, _ := e.s.ListFiles(e.ctx, "alice", store.FileQuery{})
+	if _, err := e.s.DeleteFile(e.ctx, "alice", l.Items[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	g := e.begin("alice", lim)
+	if err := e.write(g, 60); err != nil {
+		t.Errorf("60 bytes beside a 40-byte file = %v", err)
+	}
+}
+
+// testUploadSlots: an owner has at most MaxUploads uploads in flight; a slot is held from
+// BeginFile, even by an upload whose Write was refused, until Commit or Abort.
+func testUploadSlots(t *testing.T, f Factory) {
+	e := newEnv(t, f)
+	lim := store.FileLimits{MaxUploads: 2, OwnerBytes: 10}
+	a, b := e.begin("alice", lim), e.begin("alice", lim)
+	if _, err := e.s.BeginFile(e.ctx, "alice", lim); !errors.Is(err, store.ErrTooManyUploads) {
+		t.Errorf("a third upload of two allowed = %v; want ErrTooManyUploads", err)
+	}
+	e.begin("bob", lim)
+	if err := e.write(a, 11); !errors.Is(err, store.ErrQuota) {
+		t.Fatalf("Write past the quota = %v; want ErrQuota", err)
+	}
+	if _, err := e.s.BeginFile(e.ctx, "alice", lim); !errors.Is(err, store.ErrTooManyUploads) {
+		t.Errorf("BeginFile beside a refused upload not yet aborted = %v; want ErrTooManyUploads", err)
+	}
+	if err := a.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	c := e.begin("alice", lim)
+	if err := e.write(b, 5); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.commit(b); err != nil {
+		t.Fatal(err)
+	}
+	e.begin("alice", lim)
+	if _, err := e.s.BeginFile(e.ctx, "alice", lim); !errors.Is(err, store.ErrTooManyUploads) {
+		t.Errorf("a third upload after a commit and a new one = %v; want ErrTooManyUploads", err)
+	}
+	if _, err := e.commit(c); err != nil {
+		t.Errorf("an empty upload's Commit = %v", err)
+	}
+}
+
+// testUploadsInFlight: the uploads in flight of every owner together hold at most MaxInFlight
+// bytes; committed files do not count.
+func testUploadsInFlight(t *testing.T, f Factory) {
+	e := newEnv(t, f)
+	lim := store.FileLimits{MaxInFlight: 100}
+	a := e.begin("alice", lim)
+	if err := e.write(a, 70); err != nil {
+		t.Fatal(err)
+	}
+	b := e.begin("bob", lim)
+	if err := e.write(b, 31); !errors.Is(err, store.ErrInFlightFull) {
+		t.Errorf("31 bytes beside 70 in flight, of 100 = %v; want ErrInFlightFull", err)
+	}
+	if err := b.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	b = e.begin("bob", lim)
+	if err := e.write(b, 30); err != nil {
+		t.Errorf("30 bytes beside 70 in flight, of 100 = %v", err)
+	}
+	if _, err := e.s.BeginFile(e.ctx, "carol", lim); !errors.Is(err, store.ErrInFlightFull) {
+		t.Errorf("BeginFile with every in-flight byte held = %v; want ErrInFlightFull", err)
+	}
+	if _, err := e.commit(a); err != nil {
+		t.Fatal(err)
+	}
+	c := e.begin("carol", lim)
+	if err := e.write(c, 70); err != nil {
+		t.Errorf("70 bytes once a 70-byte upload was committed = %v", err)
+	}
+}
+
+// abandonAfter is how long after its last write an upload neither committed nor aborted may hold
+// its reservation (a process that died mid-upload): every store under test must forget it by then.
+const abandonAfter = 2 * time.Hour
+
+// testAbandonedUpload: a store closed with an upload in flight (its process died) does not keep
+// that upload's reservation forever.
+func testAbandonedUpload(t *testing.T, f Factory) {
+	e := newEnv(t, f)
+	lim := store.FileLimits{OwnerBytes: 100, MaxUploads: 1}
+	up, err := e.s.BeginFile(e.ctx, "alice", lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.write(up, 90); err != nil {
+		t.Fatal(err)
+	}
+	e.restart() // no Abort: the process is gone
+	e.clock.Advance(abandonAfter)
+	if _, err := e.put("alice", "whole", "user_data", strings.Repeat("w", 100), lim); err != nil {
+		t.Errorf("the whole quota after an abandoned upload = %v", err)
 	}
 }
 
