@@ -15,6 +15,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/config"
 )
 
 var (
@@ -41,7 +43,21 @@ type ChatOptions struct {
 	// NewID mints the ids of output items (msg_, rs_, fc_) and the call ids an upstream left out.
 	// nil means 48 random hex digits after the prefix, the shape of OpenAI's ids.
 	NewID func(prefix string) string
+	// MaxCodeSize is the size past which the caller refuses a call's arguments (max_code_size;
+	// 0 means config.DefaultMaxCodeSize). The translation keeps at most that plus argsSlack of
+	// one call's arguments: past it the call is cut (see ChatStream).
+	MaxCodeSize int
 }
+
+const (
+	// argsSlack is how far past MaxCodeSize a call's arguments are kept, so that the caller,
+	// which refuses arguments over MaxCodeSize, still sees that they are over it.
+	argsSlack = 64 << 10
+	// maxAnswerKept bounds the text, refusal, reasoning, arguments and logprobs one answer keeps:
+	// about what a native Responses upstream's response.completed, one event of at most
+	// DefaultMaxEventSize, can carry. Past it the answer fails.
+	maxAnswerKept = DefaultMaxEventSize
+)
 
 // ChatRequest is one Responses request translated for a Chat Completions upstream: the body to
 // post, and what translating the answer back needs (the fields a Response repeats from its
@@ -57,6 +73,7 @@ type ChatRequest struct {
 
 	newID    func(prefix string) string
 	logprobs bool // the client included message.output_text.logprobs
+	maxArgs  int  // the bytes of one call's arguments kept: MaxCodeSize plus argsSlack
 	tmpl     responseTemplate
 }
 
@@ -132,7 +149,11 @@ func NewChatRequest(body []byte, opts ChatOptions) (*ChatRequest, error) {
 		// A value the Response repeats (metadata, reasoning) nested past what clients decode.
 		return nil, invalid("", "The request body could not be translated: "+err.Error())
 	}
-	return &ChatRequest{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, tmpl: tmpl}, nil
+	maxArgs := opts.MaxCodeSize
+	if maxArgs <= 0 {
+		maxArgs = config.DefaultMaxCodeSize
+	}
+	return &ChatRequest{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, maxArgs: maxArgs + argsSlack, tmpl: tmpl}, nil
 }
 
 // chatTranslation is the state of one NewChatRequest call.

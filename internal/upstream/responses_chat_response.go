@@ -64,22 +64,27 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	status, reason := finishStatus(finishReason.String())
 
 	var items [][]byte
+	kept := 0 // as ChatStream counts what it keeps
 	if text := reasoningText(reasoningContent, reasoning); text != "" {
+		kept += len(text)
 		items = append(items, appendReasoningItem(nil, r.newID("rs_"), text, true))
 	}
 	var parts []outputPart
 	if text := contentText(content); text != "" {
 		p := outputPart{text: text}
+		kept += len(text)
 		if r.logprobs {
 			var err error
 			if p.logprobs, err = logprobElems(nil, logprobs.Get("content")); err != nil {
 				return nil, err
 			}
+			kept += len(p.logprobs)
 		}
 		parts = append(parts, p)
 	}
 	if refusal.Type == gjson.String && refusal.Str != "" {
 		parts = append(parts, outputPart{refusal: true, text: refusal.Str})
+		kept += len(refusal.Str)
 	}
 	msgID := ""
 	if len(parts) > 0 {
@@ -104,6 +109,10 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 			return false
 		}
 		c := callItem{id: r.newID("fc_"), callID: id.String(), name: name.String(), args: args}
+		if len(args) > r.maxArgs {
+			c.args, c.cut = cutUTF8(args, r.maxArgs), true
+		}
+		kept += len(c.args)
 		if c.callID == "" {
 			c.callID = r.newID("call_")
 		}
@@ -112,6 +121,9 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	})
 	if err != nil {
 		return nil, err
+	}
+	if kept > maxAnswerKept {
+		return nil, answerTooLarge()
 	}
 	last := len(items) + len(calls) - 1
 	if len(parts) > 0 {
@@ -127,7 +139,11 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 		items = append(items, appendMessageItem(nil, msgID, itemStatus(len(items)), parts))
 	}
 	for _, c := range calls {
-		items = append(items, appendCallItem(nil, c.id, itemStatus(len(items)), c.args, c.callID, c.name))
+		st := itemStatus(len(items))
+		if c.cut {
+			st = "incomplete"
+		}
+		items = append(items, appendCallItem(nil, c.id, st, c.args, c.callID, c.name))
 	}
 
 	if createdAt == 0 {
@@ -139,7 +155,10 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	}), nil
 }
 
-type callItem struct{ id, callID, name, args string }
+type callItem struct {
+	id, callID, name, args string
+	cut                    bool // the arguments were cut at maxArgs
+}
 
 // finishStatus maps a finish_reason to the Response's status and incomplete reason.
 func finishStatus(finish string) (status, reason string) {

@@ -1,0 +1,112 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// chatServer is a Chat Completions upstream whose answers the test writes: the nth POST (from 0)
+// is answered by answer, always as an event stream.
+func chatServer(t *testing.T, answer func(n int, w io.Writer)) *httptest.Server {
+	t.Helper()
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		answer(int(calls.Add(1)-1), w)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// chatChunk is one event of a chat stream with one choice.
+func chatChunk(delta, finish string) string {
+	if finish == "" {
+		finish = "null"
+	}
+	return `data: {"object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + finish + "}]}\n\n"
+}
+
+// peakRSS returns the VmHWM of process pid, in bytes.
+func peakRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM")
+	return 0
+}
+
+// TestChatHugeArguments: a chat upstream streams one call of the code interpreter's function
+// with 150 MiB of arguments. The proxy keeps no more of them than max_code_size and a slack, so
+// its peak memory grows by far less than the bytes streamed (it grew by 2.85 GB before the fix),
+// and the call is answered as any call over max_code_size: not run, the model told, the
+// response completed.
+func TestChatHugeArguments(t *testing.T) {
+	t.Parallel()
+	piece := strings.Repeat("a", 64<<10)
+	call := func(args string) string {
+		return chatChunk(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"python","arguments":`+args+`}}]}`, "")
+	}
+	srv := chatServer(t, func(n int, w io.Writer) {
+		if n > 0 {
+			_, _ = io.WriteString(w, chatChunk(`{"content":"too large"}`, `"stop"`)+"data: [DONE]\n\n")
+			return
+		}
+		_, _ = io.WriteString(w, call(`"{\"code\":\""`))
+		for range 150 << 20 / len(piece) {
+			if _, err := io.WriteString(w, call(`"`+piece+`"`)); err != nil {
+				return
+			}
+		}
+		_, _ = io.WriteString(w, call(`"\"}"`)+chatChunk(`{}`, `"tool_calls"`)+"data: [DONE]\n\n")
+	})
+	p := startProxy(t, setup{Upstream: srv.URL + "/v1", ChatOnly: true}.yaml())
+	before := peakRSS(t, p.cmd.Process.Pid)
+
+	body := `{"model":"` + clientModel + `","input":"run it","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"include":["code_interpreter_call.outputs"]}`
+	resp := do(t, "POST", p.URL+"/v1/responses", []byte(body))
+	if resp.Status != http.StatusOK {
+		t.Fatalf("status %d: %.300s", resp.Status, resp.Body)
+	}
+	growth := peakRSS(t, p.cmd.Process.Pid) - before
+	t.Logf("peak RSS grew by %d MiB", growth>>20)
+	if growth > 128<<20 {
+		t.Errorf("the proxy's peak memory grew by %d MiB for 150 MiB of arguments; want O(max_code_size), under 128 MiB", growth>>20)
+	}
+	var r struct {
+		Status string
+		Output []struct {
+			Type, Status string
+			Code         string
+			Outputs      []struct{ Logs string }
+		}
+	}
+	if err := json.Unmarshal(resp.Body, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != "completed" || len(r.Output) == 0 || r.Output[0].Type != "code_interpreter_call" || r.Output[0].Status != "failed" {
+		t.Fatalf("response %.500s; want completed, with a failed code_interpreter_call first", resp.Body)
+	}
+	if o := r.Output[0].Outputs; len(o) != 1 || !strings.Contains(o[0].Logs, "max_code_size") {
+		t.Errorf("call outputs %+v; want the code size limit named", o)
+	}
+}
