@@ -1,14 +1,18 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
@@ -135,6 +139,76 @@ func TestChatAnswerBounded(t *testing.T) {
 			}
 			if argDeltas > limit {
 				t.Errorf("argument deltas carry %d bytes; want at most %d", argDeltas, limit)
+			}
+		})
+	}
+}
+
+// surrogateEscape matches a JSON escape of a UTF-16 surrogate, which strict decoders refuse when
+// it is lone.
+var surrogateEscape = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
+
+// TestChatInvalidUTF8: a chat server's invalid UTF-8 (and escaped lone surrogates) in content,
+// refusal, reasoning, tool arguments and an error body never reaches the client: every event and
+// error body is valid UTF-8 and valid JSON, the bad bytes turned into U+FFFD.
+func TestChatInvalidUTF8(t *testing.T) {
+	const bad = "ok\xff\xfe\xc3(end"
+	call := func(args string) string {
+		return `{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":` + args + `}}]}`
+	}
+	jsonAnswer := func(message string) string {
+		return `{"object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":` + message + `}]}`
+	}
+	for _, tt := range []struct {
+		name, ct, body string
+		status         int
+	}{
+		{"streamed content", "text/event-stream", chunk(`{"content":"`+bad+`"}`, "", "") + chunk(`{"content":"\ud800 lone"}`, `"stop"`, ""), 200},
+		{"streamed refusal", "text/event-stream", chunk(`{"refusal":"`+bad+`"}`, `"stop"`, ""), 200},
+		{"streamed reasoning", "text/event-stream", chunk(`{"reasoning_content":"`+bad+`"}`, "", "") + chunk(`{"content":"x"}`, `"stop"`, ""), 200},
+		{"streamed arguments", "text/event-stream", chunk(call(`"{\"a\":\"`+bad+`\udc00"`), "", "") + chunk(call(`"\"}"`), `"tool_calls"`, ""), 200},
+		{"streamed error", "text/event-stream", chunk(`{"content":"x"}`, "", "") + `data: {"error":{"message":"` + bad + `","type":"server_error","param":null,"code":null}}` + "\n\n", 200},
+		{"JSON content", "application/json", jsonAnswer(`{"role":"assistant","content":"` + bad + `","reasoning_content":"` + bad + `"}`), 200},
+		{"JSON arguments", "application/json", jsonAnswer(`{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":\"` + bad + `\"}"}}]}`), 200},
+		{"error body", "application/json", `{"error":{"message":"` + bad + `","type":"invalid_request_error","param":null,"code":null}}`, 400},
+		{"error body of another shape", "application/json", `{"object":"error","message":"` + bad + `","type":"BadRequestError","code":400}`, 400},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", tt.ct)
+				w.WriteHeader(tt.status)
+				_, _ = io.WriteString(w, tt.body)
+			})
+			d := config.Deployment{ModelName: "m", UpstreamModel: "m-up", APIBase: up.URL + "/v1", API: config.APIChatCompletions}
+			api := NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), ChatOptions{})
+			ev, err := api.Responses(context.Background(), []byte(`{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"stream":true}`), http.Header{})
+			var out [][]byte
+			if err == nil {
+				defer ev.Close()
+				for {
+					data, err := ev.Next()
+					if err != nil {
+						break
+					}
+					out = append(out, data)
+				}
+			}
+			var se *StatusError
+			if errors.As(err, &se) {
+				out = append(out, se.Body)
+			}
+			if len(out) == 0 {
+				t.Fatalf("nothing to check: err = %v", err)
+			}
+			replaced := false
+			for _, b := range out {
+				if !utf8.Valid(b) || !json.Valid(b) || surrogateEscape.Match(b) {
+					t.Errorf("not valid UTF-8 JSON: %q", b)
+				}
+				replaced = replaced || bytes.Contains(b, []byte("ok\uFFFD")) || bytes.Contains(b, []byte(`ok\ufffd`))
+			}
+			if !replaced {
+				t.Errorf("no U+FFFD in place of the bad bytes: %q", out)
 			}
 		})
 	}

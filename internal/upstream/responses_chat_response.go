@@ -30,6 +30,7 @@ var ErrChatShape = errors.New("unexpected Chat Completions answer")
 // *apierror.Error (see ChatError); a body that cannot be read is a 502 *apierror.Error wrapping
 // ErrChatShape.
 func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte, error) {
+	chat = ValidUTF8(chat)
 	if !gjson.ValidBytes(chat) {
 		return nil, shapeError(errors.New("the body is not JSON"))
 	}

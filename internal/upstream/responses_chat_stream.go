@@ -151,6 +151,7 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 	// Most chunks give one event, of about their own size, or none; a fresh buffer each call,
 	// as the caller owns the events' data.
 	s.buf, s.out = make([]byte, 0, len(data)+128), nil
+	data = ValidUTF8(data) // text deltas are copied as they came
 	if d := bytes.TrimSpace(data); string(d) == "[DONE]" {
 		if !s.finished {
 			return s.fail(cutError())
@@ -498,12 +499,17 @@ func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Re
 		s.partAdded(it, k, p)
 	}
 	if p.sent < p.text.Len() {
-		// The delta's own JSON literal, as the upstream wrote it: nothing to decode or encode.
+		// The delta's own JSON literal, as the upstream wrote it: nothing to decode or encode,
+		// unless it escapes a lone surrogate, which strict decoders refuse (decoded, it is U+FFFD).
+		lit := v.Raw
+		if escapesSurrogate(lit) {
+			lit = string(appendString(nil, v.Str))
+		}
 		var lp []byte
 		if hasLP {
 			lp = p.logprobs[p.lpSent:]
 		}
-		s.textDelta(it, k, p, v.Raw, lp)
+		s.textDelta(it, k, p, lit, lp)
 		p.sent = p.text.Len()
 		p.lpSent = len(p.logprobs)
 	}
@@ -582,6 +588,9 @@ func (s *ChatStream) toolCall(tc string) error {
 		return shapeError(fmt.Errorf("arguments for tool call %d after its arguments were complete", idx))
 	}
 	lit := args.Raw
+	if escapesSurrogate(lit) {
+		lit = ""
+	}
 	if room := s.r.maxArgs - it.args.Len(); len(piece) > room {
 		it.cut = true
 		piece = cutUTF8(piece, room)

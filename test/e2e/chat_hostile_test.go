@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,11 +12,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"unicode/utf8"
 )
 
-// chatServer is a Chat Completions upstream whose answers the test writes: the nth POST (from 0)
-// is answered by answer, always as an event stream.
-func chatServer(t *testing.T, answer func(n int, w io.Writer)) *httptest.Server {
+// chatServer is an upstream whose answers the test writes: the nth POST (from 0) is answered by
+// answer, as an event stream unless it sets another Content-Type.
+func chatServer(t *testing.T, answer func(n int, w http.ResponseWriter)) *httptest.Server {
 	t.Helper()
 	var calls atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -66,7 +68,7 @@ func TestChatHugeArguments(t *testing.T) {
 	call := func(args string) string {
 		return chatChunk(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"python","arguments":`+args+`}}]}`, "")
 	}
-	srv := chatServer(t, func(n int, w io.Writer) {
+	srv := chatServer(t, func(n int, w http.ResponseWriter) {
 		if n > 0 {
 			_, _ = io.WriteString(w, chatChunk(`{"content":"too large"}`, `"stop"`)+"data: [DONE]\n\n")
 			return
@@ -108,5 +110,66 @@ func TestChatHugeArguments(t *testing.T) {
 	}
 	if o := r.Output[0].Outputs; len(o) != 1 || !strings.Contains(o[0].Logs, "max_code_size") {
 		t.Errorf("call outputs %+v; want the code size limit named", o)
+	}
+}
+
+// TestUpstreamInvalidUTF8: invalid UTF-8 from an upstream (a chat server's content, reasoning and
+// arguments, JSON and streamed; a Responses server's events on the intercepted path) reaches the
+// client as U+FFFD: every byte the client gets is valid UTF-8, and every answer and event valid
+// JSON.
+func TestUpstreamInvalidUTF8(t *testing.T) {
+	t.Parallel()
+	const bad = "ok\xff\xfe\xc3(end"
+	chatStream := chatChunk(`{"reasoning_content":"`+bad+`"}`, "") + chatChunk(`{"content":"`+bad+`"}`, "") +
+		chatChunk(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"lookup","arguments":"{\"q\":\"`+bad+`\"}"}}]}`, `"tool_calls"`) +
+		"data: [DONE]\n\n"
+	chatJSON := `{"object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"` + bad + `","reasoning_content":"` + bad + `"}}]}`
+	native := "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}\n\n" +
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"" + bad + "\"}\n\n" +
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\",\"output\":[{\"id\":\"msg_1\",\"type\":\"message\",\"status\":\"completed\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"annotations\":[],\"text\":\"" + bad + "\"}]}]}}\n\n"
+	for _, tt := range []struct {
+		name     string
+		chatOnly bool
+		ct, body string
+	}{
+		{"chat stream", true, "text/event-stream", chatStream},
+		{"chat JSON", true, "application/json", chatJSON},
+		{"Responses stream, intercepted", false, "text/event-stream", native},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := chatServer(t, func(_ int, w http.ResponseWriter) {
+				w.Header().Set("Content-Type", tt.ct)
+				_, _ = io.WriteString(w, tt.body)
+			})
+			p := startProxy(t, setup{Upstream: srv.URL + "/v1", ChatOnly: tt.chatOnly}.yaml())
+			for _, stream := range []bool{false, true} {
+				body := fmt.Sprintf(`{"model":"%s","input":"hi","stream":%v,"tools":[{"type":"code_interpreter","container":{"type":"auto"}},{"type":"function","name":"lookup","parameters":{}}]}`, clientModel, stream)
+				resp := do(t, "POST", p.URL+"/v1/responses", []byte(body))
+				if resp.Status != http.StatusOK {
+					t.Fatalf("stream %v: status %d: %.300s", stream, resp.Status, resp.Body)
+				}
+				if !utf8.Valid(resp.Body) {
+					t.Errorf("stream %v: the client got invalid UTF-8: %q", stream, resp.Body)
+				}
+				if !bytes.Contains(resp.Body, []byte("ok\uFFFD")) && !bytes.Contains(resp.Body, []byte(`ok\ufffd`)) {
+					t.Errorf("stream %v: no U+FFFD in place of the bad bytes: %.500s", stream, resp.Body)
+				}
+				docs := [][]byte{resp.Body}
+				if stream {
+					docs = nil
+					for line := range bytes.SplitSeq(resp.Body, []byte("\n")) {
+						if d, ok := bytes.CutPrefix(line, []byte("data: ")); ok {
+							docs = append(docs, d)
+						}
+					}
+				}
+				for _, d := range docs {
+					if !json.Valid(d) {
+						t.Errorf("stream %v: not JSON: %.300s", stream, d)
+					}
+				}
+			}
+		})
 	}
 }
