@@ -11,6 +11,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 func TestNewChatRequest(t *testing.T) {
@@ -364,6 +365,20 @@ func TestChatError(t *testing.T) {
 	long := strings.Repeat("é", 2000)
 	if e := ChatError(500, nil, []byte(long)); len(e.Message) > maxErrorMessage+len("…") || !strings.HasSuffix(e.Message, "…") || !json.Valid(e.JSON()) {
 		t.Errorf("long message not cut on a character boundary: %d bytes", len(e.Message))
+	}
+}
+
+// TestChatErrorTooDeep: an error body nested past jsondepth.Max is never read as JSON (gjson's
+// validator and reads recurse once per level): it is relayed as text, as a body of no known shape.
+func TestChatErrorTooDeep(t *testing.T) {
+	n := jsondepth.Max + 1
+	body := `{"error":{"message":"deep","type":"invalid_request_error","param":null,"code":"c","x":` + strings.Repeat("[", n) + strings.Repeat("]", n) + `}}`
+	e := ChatError(400, nil, []byte(body))
+	if e.Message == "deep" || e.Code != "" || !strings.HasPrefix(e.Message, `{"error":{"message":"deep"`) {
+		t.Errorf("ChatError() = %q (code %q); want the body as text, not read as JSON", e.Message, e.Code)
+	}
+	if !json.Valid(e.JSON()) {
+		t.Errorf("JSON() = %s", e.JSON())
 	}
 }
 
