@@ -6,13 +6,14 @@ package upstream
 // and responses_chat_stream.go (SSE); errors, the translation's and the upstream's, in
 // responses_chat_error.go. docs/chat-completions.md holds the mapping table; keep both in step.
 //
-// Everything here is pure: no I/O, no clock, no shared state.
+// Everything here is pure: no I/O, no shared state, no clock but ChatOptions.Now (completed_at).
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/tidwall/gjson"
 
@@ -47,6 +48,8 @@ type ChatOptions struct {
 	// 0 means config.DefaultMaxCodeSize). The translation keeps at most that plus argsSlack of
 	// one call's arguments: past it the call is cut (see ChatStream).
 	MaxCodeSize int
+	// Now is the clock of completed_at; nil means time.Now.
+	Now func() time.Time
 }
 
 const (
@@ -74,6 +77,7 @@ type ChatRequest struct {
 	newID    func(prefix string) string
 	logprobs bool // the client included message.output_text.logprobs
 	maxArgs  int  // the bytes of one call's arguments kept: MaxCodeSize plus argsSlack
+	now      func() time.Time
 	tmpl     responseTemplate
 }
 
@@ -153,7 +157,11 @@ func NewChatRequest(body []byte, opts ChatOptions) (*ChatRequest, error) {
 	if maxArgs <= 0 {
 		maxArgs = config.DefaultMaxCodeSize
 	}
-	return &ChatRequest{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, maxArgs: maxArgs + argsSlack, tmpl: tmpl}, nil
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &ChatRequest{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, maxArgs: maxArgs + argsSlack, now: now, tmpl: tmpl}, nil
 }
 
 // chatTranslation is the state of one NewChatRequest call.

@@ -151,7 +151,7 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 		createdAt = created.Int()
 	}
 	return r.appendResponse(nil, responseState{
-		id: id, createdAt: createdAt, status: status, incomplete: reason,
+		id: id, createdAt: createdAt, completedAt: r.completedAt(status), status: status, incomplete: reason,
 		model: model.String(), serviceTier: tier, output: items, usage: chatUsage(usage),
 	}), nil
 }
@@ -365,6 +365,7 @@ func (u *responseUsage) appendJSON(dst []byte) []byte {
 type responseState struct {
 	id          string
 	createdAt   int64
+	completedAt int64 // 0: null (the response is not finished)
 	status      string
 	incomplete  string // incomplete_details.reason
 	err         *responseError
@@ -372,6 +373,15 @@ type responseState struct {
 	serviceTier gjson.Result // the upstream's service_tier, if it named one
 	output      [][]byte
 	usage       *responseUsage
+}
+
+// completedAt is the completed_at of a Response of the given status: now for a completed one,
+// none (null) otherwise, as OpenAI sets it.
+func (r *ChatRequest) completedAt(status string) int64 {
+	if status != "completed" {
+		return 0
+	}
+	return r.now().Unix()
 }
 
 // appendResponse appends the Response object in state st.
@@ -383,6 +393,12 @@ func (r *ChatRequest) appendResponse(dst []byte, st responseState) []byte {
 	dst = strconv.AppendInt(dst, st.createdAt, 10)
 	dst = append(dst, `,"status":`...)
 	dst = appendString(dst, st.status)
+	dst = append(dst, `,"completed_at":`...)
+	if st.completedAt != 0 {
+		dst = strconv.AppendInt(dst, st.completedAt, 10)
+	} else {
+		dst = append(dst, "null"...)
+	}
 	dst = append(dst, `,"background":false,"error":`...)
 	if st.err != nil {
 		dst = append(dst, `{"code":`...)

@@ -758,7 +758,7 @@ func (s *ChatStream) close(it *streamItem) {
 // terminal sends response.completed or response.incomplete.
 func (s *ChatStream) terminal() {
 	status, reason := finishStatus(s.finish)
-	s.responseEvent("response."+status, responseState{status: status, incomplete: reason, output: s.doneItems(), usage: s.usage})
+	s.responseEvent("response."+status, responseState{status: status, completedAt: s.r.completedAt(status), incomplete: reason, output: s.doneItems(), usage: s.usage})
 	s.done = true
 }
 
