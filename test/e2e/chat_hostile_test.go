@@ -12,18 +12,19 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
 // chatServer is an upstream whose answers the test writes: the nth POST (from 0) is answered by
 // answer, as an event stream unless it sets another Content-Type.
-func chatServer(t *testing.T, answer func(n int, w http.ResponseWriter)) *httptest.Server {
+func chatServer(t *testing.T, answer func(n int, w http.ResponseWriter, r *http.Request)) *httptest.Server {
 	t.Helper()
 	var calls atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
-		answer(int(calls.Add(1)-1), w)
+		answer(int(calls.Add(1)-1), w, r)
 	}))
 	t.Cleanup(srv.Close)
 	return srv
@@ -68,7 +69,7 @@ func TestChatHugeArguments(t *testing.T) {
 	call := func(args string) string {
 		return chatChunk(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"python","arguments":`+args+`}}]}`, "")
 	}
-	srv := chatServer(t, func(n int, w http.ResponseWriter) {
+	srv := chatServer(t, func(n int, w http.ResponseWriter, _ *http.Request) {
 		if n > 0 {
 			_, _ = io.WriteString(w, chatChunk(`{"content":"too large"}`, `"stop"`)+"data: [DONE]\n\n")
 			return
@@ -138,7 +139,7 @@ func TestUpstreamInvalidUTF8(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := chatServer(t, func(_ int, w http.ResponseWriter) {
+			srv := chatServer(t, func(_ int, w http.ResponseWriter, _ *http.Request) {
 				w.Header().Set("Content-Type", tt.ct)
 				_, _ = io.WriteString(w, tt.body)
 			})
@@ -168,6 +169,63 @@ func TestUpstreamInvalidUTF8(t *testing.T) {
 					if !json.Valid(d) {
 						t.Errorf("stream %v: not JSON: %.300s", stream, d)
 					}
+				}
+			}
+		})
+	}
+}
+
+// TestStalledUpstream: an upstream that stalls after its headers is given up after
+// router_settings.stream_idle_timeout, instead of holding the request, its container lease and
+// its concurrency slot until the client gives up: an intercepted or translated request gets a
+// 504 upstream_timeout before its first byte, or the error event and response.failed once its
+// stream started. The guard is the client's own deadline, far beyond the idle timeout.
+func TestStalledUpstream(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name     string
+		chatOnly bool
+		sent     string // before the stall
+	}{
+		{"chat", true, chatChunk(`{"content":"thinking"}`, "")},
+		{"Responses, intercepted", false, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}\n\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := chatServer(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+				_, _ = io.WriteString(w, tt.sent)
+				w.(http.Flusher).Flush()
+				<-r.Context().Done() // never more, until the proxy gives the call up
+			})
+			p := startProxy(t, setup{Upstream: srv.URL + "/v1", ChatOnly: tt.chatOnly}.yaml()+"router_settings:\n  stream_idle_timeout: 200ms\n")
+			c := ctx(t, 60*time.Second)
+			for _, stream := range []bool{false, true} {
+				body := fmt.Sprintf(`{"model":"%s","input":"hi","stream":%v,"tools":[{"type":"code_interpreter","container":{"type":"auto"}}]}`, clientModel, stream)
+				req, err := http.NewRequestWithContext(c, "POST", p.URL+"/v1/responses", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatalf("stream %v: %v", stream, err)
+				}
+				b, err := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				if err != nil {
+					t.Fatalf("stream %v: reading: %v (the client's deadline: %v)", stream, err, c.Err())
+				}
+				if !stream {
+					if resp.StatusCode != http.StatusGatewayTimeout {
+						t.Errorf("status %d: %.300s; want 504", resp.StatusCode, b)
+					} else if _, code, _ := apiError(t, b); code != "upstream_timeout" {
+						t.Errorf("code %q; want upstream_timeout", code)
+					}
+					continue
+				}
+				if resp.StatusCode != http.StatusOK || !bytes.Contains(b, []byte("event: error")) || !bytes.Contains(b, []byte("event: response.failed")) ||
+					!bytes.Contains(b, []byte(`"upstream_timeout"`)) {
+					t.Errorf("stream: status %d: %.1000s; want the error event (upstream_timeout) and response.failed", resp.StatusCode, b)
 				}
 			}
 		})
