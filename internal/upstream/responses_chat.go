@@ -542,7 +542,7 @@ func (t *chatTranslation) finish() error {
 		// the caller has resolved into input items), instructions or not.
 		return missing("input")
 	}
-	t.out.Messages = t.msgs.list
+	t.out.Messages = t.msgs.messages()
 	if t.out.Messages == nil {
 		t.out.Messages = []chatMessage{}
 	}

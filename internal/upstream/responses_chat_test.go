@@ -59,6 +59,27 @@ func TestNewChatRequest(t *testing.T) {
 				`{"role":"tool","content":"x","tool_call_id":"a"},` +
 				`{"role":"assistant","content":null,"tool_calls":[{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]},` +
 				`{"role":"tool","content":"y","tool_call_id":"b"}]}`},
+		// OpenAI pairs calls and outputs by call_id; a chat server needs each assistant message's
+		// tool messages right after it, in the order of its calls.
+		{"an output after a message still answers its call, right after it",
+			`{"model":"m","input":[{"role":"user","content":"go"},{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},` +
+				`{"role":"user","content":"and hurry"},{"type":"function_call_output","call_id":"a","output":"x"}]}`,
+			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"go"},` +
+				`{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},` +
+				`{"role":"tool","content":"x","tool_call_id":"a"},{"role":"user","content":"and hurry"}]}`},
+		{"outputs in another order than their calls follow the calls' order",
+			`{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call","call_id":"b","name":"g","arguments":"{}"},` +
+				`{"type":"function_call_output","call_id":"b","output":"y"},{"role":"assistant","content":"half done"},{"type":"function_call_output","call_id":"a","output":"x"}]}`,
+			ChatOptions{}, `{"model":"m","messages":[` +
+				`{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"b","type":"function","function":{"name":"g","arguments":"{}"}}]},` +
+				`{"role":"tool","content":"x","tool_call_id":"a"},{"role":"tool","content":"y","tool_call_id":"b"},{"role":"assistant","content":"half done"}]}`},
+		{"outputs of two turns, given after both",
+			`{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"role":"user","content":"next"},` +
+				`{"type":"function_call","call_id":"b","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"b","output":"y"},{"type":"function_call_output","call_id":"a","output":"x"}]}`,
+			ChatOptions{}, `{"model":"m","messages":[` +
+				`{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"x","tool_call_id":"a"},` +
+				`{"role":"user","content":"next"},` +
+				`{"role":"assistant","content":null,"tool_calls":[{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"y","tool_call_id":"b"}]}`},
 		{"reasoning is dropped by default",
 			`{"model":"m","input":[{"role":"user","content":"q"},{"type":"reasoning","id":"rs_1","summary":[],"content":[{"type":"reasoning_text","text":"think"}]},{"role":"assistant","content":"a"}]}`,
 			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}`},
