@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,13 +16,16 @@ import (
 
 // TestStreamIdleTimeout: an upstream that sends its headers (and maybe a little) and then stalls
 // is given up after its deployment's stream_idle_timeout, whichever way its body is read: the
-// Responses seam's events and the chat seam's, streamed or JSON, end with a 504 upstream_timeout,
-// and a pass-through stream ends instead of holding the client. The guard is the test's own
+// Responses seam's events and the chat seam's, streamed or JSON, end with a 504 upstream_timeout;
+// a pass-through answer is a 504 upstream_timeout before its first byte, and a pass-through
+// stream ends with an error event in its API's format. The guard is the test's own
 // deadline, far beyond the idle timeout: a read still blocked then is the failure.
 func TestStreamIdleTimeout(t *testing.T) {
 	for _, tt := range []struct {
 		name, ct, path, sent string
 		chat, stream, proxy  bool
+		want                 string // pass-through: in the client's answer
+		status               int    // pass-through: the client's status (0: 200)
 	}{
 		{name: "Responses stream", ct: "text/event-stream", path: "/responses", stream: true,
 			sent: "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"output\":[]}}\n\n"},
@@ -29,8 +33,12 @@ func TestStreamIdleTimeout(t *testing.T) {
 		{name: "chat stream", ct: "text/event-stream", path: "/chat/completions", chat: true, stream: true,
 			sent: chunk(`{"content":"thinking"}`, "", "")},
 		{name: "chat JSON", ct: "application/json", path: "/chat/completions", chat: true, sent: `{"object":"chat.completion",`},
-		{name: "pass-through stream", ct: "text/event-stream", path: "/responses", proxy: true, stream: true,
-			sent: "event: response.created\ndata: {}\n\n"},
+		{name: "pass-through Responses stream", ct: "text/event-stream", path: "/responses", proxy: true, stream: true,
+			sent: "event: response.created\ndata: {}\n\n", want: "event: error\ndata: {\"type\":\"error\",\"code\":\"upstream_timeout\","},
+		{name: "pass-through chat stream", ct: "text/event-stream", path: "/chat/completions", proxy: true, stream: true,
+			sent: chunk(`{"content":"a"}`, "", ""), want: `data: {"error":{"message":`},
+		{name: "pass-through JSON, before its first byte", ct: "application/json", path: "/chat/completions", proxy: true, status: http.StatusGatewayTimeout,
+			want: `"code":"upstream_timeout"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
@@ -56,8 +64,12 @@ func TestStreamIdleTimeout(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer resp.Body.Close()
-				if _, err := io.ReadAll(resp.Body); err == nil || ctx.Err() != nil {
-					t.Errorf("reading the pass-through stream: %v (test deadline: %v); want it cut by the idle timeout", err, ctx.Err())
+				b, err := io.ReadAll(resp.Body)
+				if err != nil || ctx.Err() != nil {
+					t.Fatalf("reading the pass-through answer: %v (test deadline: %v); want it ended by the idle timeout", err, ctx.Err())
+				}
+				if want := max(tt.status, http.StatusOK); resp.StatusCode != want || !strings.Contains(string(b), tt.want) || !strings.HasPrefix(string(b), tt.sent) {
+					t.Errorf("pass-through answer %d %q; want %d, what the upstream sent, then %q", resp.StatusCode, b, want, tt.want)
 				}
 				return
 			}
