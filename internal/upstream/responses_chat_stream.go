@@ -500,7 +500,8 @@ func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Re
 	}
 	if p.sent < p.text.Len() {
 		// The delta's own JSON literal, as the upstream wrote it: nothing to decode or encode,
-		// unless it escapes a lone surrogate, which strict decoders refuse (decoded, it is U+FFFD).
+		// unless it escapes a surrogate, which may be a lone one that strict decoders refuse
+		// (decoded, it is U+FFFD).
 		lit := v.Raw
 		if escapesSurrogate(lit) {
 			lit = string(appendString(nil, v.Str))
