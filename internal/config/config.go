@@ -88,6 +88,10 @@ type Deployment struct {
 	// StreamTimeout is the same for "stream": true requests (stream_timeout, falling back the same
 	// way, then to Timeout).
 	Timeout, StreamTimeout time.Duration
+	// StreamIdleTimeout bounds the wait for the next bytes of an upstream's body once its headers
+	// came, per read (litellm_params stream_idle_timeout, else router_settings', else
+	// DefaultStreamIdleTimeout); 0: no bound. LiteLLM's stream_timeout is the header wait here.
+	StreamIdleTimeout time.Duration
 	// Attempts is how many upstream calls a request that starts at this deployment may make across
 	// its model's deployments, in turn (router_settings.num_retries + 1); 0 means each deployment
 	// once.

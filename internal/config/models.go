@@ -179,6 +179,7 @@ func (d *decoder) deployment(i int, item *yaml.Node, creds map[string]credential
 	if dep.StreamTimeout == 0 {
 		dep.StreamTimeout = dep.Timeout
 	}
+	dep.StreamIdleTimeout = p.Duration("stream_idle_timeout", def.streamIdleTimeout, true)
 	if def.numRetries >= 0 {
 		dep.Attempts = def.numRetries + 1
 	}

@@ -11,9 +11,14 @@ import (
 	"github.com/ciproxy/ciproxy/internal/settings"
 )
 
+// DefaultStreamIdleTimeout is how long an upstream's body may send nothing, once its headers
+// came, before the call is given up: minutes, since a reasoning model may think silently.
+const DefaultStreamIdleTimeout = 5 * time.Minute
+
 // deploymentDefaults are the router-wide values each deployment starts from.
 type deploymentDefaults struct {
 	timeout, streamTimeout time.Duration
+	streamIdleTimeout      time.Duration
 	numRetries             int // -1: not set
 }
 
@@ -33,6 +38,7 @@ func (d *decoder) routerSettings(n *yaml.Node, ls *settings.Map) (Router, deploy
 	def.timeout = ls.Duration("request_timeout", 0, false)
 	def.timeout = p.Duration("timeout", def.timeout, false)
 	def.streamTimeout = p.Duration("stream_timeout", 0, false)
+	def.streamIdleTimeout = p.Duration("stream_idle_timeout", DefaultStreamIdleTimeout, true)
 
 	var r Router
 	r.Redis = d.redis(p)

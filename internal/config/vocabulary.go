@@ -155,6 +155,7 @@ var vocabulary = map[string][]vocabKey{
 		{"organization", read, ""},
 		{"timeout", read, ""},
 		{"stream_timeout", read, ""},
+		{"stream_idle_timeout", read, ""},
 		{"extra_headers", read, ""},
 		{"extra_body", read, ""},
 		{"use_chat_completions_api", read, ""},
@@ -453,6 +454,7 @@ var vocabulary = map[string][]vocabKey{
 		{"num_retries", read, ""},
 		{"timeout", read, ""},
 		{"stream_timeout", read, ""},
+		{"stream_idle_timeout", read, ""},
 		{"health_check_interval", read, ""}, // refused, as LiteLLM refuses it here
 		{"routing_strategy", ignore, whyRouting},
 		{"routing_strategy_args", ignore, whyRouting},

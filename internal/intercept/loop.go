@@ -283,6 +283,10 @@ func (r *run) readFailure(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	var ae *apierror.Error
+	if errors.As(err, &ae) {
+		return ae // the Responses seam's own account (a chat answer over its bounds, ...)
+	}
 	if errors.Is(err, upstream.ErrMalformed) {
 		return apierror.BadGateway("The upstream's response could not be read.", "upstream_error", err)
 	}

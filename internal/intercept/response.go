@@ -133,6 +133,9 @@ func (t *translator) patch(resp []byte, status string, output []byte, withUsage 
 	}
 	set("created_at", []byte(strconv.FormatInt(t.createdAt, 10)))
 	set("status", jsonString(status))
+	if status == "in_progress" && gjson.GetBytes(resp, "completed_at").Exists() {
+		set("completed_at", []byte("null")) // a skeleton from a finished (JSON) answer says when it finished
+	}
 	if status != "failed" && gjson.GetBytes(resp, "error").Exists() {
 		set("error", []byte("null"))
 	}

@@ -207,11 +207,13 @@ var errTooDeep = fmt.Errorf("%w: JSON nested deeper than %d levels", upstream.Er
 // event translates one upstream event into zero or more client events. An error wraps
 // upstream.ErrMalformed (the event cannot be read), or is errNeedContainer. Every event's depth
 // is bounded here, whichever implementation of the Responses seam delivered it, before anything
-// recursive sees it.
+// recursive sees it, and its invalid UTF-8 replaced (U+FFFD).
 func (t *translator) event(data []byte) ([]Event, error) {
 	if !jsondepth.Within(data, jsondepth.Max) {
 		return nil, errTooDeep
 	}
+	// Passed and copied as it came: the client must get valid UTF-8 whatever the upstream sent.
+	data = upstream.ValidUTF8(data)
 	typ := gjson.GetBytes(data, "type").String()
 	if t.needsContainer(typ, data) {
 		return nil, errNeedContainer

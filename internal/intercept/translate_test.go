@@ -208,3 +208,30 @@ func TestTranslatorNeedsNoContainerWithoutACall(t *testing.T) {
 		t.Errorf("ended %v, stand-in calls %d, client calls %v; want ended, none, the client's", tr.ended(), len(tr.calls()), tr.clientCalls())
 	}
 }
+
+// TestTranslatorCompletedAt: an upstream's answer in one piece (its Response finished, with
+// completed_at) still shows the client an in-progress Response first, with completed_at null;
+// the completed one keeps the upstream's.
+func TestTranslatorCompletedAt(t *testing.T) {
+	req, aerr := parseRequest([]byte(body(`"stream":true`)), config.Defaults().Interception, true)
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	req.resolve(lookup{ctx: context.Background()})
+	tr := newTranslator(req, "resp_t", 1, nil)
+	tr.begin(false)
+	evs, err := tr.event([]byte(`{"type":"response.completed","response":{"id":"up_1","status":"completed","completed_at":1767225700,"output":[]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		if got := gjson.GetBytes(e.appendJSON(nil, 0), "response.completed_at"); e.Type == evCreated || e.Type == evInProgress {
+			if got.Type != gjson.Null {
+				t.Errorf("%s: completed_at %s; want null", e.Type, got.Raw)
+			}
+		}
+	}
+	if got := gjson.GetBytes(tr.completed().Response, "completed_at").Int(); got != 1767225700 {
+		t.Errorf("the final Response's completed_at = %d; want the upstream's", got)
+	}
+}

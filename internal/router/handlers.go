@@ -144,7 +144,9 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 	}
 	ir.Inline = func(n int64) (func(), error) { return s.inlined.Reserve(ir.Caller, n, inlineLimits(req.cfg)) }
 	if chat {
-		ir.Upstream, ir.Stateless = upstream.NewChatAPI(target, upstream.ChatOptionsFor(deps[0])), true
+		opts := upstream.ChatOptionsFor(deps[0])
+		opts.MaxCodeSize = req.cfg.Interception.MaxCodeSize // the translation keeps no more of a call than is run
+		ir.Upstream, ir.Stateless = upstream.NewChatAPI(target, opts), true
 	}
 	if s.interceptor.Handles(ir) || continuesMinted {
 		if forwarded, err := s.forwardResponses(w, r, req, ir.Caller); forwarded || err != nil {

@@ -285,8 +285,51 @@ func (t *Target) attempt(ctx context.Context, method string, d config.Deployment
 		return nil, err
 	}
 	t.c.metrics.answered(d.Provider, resp.StatusCode, time.Since(start))
+	if d.StreamIdleTimeout > 0 {
+		resp.Body = newIdleBody(actx, resp.Body, d.StreamIdleTimeout, cancel)
+	}
 	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: func() { cancel(nil) }}
 	return resp, nil
+}
+
+// ErrUpstreamIdle is the cause of an upstream call given up because its body sent nothing for
+// the deployment's stream_idle_timeout. A body's read fails with a 504 *apierror.Error
+// (upstream_timeout) wrapping it.
+var ErrUpstreamIdle = errors.New("the upstream sent nothing within the deployment's stream_idle_timeout")
+
+// idleBody is an upstream body whose reads each get idle to return: a stalled upstream would
+// otherwise hold the request, and what it holds (a container lease, a concurrency slot), until
+// the client gives up. The clock runs only inside Read, so a client slow to take the bytes is
+// not counted against the upstream.
+type idleBody struct {
+	io.ReadCloser
+	ctx   context.Context
+	idle  time.Duration
+	timer *time.Timer
+}
+
+// newIdleBody wraps body, read under ctx; cancel ends ctx when a read waits longer than idle.
+func newIdleBody(ctx context.Context, body io.ReadCloser, idle time.Duration, cancel context.CancelCauseFunc) *idleBody {
+	b := &idleBody{ReadCloser: body, ctx: ctx, idle: idle, timer: time.AfterFunc(idle, func() { cancel(ErrUpstreamIdle) })}
+	b.timer.Stop()
+	return b
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	b.timer.Reset(b.idle)
+	n, err := b.ReadCloser.Read(p)
+	b.timer.Stop()
+	if err != nil && errors.Is(context.Cause(b.ctx), ErrUpstreamIdle) {
+		err = &apierror.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+			Message: fmt.Sprintf("The upstream sent nothing for %v (stream_idle_timeout); the call was given up.", b.idle),
+			Err:     ErrUpstreamIdle}
+	}
+	return n, err
+}
+
+func (b *idleBody) Close() error {
+	b.timer.Stop()
+	return b.ReadCloser.Close()
 }
 
 // cancelOnClose releases an attempt's context when its body is closed.

@@ -3,8 +3,11 @@ package upstream
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/http/httputil"
 	"strings"
@@ -39,7 +42,10 @@ const StatusClientClosedRequest = 499
 //
 // Failover, retries and timeouts follow Post's rules; nothing reaches the client before a
 // deployment has answered. Errors before the answer are written as OpenAI-shaped errors (502; 504
-// when a deadline passed; 501 when no deployment of the model can be called).
+// when a deadline passed; 501 when no deployment of the model can be called). The headers wait
+// for the first body byte, so an upstream that stalls from the start past its
+// stream_idle_timeout is a 504 upstream_timeout too; an event stream that stalls later ends with
+// an error event (see awaitBody).
 // When the client disconnects, the upstream request is canceled and nothing is logged as a failure;
 // after the headers are sent, a broken stream aborts the handler with http.ErrAbortHandler, which
 // net/http (and the router's recoverer) treat as a silent abort.
@@ -68,10 +74,20 @@ func (t *Target) ProxyResponses(w http.ResponseWriter, r *http.Request, body Str
 }
 
 func (t *Target) proxy(w http.ResponseWriter, r *http.Request, body Streamed, note NoteID) {
+	modify := func(resp *http.Response) error {
+		modifyResponse(resp)
+		if err := awaitBody(resp, r.URL.Path); err != nil {
+			return err
+		}
+		if note != nil {
+			return noteResponseID(resp, note)
+		}
+		return nil
+	}
 	rp := &httputil.ReverseProxy{
 		Rewrite:        rewriteOutbound,
 		Transport:      &failoverTransport{t: t, path: trimVersion(r.URL.Path), body: body},
-		ModifyResponse: modifyResponse,
+		ModifyResponse: modify,
 		ErrorHandler:   t.writeError,
 		ErrorLog:       t.c.errorLog,
 		BufferPool:     &t.c.buffers,
@@ -80,12 +96,6 @@ func (t *Target) proxy(w http.ResponseWriter, r *http.Request, body Streamed, no
 		rp.Rewrite = func(pr *httputil.ProxyRequest) {
 			rewriteOutbound(pr)
 			pr.Out.Header.Del("Accept-Encoding")
-		}
-		rp.ModifyResponse = func(resp *http.Response) error {
-			if err := modifyResponse(resp); err != nil {
-				return err
-			}
-			return noteResponseID(resp, note)
 		}
 	}
 	rp.ServeHTTP(w, r)
@@ -183,11 +193,85 @@ func prefixString(prefix []byte, path string, complete bool) (string, bool) {
 }
 
 // modifyResponse drops response headers that would apply to the proxy's origin, not the upstream's.
-func modifyResponse(resp *http.Response) error {
+func modifyResponse(resp *http.Response) {
 	resp.Header.Del("Set-Cookie")
 	resp.Header.Del("Alt-Svc")
 	resp.Header.Del("Strict-Transport-Security")
+}
+
+// awaitBody reads the first bytes of a pass-through answer before its headers go out, so an
+// upstream that stalls from the start (stream_idle_timeout) gets the client a 504
+// upstream_timeout rather than a cut answer; the bytes read go out first. An event stream that
+// stalls later ends with an error event in its API's format (idleEvent), since its headers are
+// gone already; any other answer is cut.
+func awaitBody(resp *http.Response, path string) error {
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return nil // ReverseProxy takes the body over as the connection
+	}
+	b := &passBody{ReadCloser: resp.Body}
+	var n int
+	var err error
+	for range 100 {
+		if n, err = resp.Body.Read(b.buf[:]); n > 0 || err != nil {
+			break
+		}
+	}
+	var ae *apierror.Error
+	if errors.As(err, &ae) {
+		return ae
+	}
+	b.first, b.firstErr = b.buf[:n], err
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" && resp.Header.Get("Content-Encoding") == "" {
+		b.path = trimVersion(path)
+	}
+	resp.Body = b
 	return nil
+}
+
+// passBody is a pass-through answer whose first bytes were read already.
+type passBody struct {
+	io.ReadCloser
+	first    []byte
+	firstErr error
+	path     string // the API path of an event stream; "" for any other answer
+	tail     []byte // the error event still to send, after the upstream stalled
+	ended    bool
+	buf      [256]byte
+}
+
+func (b *passBody) Read(p []byte) (int, error) {
+	switch {
+	case len(b.first) > 0:
+		n := copy(p, b.first)
+		b.first = b.first[n:]
+		return n, nil
+	case b.firstErr != nil:
+		return 0, b.firstErr
+	case len(b.tail) > 0:
+		n := copy(p, b.tail)
+		b.tail = b.tail[n:]
+		return n, nil
+	case b.ended:
+		return 0, io.EOF
+	}
+	n, err := b.ReadCloser.Read(p)
+	var ae *apierror.Error
+	if err != nil && b.path != "" && errors.As(err, &ae) && errors.Is(err, ErrUpstreamIdle) {
+		b.tail, b.ended = idleEvent(b.path, ae), true
+		return n, nil
+	}
+	return n, err
+}
+
+// idleEvent is the event that ends a stream whose upstream stalled: Responses' error event, or
+// the error chunk of Chat Completions (and of any other API). It starts with a blank line, which
+// ends an event the upstream left open.
+func idleEvent(path string, ae *apierror.Error) []byte {
+	msg, _ := json.Marshal(ae.Message)
+	if path == "/responses" {
+		return fmt.Appendf(nil, "\n\nevent: error\ndata: {\"type\":\"error\",\"code\":\"%s\",\"message\":%s,\"param\":null}\n\n", ae.Code, msg)
+	}
+	return fmt.Appendf(nil, "\n\ndata: {\"error\":{\"message\":%s,\"type\":\"%s\",\"param\":null,\"code\":\"%s\"}}\n\n", msg, ae.Type, ae.Code)
 }
 
 // writeError is the ReverseProxy ErrorHandler. It runs only before anything was written to w.

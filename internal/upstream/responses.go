@@ -103,7 +103,7 @@ const (
 func readErrorBody(r io.Reader, status int) []byte {
 	b, _ := io.ReadAll(io.LimitReader(r, maxErrorBody+1))
 	if len(b) <= maxErrorBody {
-		return b
+		return ValidUTF8(b) // relayed as it came otherwise
 	}
 	return fmt.Appendf(nil, `{"error":{"message":"The upstream answered %d with an error body over %d bytes, which this proxy does not relay.","type":"upstream_error","param":null,"code":null}}`, status, maxErrorBody)
 }

@@ -6,15 +6,18 @@ package upstream
 // and responses_chat_stream.go (SSE); errors, the translation's and the upstream's, in
 // responses_chat_error.go. docs/chat-completions.md holds the mapping table; keep both in step.
 //
-// Everything here is pure: no I/O, no clock, no shared state.
+// Everything here is pure: no I/O, no shared state, no clock but ChatOptions.Now (completed_at).
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/config"
 )
 
 var (
@@ -41,7 +44,23 @@ type ChatOptions struct {
 	// NewID mints the ids of output items (msg_, rs_, fc_) and the call ids an upstream left out.
 	// nil means 48 random hex digits after the prefix, the shape of OpenAI's ids.
 	NewID func(prefix string) string
+	// MaxCodeSize is the size past which the caller refuses a call's arguments (max_code_size;
+	// 0 means config.DefaultMaxCodeSize). The translation keeps at most that plus argsSlack of
+	// one call's arguments: past it the call is cut (see ChatStream).
+	MaxCodeSize int
+	// Now is the clock of completed_at; nil means time.Now.
+	Now func() time.Time
 }
+
+const (
+	// argsSlack is how far past MaxCodeSize a call's arguments are kept, so that the caller,
+	// which refuses arguments over MaxCodeSize, still sees that they are over it.
+	argsSlack = 64 << 10
+	// maxAnswerKept bounds the text, refusal, reasoning, arguments and logprobs one answer keeps:
+	// about what a native Responses upstream's response.completed, one event of at most
+	// DefaultMaxEventSize, can carry. Past it the answer fails.
+	maxAnswerKept = DefaultMaxEventSize
+)
 
 // ChatRequest is one Responses request translated for a Chat Completions upstream: the body to
 // post, and what translating the answer back needs (the fields a Response repeats from its
@@ -57,6 +76,8 @@ type ChatRequest struct {
 
 	newID    func(prefix string) string
 	logprobs bool // the client included message.output_text.logprobs
+	maxArgs  int  // the bytes of one call's arguments kept: MaxCodeSize plus argsSlack
+	now      func() time.Time
 	tmpl     responseTemplate
 }
 
@@ -132,7 +153,15 @@ func NewChatRequest(body []byte, opts ChatOptions) (*ChatRequest, error) {
 		// A value the Response repeats (metadata, reasoning) nested past what clients decode.
 		return nil, invalid("", "The request body could not be translated: "+err.Error())
 	}
-	return &ChatRequest{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, tmpl: tmpl}, nil
+	maxArgs := opts.MaxCodeSize
+	if maxArgs <= 0 {
+		maxArgs = config.DefaultMaxCodeSize
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &ChatRequest{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, maxArgs: maxArgs + argsSlack, now: now, tmpl: tmpl}, nil
 }
 
 // chatTranslation is the state of one NewChatRequest call.
@@ -513,7 +542,7 @@ func (t *chatTranslation) finish() error {
 		// the caller has resolved into input items), instructions or not.
 		return missing("input")
 	}
-	t.out.Messages = t.msgs.list
+	t.out.Messages = t.msgs.messages()
 	if t.out.Messages == nil {
 		t.out.Messages = []chatMessage{}
 	}

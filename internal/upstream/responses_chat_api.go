@@ -73,6 +73,10 @@ func (c *ChatAPI) Responses(ctx context.Context, body []byte, h http.Header) (Re
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("reading the upstream's answer: %w", ctx.Err())
 		}
+		var ae *apierror.Error
+		if errors.As(err, &ae) {
+			return nil, ae // the body's own account: it stalled (stream_idle_timeout)
+		}
 		// The upstream was reached and answered 2xx: its body broke off, as a stream can.
 		return nil, apierror.BadGateway("The upstream's response ended early.", "upstream_error", fmt.Errorf("reading the upstream's answer: %w", err))
 	}

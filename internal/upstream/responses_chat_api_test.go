@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -291,5 +293,75 @@ func TestSameRequest(t *testing.T) {
 		if strings.Join(got, ",") != strings.Join(tt.want, ",") {
 			t.Errorf("%s: SameRequest = %v; want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// shape returns the keys of a JSON object, in order, each with its value's kind; a nested
+// object's keys follow its own as "key.sub".
+func shape(v gjson.Result, prefix string) []string {
+	var out []string
+	v.ForEach(func(k, x gjson.Result) bool {
+		kind := x.Type.String()
+		switch {
+		case x.IsObject():
+			kind = "object"
+		case x.IsArray():
+			kind = "array"
+		case x.Type == gjson.Number && x.Raw != strconv.FormatInt(x.Int(), 10):
+			kind = "float"
+		}
+		out = append(out, prefix+k.Str+":"+kind)
+		if x.IsObject() && k.Str != "metadata" {
+			out = append(out, shape(x, prefix+k.Str+".")...)
+		}
+		return true
+	})
+	return out
+}
+
+// TestChatResponseShape: a Response translated from a chat completion has the keys of a native
+// one, in the same order and of the same types (completed_at included), JSON and in the streamed
+// response.completed, and so do its output items.
+func TestChatResponseShape(t *testing.T) {
+	turn := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("hi"), upstreamtest.FunctionCall("lookup", `{"q":"x"}`)},
+		Usage: &upstreamtest.Usage{InputTokens: 3, OutputTokens: 4}}
+	const req = `{"model":"m","input":"x","tools":[{"type":"function","name":"lookup","parameters":{}}]`
+	final := func(t *testing.T, ev ResponseEvents, err error) gjson.Result {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, err := drain(t, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := gjson.Parse(evs[len(evs)-1])
+		if last.Get("type").Str != "response.completed" {
+			t.Fatalf("last event %s", last.Raw)
+		}
+		return last.Get("response")
+	}
+	for _, stream := range []bool{false, true} {
+		t.Run(map[bool]string{false: "json", true: "stream"}[stream], func(t *testing.T) {
+			up := upstreamtest.New(t)
+			up.Enqueue(turn, turn)
+			body := []byte(req + `,"stream":` + strconv.FormatBool(stream) + `}`)
+			d := config.Deployment{ModelName: "m", Provider: "openai", UpstreamModel: "m-up", APIBase: up.URL()}
+			nev, err := newTestClient(t, nil).Target([]config.Deployment{d}).Responses(context.Background(), body, http.Header{})
+			native := final(t, nev, err)
+			tev, err := chatAPI(t, up, ChatOptions{}).Responses(context.Background(), body, http.Header{})
+			translated := final(t, tev, err)
+			if n, tr := shape(native, ""), shape(translated, ""); !slices.Equal(n, tr) {
+				t.Errorf("Response shapes differ:\nnative:     %v\ntranslated: %v", n, tr)
+			}
+			for i := range 2 {
+				if n, tr := shape(native.Get("output."+strconv.Itoa(i)), ""), shape(translated.Get("output."+strconv.Itoa(i)), ""); !slices.Equal(n, tr) {
+					t.Errorf("output[%d] shapes differ:\nnative:     %v\ntranslated: %v", i, n, tr)
+				}
+			}
+			if c := translated.Get("completed_at"); c.Type != gjson.Number || c.Int() < translated.Get("created_at").Int() {
+				t.Errorf("completed_at = %s; want the integer time it completed", c.Raw)
+			}
+		})
 	}
 }

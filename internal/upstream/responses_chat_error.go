@@ -14,6 +14,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 // maxErrorMessage bounds an error message taken from an upstream's plain-text or unknown body.
@@ -33,6 +34,8 @@ const maxErrorMessage = 1024
 //	FastAPI validation (422):     {"detail":"message"} or {"detail":[{"loc":[...],"msg":"..."}]}
 //	anything else:                the body's text, trimmed and cut to 1 KiB
 //
+// A body nested deeper than jsondepth.Max is not read as JSON: it is "anything else".
+//
 // A type that is not one of OpenAI's snake_case kinds (vLLM's "BadRequestError") is replaced by
 // the kind the status implies: invalid_request_error for 4xx, requests for 429, server_error for 5xx.
 func ChatError(status int, header http.Header, body []byte) *apierror.Error {
@@ -40,7 +43,8 @@ func ChatError(status int, header http.Header, body []byte) *apierror.Error {
 		status = http.StatusBadGateway
 	}
 	var e *apierror.Error
-	if gjson.ValidBytes(body) {
+	// The depth first: gjson's validator, and errorFromBody's reads, recurse once per level.
+	if jsondepth.Within(body, jsondepth.Max) && gjson.ValidBytes(body) {
 		e = errorFromBody(gjson.ParseBytes(body), status)
 	}
 	if e == nil || e.Message == "" {

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"strconv"
@@ -80,6 +81,17 @@ func appendQuoted(dst []byte, s string, shortBF bool) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
+}
+
+// ValidUTF8 returns b with each run of bytes that is not UTF-8 replaced by U+FFFD (b itself when
+// it is valid). Upstream text is made valid so where it enters, because the proxy copies JSON
+// strings as they came and a client's strict decoder refuses invalid UTF-8: inside a JSON string
+// the replacement keeps the text valid JSON; outside one the text was no JSON anyway.
+func ValidUTF8(b []byte) []byte {
+	if utf8.Valid(b) {
+		return b
+	}
+	return bytes.ToValidUTF8(b, []byte("\uFFFD"))
 }
 
 // appendInt appends n in decimal.
@@ -264,4 +276,19 @@ func valueEnd(s string, i int) int {
 		}
 	}
 	return i
+}
+
+// escapesSurrogate reports whether a JSON string literal may escape a UTF-16 surrogate (\uD800 to
+// \uDFFF), paired or not: decoders differ on a lone one, so such a literal is written again
+// from its decoded text.
+func escapesSurrogate(lit string) bool {
+	for i := 0; i+5 < len(lit); i++ {
+		if lit[i] == '\\' {
+			if lit[i+1] == 'u' && (lit[i+2] == 'd' || lit[i+2] == 'D') && strings.IndexByte("89abcdefABCDEF", lit[i+3]) >= 0 {
+				return true
+			}
+			i++ // the escaped byte
+		}
+	}
+	return false
 }

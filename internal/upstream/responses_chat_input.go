@@ -20,12 +20,16 @@ type messageList struct {
 	reasoning    strings.Builder
 	hasReasoning bool
 
-	// The pairing of function calls and outputs, checked as OpenAI checks it: every output
-	// answers a call before it, and every call is answered unless nothing but calls follows it.
+	// The pairing of function calls and outputs, by call_id and checked as OpenAI checks it:
+	// every output answers a call before it, and every call is answered unless nothing but calls
+	// follows it. Outputs are kept apart, by call_id: messages() puts each right after the
+	// assistant message of its call, in the order of the calls, as chat servers require, whatever
+	// came between the call and its output.
 	items     int            // input items so far
-	calls     map[string]int // call_id → index of its call among calls, while unanswered
+	calls     map[string]int // call_id → index of its call among calls
 	callOrder []callSeen     // the calls in input order
 	lastOther int            // index of the last item that is not a function_call, -1 for none
+	outputs   map[string][]chatMessage
 }
 
 type callSeen struct {
@@ -40,10 +44,32 @@ func (m *messageList) add(msg chatMessage) {
 		m.open = len(m.list) - 1
 		m.attachReasoning(m.open)
 	} else {
-		m.open = -1
-		m.reasoning.Reset()
-		m.hasReasoning = false // reasoning not followed by the model's own message leads nowhere
+		m.endTurn()
 	}
+}
+
+// endTurn closes the model's turn: later calls start a new assistant message.
+func (m *messageList) endTurn() {
+	m.open = -1
+	m.reasoning.Reset()
+	m.hasReasoning = false // reasoning not followed by the model's own message leads nowhere
+}
+
+// messages returns the chat messages: each assistant message with tool calls followed by the
+// tool messages that answer them, in the order of its calls.
+func (m *messageList) messages() []chatMessage {
+	if len(m.outputs) == 0 {
+		return m.list
+	}
+	out := make([]chatMessage, 0, len(m.list)+len(m.outputs))
+	for _, msg := range m.list {
+		out = append(out, msg)
+		for _, c := range msg.ToolCalls {
+			out = append(out, m.outputs[c.ID]...)
+			delete(m.outputs, c.ID) // a call_id repeated in a later turn is answered once
+		}
+	}
+	return out
 }
 
 // attachReasoning gives the waiting reasoning text to message i.
@@ -337,7 +363,11 @@ func (m *messageList) functionOutput(param string, it inputItem) error {
 	default:
 		return invalidType(param+".output", "a string or an array of content parts")
 	}
-	m.add(chatMessage{Role: "tool", Content: content, ToolCallID: callID.Str})
+	if m.outputs == nil {
+		m.outputs = map[string][]chatMessage{}
+	}
+	m.outputs[callID.Str] = append(m.outputs[callID.Str], chatMessage{Role: "tool", Content: content, ToolCallID: callID.Str})
+	m.endTurn()
 	return nil
 }
 

@@ -30,6 +30,7 @@ var ErrChatShape = errors.New("unexpected Chat Completions answer")
 // *apierror.Error (see ChatError); a body that cannot be read is a 502 *apierror.Error wrapping
 // ErrChatShape.
 func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte, error) {
+	chat = ValidUTF8(chat)
 	if !gjson.ValidBytes(chat) {
 		return nil, shapeError(errors.New("the body is not JSON"))
 	}
@@ -64,22 +65,27 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	status, reason := finishStatus(finishReason.String())
 
 	var items [][]byte
+	kept := 0 // as ChatStream counts what it keeps
 	if text := reasoningText(reasoningContent, reasoning); text != "" {
+		kept += len(text)
 		items = append(items, appendReasoningItem(nil, r.newID("rs_"), text, true))
 	}
 	var parts []outputPart
 	if text := contentText(content); text != "" {
 		p := outputPart{text: text}
+		kept += len(text)
 		if r.logprobs {
 			var err error
 			if p.logprobs, err = logprobElems(nil, logprobs.Get("content")); err != nil {
 				return nil, err
 			}
+			kept += len(p.logprobs)
 		}
 		parts = append(parts, p)
 	}
 	if refusal.Type == gjson.String && refusal.Str != "" {
 		parts = append(parts, outputPart{refusal: true, text: refusal.Str})
+		kept += len(refusal.Str)
 	}
 	msgID := ""
 	if len(parts) > 0 {
@@ -104,6 +110,10 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 			return false
 		}
 		c := callItem{id: r.newID("fc_"), callID: id.String(), name: name.String(), args: args}
+		if len(args) > r.maxArgs {
+			c.args, c.cut = cutUTF8(args, r.maxArgs), true
+		}
+		kept += len(c.args)
 		if c.callID == "" {
 			c.callID = r.newID("call_")
 		}
@@ -112,6 +122,9 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	})
 	if err != nil {
 		return nil, err
+	}
+	if kept > maxAnswerKept {
+		return nil, answerTooLarge()
 	}
 	last := len(items) + len(calls) - 1
 	if len(parts) > 0 {
@@ -127,19 +140,26 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 		items = append(items, appendMessageItem(nil, msgID, itemStatus(len(items)), parts))
 	}
 	for _, c := range calls {
-		items = append(items, appendCallItem(nil, c.id, itemStatus(len(items)), c.args, c.callID, c.name))
+		st := itemStatus(len(items))
+		if c.cut {
+			st = "incomplete"
+		}
+		items = append(items, appendCallItem(nil, c.id, st, c.args, c.callID, c.name))
 	}
 
 	if createdAt == 0 {
 		createdAt = created.Int()
 	}
 	return r.appendResponse(nil, responseState{
-		id: id, createdAt: createdAt, status: status, incomplete: reason,
+		id: id, createdAt: createdAt, completedAt: r.completedAt(status), status: status, incomplete: reason,
 		model: model.String(), serviceTier: tier, output: items, usage: chatUsage(usage),
 	}), nil
 }
 
-type callItem struct{ id, callID, name, args string }
+type callItem struct {
+	id, callID, name, args string
+	cut                    bool // the arguments were cut at maxArgs
+}
 
 // finishStatus maps a finish_reason to the Response's status and incomplete reason.
 func finishStatus(finish string) (status, reason string) {
@@ -345,6 +365,7 @@ func (u *responseUsage) appendJSON(dst []byte) []byte {
 type responseState struct {
 	id          string
 	createdAt   int64
+	completedAt int64 // 0: null (the response is not finished)
 	status      string
 	incomplete  string // incomplete_details.reason
 	err         *responseError
@@ -352,6 +373,15 @@ type responseState struct {
 	serviceTier gjson.Result // the upstream's service_tier, if it named one
 	output      [][]byte
 	usage       *responseUsage
+}
+
+// completedAt is the completed_at of a Response of the given status: now for a completed one,
+// none (null) otherwise, as OpenAI sets it.
+func (r *ChatRequest) completedAt(status string) int64 {
+	if status != "completed" {
+		return 0
+	}
+	return r.now().Unix()
 }
 
 // appendResponse appends the Response object in state st.
@@ -363,6 +393,12 @@ func (r *ChatRequest) appendResponse(dst []byte, st responseState) []byte {
 	dst = strconv.AppendInt(dst, st.createdAt, 10)
 	dst = append(dst, `,"status":`...)
 	dst = appendString(dst, st.status)
+	dst = append(dst, `,"completed_at":`...)
+	if st.completedAt != 0 {
+		dst = strconv.AppendInt(dst, st.completedAt, 10)
+	} else {
+		dst = append(dst, "null"...)
+	}
 	dst = append(dst, `,"background":false,"error":`...)
 	if st.err != nil {
 		dst = append(dst, `{"code":`...)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
@@ -40,6 +41,13 @@ var (
 // or at finish_reason. Interleaved calls therefore stream the first call live and the others at
 // the end, in one delta each.
 //
+// What the stream keeps is bounded, whatever the upstream sends: one call's arguments at
+// ChatOptions.MaxCodeSize plus argsSlack, past which the call is cut (no more of its arguments
+// are kept or sent; its item is done with status "incomplete" and the arguments so far, which
+// a caller enforcing max_code_size sees are over it), and the whole answer's text, refusal,
+// reasoning, arguments and logprobs at maxAnswerKept, past which the answer fails (502
+// upstream_error, wrapping ErrChatShape).
+//
 // Events carry sequence_number from 0. Delta events carry no obfuscation padding (there is
 // nothing to hide: the client does not see these bytes' sizes anyway through the proxy).
 //
@@ -65,6 +73,7 @@ type ChatStream struct {
 	message   *streamItem           // the item content and refusal deltas extend
 	calls     map[int64]*streamItem // tool call index → item
 	lastCall  int64
+	kept      int // bytes of text, arguments and logprobs kept over the answer
 
 	buf  []byte  // the data of the events of the current call, one after the other
 	mark int     // where the event being written starts in buf
@@ -94,6 +103,7 @@ type streamItem struct {
 	callID, name string // function_call
 	args         strings.Builder
 	argsSent     int
+	cut          bool // the arguments went past maxArgs: nothing more of them is kept
 }
 
 type partKind uint8
@@ -141,6 +151,7 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 	// Most chunks give one event, of about their own size, or none; a fresh buffer each call,
 	// as the caller owns the events' data.
 	s.buf, s.out = make([]byte, 0, len(data)+128), nil
+	data = ValidUTF8(data) // text deltas are copied as they came
 	if d := bytes.TrimSpace(data); string(d) == "[DONE]" {
 		if !s.finished {
 			return s.fail(cutError())
@@ -406,7 +417,7 @@ func (s *ChatStream) newItem(kind itemKind) *streamItem {
 		if it.sealed {
 			continue
 		}
-		if it.kind != callItemKind || wholeObject(it.args.String()) {
+		if it.kind != callItemKind || it.cut || wholeObject(it.args.String()) {
 			s.seal(it)
 		}
 	}
@@ -465,11 +476,18 @@ func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Re
 		p = &streamPart{kind: kind}
 		it.parts = append(it.parts, p)
 	}
+	if err := s.keep(len(v.Str)); err != nil {
+		return err
+	}
 	p.text.WriteString(v.Str)
 	hasLP := logprobs.IsArray()
 	if hasLP {
+		n := len(p.logprobs)
 		var err error
 		if p.logprobs, err = logprobElems(p.logprobs, logprobs); err != nil {
+			return err
+		}
+		if err := s.keep(len(p.logprobs) - n); err != nil {
 			return err
 		}
 	}
@@ -481,12 +499,18 @@ func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Re
 		s.partAdded(it, k, p)
 	}
 	if p.sent < p.text.Len() {
-		// The delta's own JSON literal, as the upstream wrote it: nothing to decode or encode.
+		// The delta's own JSON literal, as the upstream wrote it: nothing to decode or encode,
+		// unless it escapes a surrogate, which may be a lone one that strict decoders refuse
+		// (decoded, it is U+FFFD).
+		lit := v.Raw
+		if escapesSurrogate(lit) {
+			lit = string(appendString(nil, v.Str))
+		}
 		var lp []byte
 		if hasLP {
 			lp = p.logprobs[p.lpSent:]
 		}
-		s.textDelta(it, k, p, v.Raw, lp)
+		s.textDelta(it, k, p, lit, lp)
 		p.sent = p.text.Len()
 		p.lpSent = len(p.logprobs)
 	}
@@ -555,7 +579,7 @@ func (s *ChatStream) toolCall(tc string) error {
 		}
 		piece = string(b)
 	}
-	if piece == "" {
+	if piece == "" || it.cut {
 		return nil
 	}
 	if it.sealed {
@@ -564,16 +588,61 @@ func (s *ChatStream) toolCall(tc string) error {
 		}
 		return shapeError(fmt.Errorf("arguments for tool call %d after its arguments were complete", idx))
 	}
+	lit := args.Raw
+	if escapesSurrogate(lit) {
+		lit = ""
+	}
+	if room := s.r.maxArgs - it.args.Len(); len(piece) > room {
+		it.cut = true
+		piece = cutUTF8(piece, room)
+		lit = ""
+	}
+	if err := s.keep(len(piece)); err != nil {
+		return err
+	}
 	it.args.WriteString(piece)
-	if s.live(it) {
-		if args.Type == gjson.String {
-			s.argsDelta(it, args.Raw)
-		} else {
-			s.argsDelta(it, string(appendString(nil, piece)))
+	if s.live(it) && piece != "" {
+		if args.Type != gjson.String || lit == "" {
+			lit = string(appendString(nil, piece))
 		}
+		s.argsDelta(it, lit)
 		it.argsSent = it.args.Len()
 	}
 	return nil
+}
+
+// keep counts n more bytes kept for the answer: an error past maxAnswerKept.
+func (s *ChatStream) keep(n int) error {
+	s.kept += n
+	if s.kept <= maxAnswerKept {
+		return nil
+	}
+	// The answer fails: what the open items gathered will never be sent (Fail sends the items
+	// completed so far), so it is let go now rather than held until the caller is done.
+	for _, it := range s.items {
+		if !it.closed {
+			it.parts, it.args = nil, strings.Builder{}
+		}
+	}
+	return answerTooLarge()
+}
+
+// answerTooLarge is the error of an answer that would keep more than maxAnswerKept bytes.
+func answerTooLarge() error {
+	return apierror.BadGateway(fmt.Sprintf("The upstream's response is larger than %d bytes, more than this proxy relays.", maxAnswerKept),
+		"upstream_error", fmt.Errorf("%w: the answer holds more than %d bytes", ErrChatShape, maxAnswerKept))
+}
+
+// cutUTF8 returns the longest prefix of s of at most n bytes that does not split a character.
+func cutUTF8(s string, n int) string {
+	if n >= len(s) {
+		return s
+	}
+	n = max(n, 0)
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // finishWith ends the completion: every item is complete.
@@ -667,6 +736,9 @@ func (s *ChatStream) close(it *streamItem) {
 		it.final = appendMessageItem(nil, it.id, status, parts)
 	case callItemKind:
 		args := it.args.String()
+		if it.cut {
+			status = "incomplete"
+		}
 		s.begin("response.function_call_arguments.done")
 		s.itemRef(it)
 		s.buf = append(s.buf, `,"name":`...)
@@ -687,7 +759,7 @@ func (s *ChatStream) close(it *streamItem) {
 // terminal sends response.completed or response.incomplete.
 func (s *ChatStream) terminal() {
 	status, reason := finishStatus(s.finish)
-	s.responseEvent("response."+status, responseState{status: status, incomplete: reason, output: s.doneItems(), usage: s.usage})
+	s.responseEvent("response."+status, responseState{status: status, completedAt: s.r.completedAt(status), incomplete: reason, output: s.doneItems(), usage: s.usage})
 	s.done = true
 }
 

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tidwall/gjson"
 
@@ -71,6 +72,9 @@ func newTestChatRequest(t testing.TB, body string, opts ChatOptions) *ChatReques
 	t.Helper()
 	if opts.NewID == nil {
 		opts.NewID = counterIDs()
+	}
+	if opts.Now == nil {
+		opts.Now = func() time.Time { return time.Unix(1767225700, 0) }
 	}
 	r, err := NewChatRequest([]byte(body), opts)
 	if err != nil {

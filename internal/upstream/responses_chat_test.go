@@ -11,6 +11,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
 func TestNewChatRequest(t *testing.T) {
@@ -58,6 +59,27 @@ func TestNewChatRequest(t *testing.T) {
 				`{"role":"tool","content":"x","tool_call_id":"a"},` +
 				`{"role":"assistant","content":null,"tool_calls":[{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]},` +
 				`{"role":"tool","content":"y","tool_call_id":"b"}]}`},
+		// OpenAI pairs calls and outputs by call_id; a chat server needs each assistant message's
+		// tool messages right after it, in the order of its calls.
+		{"an output after a message still answers its call, right after it",
+			`{"model":"m","input":[{"role":"user","content":"go"},{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},` +
+				`{"role":"user","content":"and hurry"},{"type":"function_call_output","call_id":"a","output":"x"}]}`,
+			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"go"},` +
+				`{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},` +
+				`{"role":"tool","content":"x","tool_call_id":"a"},{"role":"user","content":"and hurry"}]}`},
+		{"outputs in another order than their calls follow the calls' order",
+			`{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call","call_id":"b","name":"g","arguments":"{}"},` +
+				`{"type":"function_call_output","call_id":"b","output":"y"},{"role":"assistant","content":"half done"},{"type":"function_call_output","call_id":"a","output":"x"}]}`,
+			ChatOptions{}, `{"model":"m","messages":[` +
+				`{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"b","type":"function","function":{"name":"g","arguments":"{}"}}]},` +
+				`{"role":"tool","content":"x","tool_call_id":"a"},{"role":"tool","content":"y","tool_call_id":"b"},{"role":"assistant","content":"half done"}]}`},
+		{"outputs of two turns, given after both",
+			`{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"role":"user","content":"next"},` +
+				`{"type":"function_call","call_id":"b","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"b","output":"y"},{"type":"function_call_output","call_id":"a","output":"x"}]}`,
+			ChatOptions{}, `{"model":"m","messages":[` +
+				`{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"x","tool_call_id":"a"},` +
+				`{"role":"user","content":"next"},` +
+				`{"role":"assistant","content":null,"tool_calls":[{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"y","tool_call_id":"b"}]}`},
 		{"reasoning is dropped by default",
 			`{"model":"m","input":[{"role":"user","content":"q"},{"type":"reasoning","id":"rs_1","summary":[],"content":[{"type":"reasoning_text","text":"think"}]},{"role":"assistant","content":"a"}]}`,
 			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}`},
@@ -364,6 +386,20 @@ func TestChatError(t *testing.T) {
 	long := strings.Repeat("é", 2000)
 	if e := ChatError(500, nil, []byte(long)); len(e.Message) > maxErrorMessage+len("…") || !strings.HasSuffix(e.Message, "…") || !json.Valid(e.JSON()) {
 		t.Errorf("long message not cut on a character boundary: %d bytes", len(e.Message))
+	}
+}
+
+// TestChatErrorTooDeep: an error body nested past jsondepth.Max is never read as JSON (gjson's
+// validator and reads recurse once per level): it is relayed as text, as a body of no known shape.
+func TestChatErrorTooDeep(t *testing.T) {
+	n := jsondepth.Max + 1
+	body := `{"error":{"message":"deep","type":"invalid_request_error","param":null,"code":"c","x":` + strings.Repeat("[", n) + strings.Repeat("]", n) + `}}`
+	e := ChatError(400, nil, []byte(body))
+	if e.Message == "deep" || e.Code != "" || !strings.HasPrefix(e.Message, `{"error":{"message":"deep"`) {
+		t.Errorf("ChatError() = %q (code %q); want the body as text, not read as JSON", e.Message, e.Code)
+	}
+	if !json.Valid(e.JSON()) {
+		t.Errorf("JSON() = %s", e.JSON())
 	}
 }
 

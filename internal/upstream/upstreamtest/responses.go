@@ -179,11 +179,16 @@ func (s *Server) response(req Request, t Turn, id string, created int64, status 
 	if output == nil {
 		output = []any{}
 	}
+	var completed any // OpenAI's completed responses say when they completed; others have null
+	if status == "completed" {
+		completed = s.now().Unix()
+	}
 	return obj{
 		{"id", id},
 		{"object", "response"},
 		{"created_at", created},
 		{"status", status},
+		{"completed_at", completed},
 		{"background", false},
 		{"error", errObj},
 		{"incomplete_details", incomplete},

@@ -129,7 +129,7 @@ func TestJSONResponseDecodesWithSDK(t *testing.T) {
 		t.Errorf("Tools not echoed: %s", resp.JSON.Tools.Raw())
 	}
 	raw := []byte(resp.RawJSON())
-	want := []string{"id", "object", "created_at", "status", "background", "error", "incomplete_details", "instructions",
+	want := []string{"id", "object", "created_at", "status", "completed_at", "background", "error", "incomplete_details", "instructions",
 		"max_output_tokens", "max_tool_calls", "model", "output", "parallel_tool_calls", "previous_response_id",
 		"prompt_cache_key", "reasoning", "safety_identifier", "service_tier", "store", "temperature", "text",
 		"tool_choice", "tools", "top_logprobs", "top_p", "truncation", "usage", "user", "metadata"}
