@@ -2,9 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,24 +67,4 @@ func TestPassThroughInlineMemoryBounded(t *testing.T) {
 	if grown := during - before; grown > size*2/3 {
 		t.Errorf("%d requests of a %d MiB file grew the proxy's peak memory by %d MiB; want under %d MiB", n, size>>20, grown>>20, size*2/3>>20)
 	}
-}
-
-// peakRSS is the process's peak resident memory, in bytes (VmHWM).
-func peakRSS(t *testing.T, pid int) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmHWM in /proc/pid/status")
-	return 0
 }
