@@ -1,4 +1,4 @@
-package sandbox
+package containers
 
 import (
 	"context"
@@ -14,14 +14,15 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// recProvider is a Provider that records calls, for testing the Sessions' own bookkeeping (expiry,
-// owners, reaping). Sessions over real backends, and container files, are tested in
+// recProvider is a Provider that records calls, for testing the Manager' own bookkeeping (expiry,
+// owners, reaping). Manager over real backends, and container files, are tested in
 // internal/sandbox/backends.
 type recProvider struct {
 	mu          sync.Mutex
@@ -35,7 +36,7 @@ type recProvider struct {
 	maxRunning  int
 	closes      int
 	createErr   error
-	lastCreate  CreateOptions
+	lastCreate  sandbox.CreateOptions
 	gate        chan struct{} // when non-nil, Run waits for it to be closed
 	started     chan struct{} // when non-nil, Run sends on it once running
 	deleteStart chan struct{} // when non-nil, Delete waits for it to be closed
@@ -44,7 +45,7 @@ type recProvider struct {
 
 func newRecProvider() *recProvider { return &recProvider{live: map[string]bool{}} }
 
-func (p *recProvider) Create(_ context.Context, opts CreateOptions) (Handle, error) {
+func (p *recProvider) Create(_ context.Context, opts sandbox.CreateOptions) (sandbox.Handle, error) {
 	if p.createGate != nil {
 		<-p.createGate
 	}
@@ -52,20 +53,20 @@ func (p *recProvider) Create(_ context.Context, opts CreateOptions) (Handle, err
 	defer p.mu.Unlock()
 	p.lastCreate = opts
 	if p.createErr != nil {
-		return Handle{}, p.createErr
+		return sandbox.Handle{}, p.createErr
 	}
 	p.seq++
 	p.creates++
 	id := fmt.Sprintf("sbx-%d", p.seq)
 	p.live[id] = true
-	return Handle{Backend: "rec", ID: id, AccessToken: "tok-" + id}, nil
+	return sandbox.Handle{Backend: "rec", ID: id, AccessToken: "tok-" + id}, nil
 }
 
-func (p *recProvider) Run(ctx context.Context, h Handle, code string, _ RunOptions) (Result, error) {
+func (p *recProvider) Run(ctx context.Context, h sandbox.Handle, code string, _ sandbox.RunOptions) (sandbox.Result, error) {
 	p.mu.Lock()
 	if !p.live[h.ID] {
 		p.mu.Unlock()
-		return Result{}, fmt.Errorf("%w: %s", ErrNotFound, h.ID)
+		return sandbox.Result{}, fmt.Errorf("%w: %s", sandbox.ErrNotFound, h.ID)
 	}
 	p.runs++
 	p.running++
@@ -86,10 +87,10 @@ func (p *recProvider) Run(ctx context.Context, h Handle, code string, _ RunOptio
 	p.mu.Lock()
 	p.running--
 	p.mu.Unlock()
-	return Result{Stdout: "ran: " + code}, err
+	return sandbox.Result{Stdout: "ran: " + code}, err
 }
 
-func (p *recProvider) Delete(_ context.Context, h Handle) error {
+func (p *recProvider) Delete(_ context.Context, h sandbox.Handle) error {
 	if p.deleteStart != nil {
 		<-p.deleteStart
 	}
@@ -102,11 +103,11 @@ func (p *recProvider) Delete(_ context.Context, h Handle) error {
 	return nil
 }
 
-func (p *recProvider) KeepAlive(_ context.Context, h Handle, d time.Duration) error {
+func (p *recProvider) KeepAlive(_ context.Context, h sandbox.Handle, d time.Duration) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.live[h.ID] {
-		return fmt.Errorf("%w: %s", ErrNotFound, h.ID)
+		return fmt.Errorf("%w: %s", sandbox.ErrNotFound, h.ID)
 	}
 	p.keepAlives = append(p.keepAlives, d)
 	return nil
@@ -153,27 +154,27 @@ func (c *clock) Add(d time.Duration) {
 
 type fixture struct {
 	p     *recProvider
-	reg   *Registry
+	reg   *sandbox.Registry
 	clock *clock
 	st    *embedded.Store
-	s     *Sessions
+	s     *Manager
 	prom  *prometheus.Registry
 }
 
-// newFixture is Sessions over a recProvider that dies with the process (host-bound, as local).
+// newFixture is Manager over a recProvider that dies with the process (host-bound, as local).
 func newFixture(t *testing.T) *fixture { return newFixtureBound(t, true) }
 
-// newFixtureBound is Sessions over a recProvider whose sandboxes are host-bound or not (as e2b's).
+// newFixtureBound is Manager over a recProvider whose sandboxes are host-bound or not (as e2b's).
 func newFixtureBound(t *testing.T, hostBound bool) *fixture {
 	t.Helper()
 	p := newRecProvider()
-	reg, err := NewRegistry(nil, RegistryEntry{Name: "py", Provider: p, Backend: "rec", HostBound: hostBound})
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "py", Provider: p, Backend: "rec", HostBound: hostBound})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{p: p, reg: reg, clock: newClock(), prom: prometheus.NewRegistry()}
 	f.st = f.openStore(t, t.TempDir())
-	f.s = f.sessions(t, "", func() *Registry { return f.reg })
+	f.s = f.sessions(t, "", func() *sandbox.Registry { return f.reg })
 	return f
 }
 
@@ -187,14 +188,14 @@ func (f *fixture) openStore(t *testing.T, dir string) *embedded.Store {
 	return st
 }
 
-// sessions returns another Sessions on the same store and clock: another replica (host names it in
+// sessions returns another Manager on the same store and clock: another replica (host names it in
 // a shared store), or this process after a restart.
-func (f *fixture) sessions(t *testing.T, host string, reg func() *Registry) *Sessions {
+func (f *fixture) sessions(t *testing.T, host string, reg func() *sandbox.Registry) *Manager {
 	t.Helper()
-	s, err := NewSessions(context.Background(), SessionOptions{Store: f.st, Host: host, Now: f.clock.Now, Registry: reg,
+	s, err := New(context.Background(), Options{Store: f.st, Host: host, Now: f.clock.Now, Registry: reg,
 		Metrics: f.prom, SweepInterval: -1})
 	if err != nil {
-		t.Fatalf("NewSessions() error = %v", err)
+		t.Fatalf("New() error = %v", err)
 	}
 	t.Cleanup(func() {
 		if err := s.Close(context.Background()); err != nil {
@@ -206,7 +207,7 @@ func (f *fixture) sessions(t *testing.T, host string, reg func() *Registry) *Ses
 
 func (f *fixture) create(t *testing.T, owner string, idle time.Duration) *Container {
 	t.Helper()
-	c, err := f.s.Create(context.Background(), "py", owner, CreateOptions{}, idle)
+	c, err := f.s.Create(context.Background(), "py", owner, sandbox.CreateOptions{}, idle)
 	if err != nil {
 		t.Fatalf("Create() error = %v", err)
 	}
@@ -225,15 +226,15 @@ func (f *fixture) record(t *testing.T, owner, id string) store.Container {
 
 func wantExpired(t *testing.T, what string, err error) {
 	t.Helper()
-	if !errors.Is(err, ErrNotFound) || !errors.Is(err, ErrExpired) {
-		t.Errorf("%s: error = %v; want ErrNotFound and ErrExpired", what, err)
+	if !errors.Is(err, sandbox.ErrNotFound) || !errors.Is(err, ErrExpired) {
+		t.Errorf("%s: error = %v; want sandbox.ErrNotFound and ErrExpired", what, err)
 	}
 }
 
 func TestSessionsCreateOpenRun(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	c, err := f.s.Create(ctx, "py", "alice", CreateOptions{Name: "analysis", MemoryLimit: "4g"}, 20*time.Minute)
+	c, err := f.s.Create(ctx, "py", "alice", sandbox.CreateOptions{Name: "analysis", MemoryLimit: "4g"}, 20*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +248,7 @@ func TestSessionsCreateOpenRun(t *testing.T) {
 		t.Errorf("sandbox metadata %s = %q; want the container id %q", MetadataContainerID, got, c.ID())
 	}
 	rec := f.record(t, "alice", c.ID())
-	var h Handle
+	var h sandbox.Handle
 	if err := json.Unmarshal(rec.Handle, &h); err != nil || h.ID != "sbx-1" || h.AccessToken != "tok-sbx-1" {
 		t.Errorf("record handle = %s, %v; want the sandbox's handle with its token", rec.Handle, err)
 	}
@@ -257,19 +258,19 @@ func TestSessionsCreateOpenRun(t *testing.T) {
 		!rec.LastActiveAt.Equal(now) || !rec.ExpiresAt.Equal(now.Add(20*time.Minute)) || rec.Host == "" {
 		t.Errorf("record = %+v; want alice's running analysis container, expiring after 20m of idle, on this host", rec)
 	}
-	if _, err := f.s.Create(ctx, "py", "alice", CreateOptions{}, 0); err != nil {
+	if _, err := f.s.Create(ctx, "py", "alice", sandbox.CreateOptions{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := f.p.lastCreate.Lifetime, holdLease+keepAliveMargin; got != want {
 		t.Errorf("Create(idle 0) asked the backend for lifetime %v; want the hold lease + margin = %v", got, want)
 	}
-	if _, err := f.s.Create(ctx, "py", "alice", CreateOptions{Lifetime: time.Hour}, 0); err != nil {
+	if _, err := f.s.Create(ctx, "py", "alice", sandbox.CreateOptions{Lifetime: time.Hour}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.p.lastCreate.Lifetime; got != time.Hour {
 		t.Errorf("Create(Lifetime 1h) asked the backend for %v; want the caller's 1h", got)
 	}
-	res, err := c.Run(ctx, "1+1", RunOptions{})
+	res, err := c.Run(ctx, "1+1", sandbox.RunOptions{})
 	if err != nil || res.Stdout != "ran: 1+1" {
 		t.Fatalf("Run() = %+v, %v; want ran: 1+1", res, err)
 	}
@@ -299,8 +300,8 @@ func TestSessionsCreateOpenRun(t *testing.T) {
 		{"an old sealed id", "cntr_" + strings.Repeat("Ab-_", 56), "alice"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := f.s.Open(ctx, tt.id, tt.owner); !errors.Is(err, ErrNotFound) || errors.Is(err, ErrExpired) {
-				t.Errorf("Open() error = %v; want ErrNotFound (not ErrExpired)", err)
+			if _, err := f.s.Open(ctx, tt.id, tt.owner); !errors.Is(err, sandbox.ErrNotFound) || errors.Is(err, ErrExpired) {
+				t.Errorf("Open() error = %v; want sandbox.ErrNotFound (not ErrExpired)", err)
 			}
 		})
 	}
@@ -331,14 +332,14 @@ func (s *failingStore) CreateContainer(ctx context.Context, c store.Container) (
 func TestSessionsCreateFailures(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	if _, err := f.s.Create(ctx, "nope", "a", CreateOptions{}, time.Minute); !errors.Is(err, ErrUnavailable) {
-		t.Errorf("Create(unknown tool) error = %v; want ErrUnavailable", err)
+	if _, err := f.s.Create(ctx, "nope", "a", sandbox.CreateOptions{}, time.Minute); !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Errorf("Create(unknown tool) error = %v; want sandbox.ErrUnavailable", err)
 	}
 	cause := errors.New("e2b: 401 invalid API key")
 	f.p.createErr = cause
-	_, err := f.s.Create(ctx, "py", "a", CreateOptions{}, time.Minute)
-	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, cause) {
-		t.Errorf("Create(backend fails) error = %v; want ErrUnavailable wrapping the cause", err)
+	_, err := f.s.Create(ctx, "py", "a", sandbox.CreateOptions{}, time.Minute)
+	if !errors.Is(err, sandbox.ErrUnavailable) || !errors.Is(err, cause) {
+		t.Errorf("Create(backend fails) error = %v; want sandbox.ErrUnavailable wrapping the cause", err)
 	}
 	if got := metricValue(t, f.s.m.failures.WithLabelValues("create", "py")); got != 1 {
 		t.Errorf("create failures = %v; want 1", got)
@@ -347,12 +348,12 @@ func TestSessionsCreateFailures(t *testing.T) {
 
 	// A sandbox whose record cannot be written is deleted: nobody could ever reach it.
 	fs := &failingStore{Store: f.st, fail: true}
-	s2, err := NewSessions(ctx, SessionOptions{Store: fs, Now: f.clock.Now, Registry: func() *Registry { return f.reg }, SweepInterval: -1})
+	s2, err := New(ctx, Options{Store: fs, Now: f.clock.Now, Registry: func() *sandbox.Registry { return f.reg }, SweepInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s2.Create(ctx, "py", "a", CreateOptions{}, time.Minute); !errors.Is(err, ErrUnavailable) || !errors.Is(err, store.ErrUnavailable) {
-		t.Errorf("Create(store fails) error = %v; want ErrUnavailable wrapping the store's", err)
+	if _, err := s2.Create(ctx, "py", "a", sandbox.CreateOptions{}, time.Minute); !errors.Is(err, sandbox.ErrUnavailable) || !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("Create(store fails) error = %v; want sandbox.ErrUnavailable wrapping the store's", err)
 	}
 	if live, creates, deletes, _ := f.p.stats(); live != 0 || creates != 1 || deletes != 1 {
 		t.Errorf("after a failed record: provider live=%d creates=%d deletes=%d; want 0, 1, 1", live, creates, deletes)
@@ -368,8 +369,8 @@ func TestSessionsCreateFailures(t *testing.T) {
 	if _, _, _, closes := f.p.stats(); closes != 1 {
 		t.Errorf("provider closed %d times after retiring an unused tool; want 1", closes)
 	}
-	if _, err := NewSessions(ctx, SessionOptions{}); err == nil {
-		t.Errorf("NewSessions without a store: no error")
+	if _, err := New(ctx, Options{}); err == nil {
+		t.Errorf("New without a store: no error")
 	}
 }
 
@@ -404,8 +405,8 @@ func TestSessionsExpiry(t *testing.T) {
 		}
 		_, err := f.s.Open(ctx, c.ID(), "alice")
 		wantExpired(t, "Open(reaped)", err)
-		if _, err := c.Run(ctx, "x", RunOptions{}); !errors.Is(err, ErrNotFound) {
-			t.Errorf("Run(reaped) error = %v; want ErrNotFound", err)
+		if _, err := c.Run(ctx, "x", sandbox.RunOptions{}); !errors.Is(err, sandbox.ErrNotFound) {
+			t.Errorf("Run(reaped) error = %v; want sandbox.ErrNotFound", err)
 		}
 		info, err := f.s.Get(ctx, "alice", c.ID())
 		if err != nil || info.Status != StatusExpired {
@@ -418,7 +419,7 @@ func TestSessionsExpiry(t *testing.T) {
 			t.Errorf("containers gauge = %v; want 0", got)
 		}
 		f.clock.Add(DefaultRetention)
-		if _, err := f.s.Get(ctx, "alice", c.ID()); !errors.Is(err, ErrNotFound) || errors.Is(err, ErrExpired) {
+		if _, err := f.s.Get(ctx, "alice", c.ID()); !errors.Is(err, sandbox.ErrNotFound) || errors.Is(err, ErrExpired) {
 			t.Errorf("Get() past the retention: error = %v; want ErrNotFound: forgotten", err)
 		}
 	})
@@ -521,7 +522,7 @@ func TestSessionsExpiry(t *testing.T) {
 		f := newFixture(t)
 		c := f.create(t, "alice", 0) // backend lifetime 11m
 		f.clock.Add(9 * time.Minute)
-		if _, err := c.Run(ctx, "x", RunOptions{Timeout: 2 * time.Minute}); err != nil {
+		if _, err := c.Run(ctx, "x", sandbox.RunOptions{Timeout: 2 * time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 		if ka, want := f.p.keepAliveCalls(), 2*time.Minute+keepAliveMargin; len(ka) == 0 || ka[0] != want {
@@ -548,7 +549,7 @@ func TestSessionsRunDuringSweep(t *testing.T) {
 	f.p.started = make(chan struct{})
 	done := make(chan error)
 	go func() {
-		_, err := c.Run(ctx, "long()", RunOptions{})
+		_, err := c.Run(ctx, "long()", sandbox.RunOptions{})
 		done <- err
 	}()
 	<-f.p.started
@@ -579,7 +580,7 @@ func TestContainerRunSerialized(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 4 {
 		wg.Go(func() {
-			if _, err := c.Run(ctx, fmt.Sprint(i), RunOptions{}); err != nil {
+			if _, err := c.Run(ctx, fmt.Sprint(i), sandbox.RunOptions{}); err != nil {
 				t.Errorf("Run() error = %v", err)
 			}
 		})
@@ -588,7 +589,7 @@ func TestContainerRunSerialized(t *testing.T) {
 	// A run waiting for the container gives up with its context.
 	short, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := c.Run(short, "late", RunOptions{}); !errors.Is(err, context.Canceled) {
+	if _, err := c.Run(short, "late", sandbox.RunOptions{}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Run(cancelled while another runs) error = %v; want context.Canceled", err)
 	}
 	close(f.p.gate)
@@ -607,8 +608,8 @@ func TestContainerRunGone(t *testing.T) {
 	f.p.mu.Lock()
 	delete(f.p.live, c.h.ID) // the backend lost it
 	f.p.mu.Unlock()
-	if _, err := c.Run(ctx, "x", RunOptions{}); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("Run() error = %v; want ErrNotFound", err)
+	if _, err := c.Run(ctx, "x", sandbox.RunOptions{}); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("Run() error = %v; want sandbox.ErrNotFound", err)
 	}
 	if f.s.Live() != 0 {
 		t.Errorf("Live() = %d after the sandbox was found gone; want 0", f.s.Live())
@@ -643,11 +644,11 @@ func TestSessionsClose(t *testing.T) {
 				t.Errorf("record %s status %q after Close; want expired", id, rec.Status)
 			}
 		}
-		if _, err := f.s.Create(ctx, "py", "alice", CreateOptions{}, time.Minute); !errors.Is(err, ErrUnavailable) {
-			t.Errorf("Create() after Close error = %v; want ErrUnavailable", err)
+		if _, err := f.s.Create(ctx, "py", "alice", sandbox.CreateOptions{}, time.Minute); !errors.Is(err, sandbox.ErrUnavailable) {
+			t.Errorf("Create() after Close error = %v; want sandbox.ErrUnavailable", err)
 		}
-		if _, err := f.s.Open(ctx, ids[1], "alice"); !errors.Is(err, ErrNotFound) {
-			t.Errorf("Open() after Close error = %v; want ErrNotFound", err)
+		if _, err := f.s.Open(ctx, ids[1], "alice"); !errors.Is(err, sandbox.ErrNotFound) {
+			t.Errorf("Open() after Close error = %v; want sandbox.ErrNotFound", err)
 		}
 		if err := f.s.Close(ctx); err != nil {
 			t.Errorf("second Close() error = %v", err)
@@ -712,14 +713,14 @@ func TestSessionsCloseWaitsForInflightDeletes(t *testing.T) {
 	}
 }
 
-// Another Sessions on the same store (another replica, same tools) opens an id it never created,
+// Another Manager on the same store (another replica, same tools) opens an id it never created,
 // after checking the sandbox is still there; an id of a deleted sandbox does not open.
 func TestSessionsOpenOnAnotherReplica(t *testing.T) {
 	f := newFixtureBound(t, false)
 	ctx := context.Background()
 	c := f.create(t, "alice", 20*time.Minute)
 	f.s.Release(ctx, c)
-	other := f.sessions(t, "replica-2", func() *Registry { return f.reg })
+	other := f.sessions(t, "replica-2", func() *sandbox.Registry { return f.reg })
 
 	c2, err := other.Open(ctx, c.ID(), "alice")
 	if err != nil {
@@ -728,17 +729,17 @@ func TestSessionsOpenOnAnotherReplica(t *testing.T) {
 	if c2.ID() != c.ID() || c2 == c {
 		t.Errorf("replica ID() = %q; want the same id, another process's container", c2.ID())
 	}
-	if res, err := c2.Run(ctx, "x", RunOptions{}); err != nil || res.Stdout != "ran: x" {
+	if res, err := c2.Run(ctx, "x", sandbox.RunOptions{}); err != nil || res.Stdout != "ran: x" {
 		t.Errorf("replica Run() = %+v, %v", res, err)
 	}
-	if _, err := other.Open(ctx, c.ID(), "bob"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("replica Open(other owner) error = %v; want ErrNotFound", err)
+	if _, err := other.Open(ctx, c.ID(), "bob"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("replica Open(other owner) error = %v; want sandbox.ErrNotFound", err)
 	}
 	other.Release(ctx, c2)
 
 	d := f.create(t, "alice", 0)
 	f.s.Release(ctx, d) // deleted
-	third := f.sessions(t, "replica-3", func() *Registry { return f.reg })
+	third := f.sessions(t, "replica-3", func() *sandbox.Registry { return f.reg })
 	_, err = third.Open(ctx, d.ID(), "alice")
 	wantExpired(t, "replica Open(deleted sandbox)", err)
 
@@ -753,13 +754,13 @@ func TestSessionsOpenOnAnotherReplica(t *testing.T) {
 
 	// A replica whose tool of that name is another backend does not reach for the sandbox.
 	p2 := newRecProvider()
-	reg2, err := NewRegistry(nil, RegistryEntry{Name: "py", Provider: p2, Backend: "other"})
+	reg2, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "py", Provider: p2, Backend: "other"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fourth := f.sessions(t, "replica-4", func() *Registry { return reg2 })
-	if _, err := fourth.Open(ctx, c.ID(), "alice"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Open() on a replica where the tool is another backend: error = %v; want ErrNotFound", err)
+	fourth := f.sessions(t, "replica-4", func() *sandbox.Registry { return reg2 })
+	if _, err := fourth.Open(ctx, c.ID(), "alice"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("Open() on a replica where the tool is another backend: error = %v; want sandbox.ErrNotFound", err)
 	}
 }
 
@@ -767,16 +768,16 @@ func TestSessionsOpenOnAnotherReplica(t *testing.T) {
 func TestSessionsHostBoundOnAnotherReplica(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	one := f.sessions(t, "replica-1", func() *Registry { return f.reg })
-	c, err := one.Create(ctx, "py", "alice", CreateOptions{}, 20*time.Minute)
+	one := f.sessions(t, "replica-1", func() *sandbox.Registry { return f.reg })
+	c, err := one.Create(ctx, "py", "alice", sandbox.CreateOptions{}, 20*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	one.Release(ctx, c)
-	two := f.sessions(t, "replica-2", func() *Registry { return f.reg })
+	two := f.sessions(t, "replica-2", func() *sandbox.Registry { return f.reg })
 	_, err = two.Open(ctx, c.ID(), "alice")
 	var elsewhere *ElsewhereError
-	if !errors.As(err, &elsewhere) || elsewhere.Host != "replica-1" || !errors.Is(err, ErrUnavailable) {
+	if !errors.As(err, &elsewhere) || elsewhere.Host != "replica-1" || !errors.Is(err, sandbox.ErrUnavailable) {
 		t.Errorf("Open() on another replica error = %v; want ElsewhereError naming replica-1", err)
 	}
 	f.clock.Add(time.Hour)
@@ -788,7 +789,7 @@ func TestSessionsHostBoundOnAnotherReplica(t *testing.T) {
 	}
 }
 
-// Restarts: a new Sessions on the reopened store. Host-bound containers died with the process;
+// Restarts: a new Manager on the reopened store. Host-bound containers died with the process;
 // the others open again by their id.
 func TestSessionsRestart(t *testing.T) {
 	ctx := context.Background()
@@ -805,7 +806,7 @@ func TestSessionsRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		f.st = f.openStore(t, dir)
-		s2 := f.sessions(t, "", func() *Registry { return f.reg })
+		s2 := f.sessions(t, "", func() *sandbox.Registry { return f.reg })
 		if rec := f.record(t, "alice", c.ID()); rec.Status != StatusExpired || !rec.ExpiresAt.IsZero() {
 			t.Errorf("record after the restart = %+v; want expired at start", rec)
 		}
@@ -827,7 +828,7 @@ func TestSessionsRestart(t *testing.T) {
 		}
 		f.st = f.openStore(t, dir)
 		f.clock.Add(5 * time.Minute)
-		s2 := f.sessions(t, "", func() *Registry { return f.reg })
+		s2 := f.sessions(t, "", func() *sandbox.Registry { return f.reg })
 		c2, err := s2.Open(ctx, c.ID(), "alice")
 		if err != nil {
 			t.Fatalf("Open() after the restart error = %v", err)
@@ -835,7 +836,7 @@ func TestSessionsRestart(t *testing.T) {
 		if ka := f.p.keepAliveCalls(); len(ka) != 1 {
 			t.Errorf("KeepAlive calls %v; want one proving the sandbox lives", ka)
 		}
-		if res, err := c2.Run(ctx, "y", RunOptions{}); err != nil || res.Stdout != "ran: y" {
+		if res, err := c2.Run(ctx, "y", sandbox.RunOptions{}); err != nil || res.Stdout != "ran: y" {
 			t.Errorf("Run() after the restart = %+v, %v", res, err)
 		}
 		s2.Release(ctx, c2)
@@ -855,7 +856,7 @@ func TestSessionsRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		f.clock.Add(time.Hour)
-		s2 := f.sessions(t, "", func() *Registry { return f.reg })
+		s2 := f.sessions(t, "", func() *sandbox.Registry { return f.reg })
 		_, err := s2.Open(ctx, c.ID(), "alice")
 		wantExpired(t, "Open() of a container that expired meanwhile", err)
 		if n := s2.Sweep(ctx); n != 1 {
@@ -878,8 +879,8 @@ func TestSessionsSweepClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.clock.Add(2 * time.Minute)
-	a := f.sessions(t, "a", func() *Registry { return f.reg })
-	b := f.sessions(t, "b", func() *Registry { return f.reg })
+	a := f.sessions(t, "a", func() *sandbox.Registry { return f.reg })
+	b := f.sessions(t, "b", func() *sandbox.Registry { return f.reg })
 	var wg sync.WaitGroup
 	var na, nb int
 	wg.Go(func() { na = a.Sweep(ctx) })
@@ -898,7 +899,7 @@ func TestSessionsAPI(t *testing.T) {
 	ctx := context.Background()
 	var ids []string
 	for i := range 3 {
-		c, err := f.s.Create(ctx, "py", "alice", CreateOptions{Name: fmt.Sprint("c", i)}, 20*time.Minute)
+		c, err := f.s.Create(ctx, "py", "alice", sandbox.CreateOptions{Name: fmt.Sprint("c", i)}, 20*time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -913,17 +914,17 @@ func TestSessionsAPI(t *testing.T) {
 	if l, _ := f.s.List(ctx, "bob", store.ContainerQuery{}); len(l.Items) != 0 {
 		t.Errorf("List(bob) = %+v; want none of alice's", l.Items)
 	}
-	if _, err := f.s.Get(ctx, "bob", ids[0]); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Get(bob, alice's) error = %v; want ErrNotFound", err)
+	if _, err := f.s.Get(ctx, "bob", ids[0]); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("Get(bob, alice's) error = %v; want sandbox.ErrNotFound", err)
 	}
-	if err := f.s.Delete(ctx, "bob", ids[0]); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Delete(bob, alice's) error = %v; want ErrNotFound", err)
+	if err := f.s.Delete(ctx, "bob", ids[0]); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("Delete(bob, alice's) error = %v; want sandbox.ErrNotFound", err)
 	}
 	if err := f.s.Delete(ctx, "alice", ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.s.Get(ctx, "alice", ids[0]); !errors.Is(err, ErrNotFound) || errors.Is(err, ErrExpired) {
-		t.Errorf("Get(deleted) error = %v; want ErrNotFound", err)
+	if _, err := f.s.Get(ctx, "alice", ids[0]); !errors.Is(err, sandbox.ErrNotFound) || errors.Is(err, ErrExpired) {
+		t.Errorf("Get(deleted) error = %v; want sandbox.ErrNotFound", err)
 	}
 	if live, _, deletes, _ := f.p.stats(); live != 2 || deletes != 1 {
 		t.Errorf("provider live=%d deletes=%d; want the deleted container's sandbox gone", live, deletes)
@@ -936,8 +937,8 @@ func TestSessionsAPI(t *testing.T) {
 	if err := f.s.Delete(ctx, "alice", ids[1]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := held.Run(ctx, "x", RunOptions{}); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Run() on a deleted container error = %v; want ErrNotFound", err)
+	if _, err := held.Run(ctx, "x", sandbox.RunOptions{}); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("Run() on a deleted container error = %v; want sandbox.ErrNotFound", err)
 	}
 	f.s.Release(ctx, held)
 	// An expired container can be deleted too.
@@ -957,7 +958,7 @@ func TestSessionsToolRetired(t *testing.T) {
 	ctx := context.Background()
 	c := f.create(t, "alice", 0)
 	p2 := newRecProvider()
-	next, err := NewRegistry(f.reg, RegistryEntry{Name: "other", Provider: p2})
+	next, err := sandbox.NewRegistry(f.reg, sandbox.RegistryEntry{Name: "other", Provider: p2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -969,11 +970,11 @@ func TestSessionsToolRetired(t *testing.T) {
 	if _, _, _, closes := f.p.stats(); closes != 0 {
 		t.Fatalf("retired provider closed while a container uses it")
 	}
-	if _, err := c.Run(ctx, "still", RunOptions{}); err != nil {
+	if _, err := c.Run(ctx, "still", sandbox.RunOptions{}); err != nil {
 		t.Errorf("Run() on a retired tool's container error = %v", err)
 	}
-	if _, err := f.s.Create(ctx, "py", "alice", CreateOptions{}, time.Minute); !errors.Is(err, ErrUnavailable) {
-		t.Errorf("Create(removed tool) error = %v; want ErrUnavailable", err)
+	if _, err := f.s.Create(ctx, "py", "alice", sandbox.CreateOptions{}, time.Minute); !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Errorf("Create(removed tool) error = %v; want sandbox.ErrUnavailable", err)
 	}
 	if _, ok := old.Get("py"); !ok {
 		t.Errorf("old registry lost its entry")
@@ -981,57 +982,6 @@ func TestSessionsToolRetired(t *testing.T) {
 	f.s.Release(ctx, c)
 	if live, _, _, closes := f.p.stats(); live != 0 || closes != 1 {
 		t.Errorf("after the last container: live=%d closes=%d; want 0, 1", live, closes)
-	}
-}
-
-func TestRegistry(t *testing.T) {
-	ctx := context.Background()
-	a, b := newRecProvider(), newRecProvider()
-	r1, err := NewRegistry(nil, RegistryEntry{Name: "a", Provider: a}, RegistryEntry{Name: "b", Provider: b})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := strings.Join(r1.Names(), ","); got != "a,b" {
-		t.Errorf("Names() = %q; want a,b", got)
-	}
-	if p, ok := r1.Get("a"); !ok || p != a {
-		t.Errorf("Get(a) = %v, %v", p, ok)
-	}
-	if _, ok := r1.Get("zzz"); ok {
-		t.Errorf("Get(zzz) ok; want false")
-	}
-	if _, err := NewRegistry(nil, RegistryEntry{Name: "a", Provider: a}, RegistryEntry{Name: "a", Provider: b}); err == nil {
-		t.Errorf("NewRegistry(duplicate names) error = nil")
-	}
-	// b is kept, a replaced: only a is closed.
-	a2 := newRecProvider()
-	r2, err := NewRegistry(r1, RegistryEntry{Name: "a", Provider: a2}, RegistryEntry{Name: "b", Provider: b})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r1.Retire(ctx, r2); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, _, c := a.stats(); c != 1 {
-		t.Errorf("replaced provider closed %d times; want 1", c)
-	}
-	if _, _, _, c := b.stats(); c != 0 {
-		t.Errorf("kept provider closed %d times; want 0", c)
-	}
-	if err := r2.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := r2.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for name, p := range map[string]*recProvider{"a": a, "a2": a2, "b": b} {
-		if _, _, _, c := p.stats(); c != 1 {
-			t.Errorf("provider %s closed %d times; want exactly 1", name, c)
-		}
-	}
-	var nilReg *Registry
-	if _, ok := nilReg.Get("a"); ok || nilReg.Names() != nil || nilReg.Close(ctx) != nil {
-		t.Errorf("nil registry is not empty")
 	}
 }
 
@@ -1046,12 +996,12 @@ func TestSessionsConcurrent(t *testing.T) {
 			for j := range 20 {
 				switch (i + j) % 5 {
 				case 0:
-					c, err := f.s.Create(ctx, "py", "alice", CreateOptions{}, time.Duration(j%2)*time.Minute)
+					c, err := f.s.Create(ctx, "py", "alice", sandbox.CreateOptions{}, time.Duration(j%2)*time.Minute)
 					if err != nil {
 						t.Errorf("Create() error = %v", err)
 						return
 					}
-					c.Run(ctx, "x", RunOptions{})
+					c.Run(ctx, "x", sandbox.RunOptions{})
 					f.s.Release(ctx, c)
 				case 1:
 					c, err := f.s.Open(ctx, shared.ID(), "alice")
@@ -1059,7 +1009,7 @@ func TestSessionsConcurrent(t *testing.T) {
 						t.Errorf("Open() error = %v", err)
 						return
 					}
-					c.Run(ctx, "y", RunOptions{})
+					c.Run(ctx, "y", sandbox.RunOptions{})
 					f.s.Release(ctx, c)
 				case 2:
 					f.clock.Add(10 * time.Second)
@@ -1087,14 +1037,14 @@ func TestSessionsConcurrent(t *testing.T) {
 // The reaper goroutine sweeps by itself and stops at Close.
 func TestSessionsReaperGoroutine(t *testing.T) {
 	f := newFixture(t)
-	s, err := NewSessions(context.Background(), SessionOptions{Store: f.st, Now: f.clock.Now,
-		Registry: func() *Registry { return f.reg }, SweepInterval: time.Millisecond})
+	s, err := New(context.Background(), Options{Store: f.st, Now: f.clock.Now,
+		Registry: func() *sandbox.Registry { return f.reg }, SweepInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close(context.Background())
 	ctx := context.Background()
-	c, err := s.Create(ctx, "py", "", CreateOptions{}, time.Minute)
+	c, err := s.Create(ctx, "py", "", sandbox.CreateOptions{}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1133,7 +1083,7 @@ func TestCreateAbandonedByCaller(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := f.s.Create(ctx, "py", "alice", CreateOptions{}, time.Minute)
+		_, err := f.s.Create(ctx, "py", "alice", sandbox.CreateOptions{}, time.Minute)
 		errc <- err
 	}()
 	cancel()
@@ -1148,7 +1098,7 @@ func TestCreateAbandonedByCaller(t *testing.T) {
 		t.Errorf("provider live=%d creates=%d deletes=%d; want 0, 1, 1", live, creates, deletes)
 	}
 	if got := f.s.Live(); got != 0 {
-		t.Errorf("Sessions.Live() = %d; want 0", got)
+		t.Errorf("Manager.Live() = %d; want 0", got)
 	}
 }
 
@@ -1158,11 +1108,11 @@ type restartingProvider struct {
 	restarts map[string]int // by sandbox id
 }
 
-func (p *restartingProvider) RestartKernel(_ context.Context, h Handle) error {
+func (p *restartingProvider) RestartKernel(_ context.Context, h sandbox.Handle) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.live[h.ID] {
-		return fmt.Errorf("%w: %s", ErrNotFound, h.ID)
+		return fmt.Errorf("%w: %s", sandbox.ErrNotFound, h.ID)
 	}
 	p.restarts[h.ID]++
 	return nil
@@ -1179,13 +1129,13 @@ func (p *restartingProvider) restartsOf(id string) int {
 func TestSessionsRestartIdleKernels(t *testing.T) {
 	f := newFixture(t)
 	p := &restartingProvider{recProvider: f.p, restarts: map[string]int{}}
-	reg, err := NewRegistry(nil, RegistryEntry{Name: "py", Provider: p, Backend: "rec", HostBound: true})
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "py", Provider: p, Backend: "rec", HostBound: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.reg = reg
 	ctx := context.Background()
-	c, err := f.s.Create(ctx, "py", "alice", CreateOptions{KernelIdle: 5 * time.Minute}, time.Hour)
+	c, err := f.s.Create(ctx, "py", "alice", sandbox.CreateOptions{KernelIdle: 5 * time.Minute}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1224,7 +1174,7 @@ func TestSessionsRestartIdleKernels(t *testing.T) {
 	}
 	defer f.s.Release(ctx, c)
 	for i, want := range []bool{true, false} {
-		res, err := c.Run(ctx, "x", RunOptions{})
+		res, err := c.Run(ctx, "x", sandbox.RunOptions{})
 		if err != nil || res.KernelRestarted != want {
 			t.Errorf("run %d: KernelRestarted = %v, %v; want %v", i+1, res.KernelRestarted, err, want)
 		}

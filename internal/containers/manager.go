@@ -1,4 +1,4 @@
-package sandbox
+package containers
 
 import (
 	"context"
@@ -14,10 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// Defaults of SessionOptions.
+// Defaults of Options.
 const (
 	DefaultMaxLife       = 24 * time.Hour
 	DefaultSweepInterval = 30 * time.Second
@@ -60,7 +61,7 @@ const sweepBatch = 1000
 var ErrExpired = errors.New("container expired")
 
 // errExpired is what operations on an expired container return.
-var errExpired = fmt.Errorf("%w: %w", ErrNotFound, ErrExpired)
+var errExpired = fmt.Errorf("%w: %w", sandbox.ErrNotFound, ErrExpired)
 
 // ElsewhereError: the container's sandbox lives in another replica's process (a local backend),
 // which is the only one that can serve it. It wraps ErrUnavailable.
@@ -73,10 +74,10 @@ func (e *ElsewhereError) Error() string {
 	return fmt.Sprintf("container %s is hosted by replica %q", e.ID, e.Host)
 }
 
-func (e *ElsewhereError) Unwrap() error { return ErrUnavailable }
+func (e *ElsewhereError) Unwrap() error { return sandbox.ErrUnavailable }
 
-// SessionOptions configure Sessions. Zero values mean the defaults.
-type SessionOptions struct {
+// Options configure Manager. Zero values mean the defaults.
+type Options struct {
 	// Store keeps the container registry and the container files. Required.
 	Store store.Store
 	// Host names this replica in a store that several replicas share. Containers whose sandboxes
@@ -92,7 +93,7 @@ type SessionOptions struct {
 	Now func() time.Time
 	// Registry returns the current sandbox tools (a reload swaps it), for calls whose context carries
 	// no registry of its own (WithRegistry). Nil: none.
-	Registry func() *Registry
+	Registry func() *sandbox.Registry
 	// Logger, nil for none.
 	Logger *zap.Logger
 	// Metrics registers the sessions' metrics; nil registers nothing.
@@ -116,11 +117,11 @@ type SessionOptions struct {
 	Metadata map[string]string
 }
 
-// Sessions are the containers: "cntr_" ids minted by the store, one store record per container
+// Manager are the containers: "cntr_" ids minted by the store, one store record per container
 // (owner, tool, the sandbox handle, expiry), per-container run serialization, idle expiry, and the
 // reaper that deletes expired sandboxes. Safe for concurrent use.
 //
-// The store is the truth: any Sessions on the same store opens any container id (after a
+// The store is the truth: any Manager on the same store opens any container id (after a
 // KeepAlive proves its sandbox still lives), and another owner's id, a forged id or an unknown id
 // is ErrNotFound. What a process holds in memory (the open sandbox, its run lock, how many
 // requests hold it) is a cache of the record.
@@ -133,8 +134,8 @@ type SessionOptions struct {
 // Restarts. A sandbox of a host-bound tool (local) dies with the process, so the records of a
 // previous process are expired at start. Any other sandbox (e2b) outlives the process: its record
 // stays, and after a restart the container opens again by its id, and expires on its own timeout.
-type Sessions struct {
-	opts SessionOptions
+type Manager struct {
+	opts Options
 	st   store.Store
 	host string
 	now  func() time.Time
@@ -155,13 +156,13 @@ type Sessions struct {
 
 // Container is one sandbox of one owner, held by the requests that opened or created it.
 type Container struct {
-	s         *Sessions
+	s         *Manager
 	id        string
 	owner     string
 	name      string
 	memory    string
-	h         Handle
-	ent       *providerEntry
+	h         sandbox.Handle
+	ent       *sandbox.Tool
 	hostBound bool
 	created   time.Time
 	runMu     chan struct{} // one run at a time: Jupyter kernels run one cell at a time
@@ -190,11 +191,11 @@ type Container struct {
 	figures map[string]string
 }
 
-// NewSessions returns Sessions over opts.Store, expires the containers whose sandboxes died with a
-// previous process (see SessionOptions.Host), and starts the reaper; Close stops it.
-func NewSessions(ctx context.Context, opts SessionOptions) (*Sessions, error) {
+// New returns Manager over opts.Store, expires the containers whose sandboxes died with a
+// previous process (see Options.Host), and starts the reaper; Close stops it.
+func New(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.Store == nil {
-		return nil, errors.New("sandbox: SessionOptions.Store is required")
+		return nil, errors.New("sandbox: Options.Store is required")
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -203,7 +204,7 @@ func NewSessions(ctx context.Context, opts SessionOptions) (*Sessions, error) {
 		opts.Logger = zap.NewNop()
 	}
 	if opts.Registry == nil {
-		opts.Registry = func() *Registry { return nil }
+		opts.Registry = func() *sandbox.Registry { return nil }
 	}
 	if opts.MaxLife <= 0 {
 		opts.MaxLife = DefaultMaxLife
@@ -225,7 +226,7 @@ func NewSessions(ctx context.Context, opts SessionOptions) (*Sessions, error) {
 			host = "localhost"
 		}
 	}
-	s := &Sessions{
+	s := &Manager{
 		opts:  opts,
 		st:    opts.Store,
 		host:  host,
@@ -254,7 +255,7 @@ func NewSessions(ctx context.Context, opts SessionOptions) (*Sessions, error) {
 
 // expireDead expires the records of host-bound containers that a previous process of this
 // replica made: their sandboxes died with it.
-func (s *Sessions) expireDead(ctx context.Context) (int, error) {
+func (s *Manager) expireDead(ctx context.Context) (int, error) {
 	all, err := s.st.ExpiringContainers(ctx, s.now().AddDate(100, 0, 0), 0)
 	if err != nil {
 		return 0, err
@@ -277,7 +278,7 @@ func (s *Sessions) expireDead(ctx context.Context) (int, error) {
 
 // claimRecord marks rec expired if its record is still at the version read: the claim that makes
 // exactly one process delete an expired sandbox. false: another writer got there first.
-func (s *Sessions) claimRecord(ctx context.Context, rec store.Container) (bool, error) {
+func (s *Manager) claimRecord(ctx context.Context, rec store.Container) (bool, error) {
 	rec.Status, rec.ExpiresAt, rec.ForgetAt = StatusExpired, time.Time{}, s.now().Add(s.opts.Retention)
 	_, err := s.st.UpdateContainer(ctx, rec)
 	switch {
@@ -292,7 +293,7 @@ func (s *Sessions) claimRecord(ctx context.Context, rec store.Container) (bool, 
 // Expire marks rec expired, unless another writer changed it since it was read: for a container
 // whose sandbox is known to be gone with the replica that hosted it (peer.Options.Expire). It does
 // not delete the sandbox.
-func (s *Sessions) Expire(ctx context.Context, rec store.Container) error {
+func (s *Manager) Expire(ctx context.Context, rec store.Container) error {
 	_, err := s.claimRecord(ctx, rec)
 	return err
 }
@@ -302,7 +303,7 @@ var errClaimed = errors.New("container claimed as expired")
 
 // expire marks owner's container id expired, from a fresh read. already reports that it was
 // expired before (another process claimed it, and deletes the sandbox).
-func (s *Sessions) expire(ctx context.Context, owner, id string) (already bool, err error) {
+func (s *Manager) expire(ctx context.Context, owner, id string) (already bool, err error) {
 	_, err = store.Modify(ctx, s.st, owner, id, func(r *store.Container) error {
 		if r.Status == StatusExpired {
 			return errClaimed
@@ -320,17 +321,17 @@ func (s *Sessions) expire(ctx context.Context, owner, id string) (already bool, 
 // Release when done). idle is its idle timeout for its whole life (0: the sandbox is deleted when
 // the last holder releases it). When opts.Lifetime is 0 the backend is asked to keep the sandbox
 // for the idle timeout (at least 5 minutes) plus a margin. Failures wrap ErrUnavailable.
-func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOptions, idle time.Duration) (*Container, error) {
+func (s *Manager) Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, idle time.Duration) (*Container, error) {
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("%w: shutting down", ErrUnavailable)
+		return nil, fmt.Errorf("%w: shutting down", sandbox.ErrUnavailable)
 	}
 	reg := s.registry(ctx)
-	ent, ok := reg.entry(tool)
+	ent, ok := reg.Tool(tool)
 	if !ok {
-		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", ErrUnavailable, tool)
+		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", sandbox.ErrUnavailable, tool)
 	}
 	id := s.st.NewID(store.ContainerKind)
 	slot, err := s.admit(ctx, reg, ent, owner, id)
@@ -344,8 +345,8 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 			slot.cancel(ctx, s.opts.DeleteTimeout)
 		}
 	}()
-	if !ent.acquire() {
-		return nil, fmt.Errorf("%w: sandbox tool %q is being reconfigured", ErrUnavailable, tool)
+	if !ent.Acquire() {
+		return nil, fmt.Errorf("%w: sandbox tool %q is being reconfigured", sandbox.ErrUnavailable, tool)
 	}
 	if opts.Lifetime <= 0 {
 		// Ask for a known lifetime, so that Run and Release know when the backend needs a KeepAlive:
@@ -364,7 +365,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	creating := CreatingClaim(id)
 	if _, err := s.st.Claim(ctx, creating, s.host, createTimeout+keepAliveMargin); err != nil {
 		s.releaseEntry(ctx, ent, tool)
-		return nil, fmt.Errorf("sandbox tool %q: %w: %w", tool, ErrUnavailable, err)
+		return nil, fmt.Errorf("sandbox tool %q: %w: %w", tool, sandbox.ErrUnavailable, err)
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
@@ -383,10 +384,10 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	}
 	if err != nil {
 		s.releaseEntry(ctx, ent, tool)
-		if errors.Is(err, ErrUnavailable) {
+		if errors.Is(err, sandbox.ErrUnavailable) {
 			return nil, fmt.Errorf("sandbox tool %q: %w", tool, err)
 		}
-		return nil, fmt.Errorf("sandbox tool %q: %w: %w", tool, ErrUnavailable, err)
+		return nil, fmt.Errorf("sandbox tool %q: %w: %w", tool, sandbox.ErrUnavailable, err)
 	}
 	h.Tool = tool
 	now := s.now()
@@ -411,7 +412,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 	if s.closed {
 		s.mu.Unlock()
 		s.deleteUnrecorded(ctx, ent, h)
-		return nil, fmt.Errorf("%w: shutting down", ErrUnavailable)
+		return nil, fmt.Errorf("%w: shutting down", sandbox.ErrUnavailable)
 	}
 	s.live[id] = c
 	s.mu.Unlock()
@@ -423,7 +424,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 		s.mu.Unlock()
 		s.m.live.Dec()
 		s.deleteUnrecorded(ctx, ent, h)
-		return nil, fmt.Errorf("sandbox tool %q: %w: recording the container: %w", tool, ErrUnavailable, err)
+		return nil, fmt.Errorf("sandbox tool %q: %w: recording the container: %w", tool, sandbox.ErrUnavailable, err)
 	}
 	s.log.Debug("container created", zap.String("container", id), zap.String("tool", tool), zap.String("sandbox", h.ID))
 	kept = true
@@ -431,7 +432,7 @@ func (s *Sessions) Create(ctx context.Context, tool, owner string, opts CreateOp
 }
 
 // deleteUnrecorded deletes a sandbox whose record could not be written, and gives back ent.
-func (s *Sessions) deleteUnrecorded(ctx context.Context, ent *providerEntry, h Handle) {
+func (s *Manager) deleteUnrecorded(ctx context.Context, ent *sandbox.Tool, h sandbox.Handle) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
 	defer cancel()
 	if err := ent.Provider.Delete(dctx, h); err != nil {
@@ -440,13 +441,13 @@ func (s *Sessions) deleteUnrecorded(ctx context.Context, ent *providerEntry, h H
 	s.releaseEntry(ctx, ent, h.Tool)
 }
 
-func (s *Sessions) releaseEntry(ctx context.Context, ent *providerEntry, tool string) {
-	if err := ent.release(context.WithoutCancel(ctx)); err != nil {
+func (s *Manager) releaseEntry(ctx context.Context, ent *sandbox.Tool, tool string) {
+	if err := ent.Release(context.WithoutCancel(ctx)); err != nil {
 		s.log.Warn("closing retired sandbox tool", zap.String("tool", tool), zap.Error(err))
 	}
 }
 
-func encodeHandle(h Handle) []byte {
+func encodeHandle(h sandbox.Handle) []byte {
 	b, err := json.Marshal(h)
 	if err != nil {
 		panic(fmt.Sprintf("sandbox: marshal handle: %v", err)) // only strings: cannot fail
@@ -458,9 +459,9 @@ func encodeHandle(h Handle) []byte {
 // unknown, or another owner's is ErrNotFound; an expired container, or one whose sandbox is gone,
 // is ErrNotFound wrapping ErrExpired. A container that this process does not hold yet is rebuilt
 // from its record after a KeepAlive proves its sandbox still lives.
-func (s *Sessions) Open(ctx context.Context, id, owner string) (*Container, error) {
+func (s *Manager) Open(ctx context.Context, id, owner string) (*Container, error) {
 	if !store.ContainerKind.Valid(id) {
-		return nil, fmt.Errorf("%w: unknown container id", ErrNotFound)
+		return nil, fmt.Errorf("%w: unknown container id", sandbox.ErrNotFound)
 	}
 	rec, err := s.record(ctx, owner, id)
 	if err != nil {
@@ -473,7 +474,7 @@ func (s *Sessions) Open(ctx context.Context, id, owner string) (*Container, erro
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("%w: shutting down", ErrUnavailable)
+		return nil, fmt.Errorf("%w: shutting down", sandbox.ErrUnavailable)
 	}
 	if c, ok := s.live[id]; ok && !c.deleting {
 		c.users++
@@ -494,13 +495,13 @@ func (s *Sessions) Open(ctx context.Context, id, owner string) (*Container, erro
 }
 
 // record reads owner's container id, mapping the store's errors to the sandbox's.
-func (s *Sessions) record(ctx context.Context, owner, id string) (store.Container, error) {
+func (s *Manager) record(ctx context.Context, owner, id string) (store.Container, error) {
 	rec, err := s.st.Container(ctx, owner, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return store.Container{}, fmt.Errorf("%w: unknown container id", ErrNotFound)
+		return store.Container{}, fmt.Errorf("%w: unknown container id", sandbox.ErrNotFound)
 	case err != nil:
-		return store.Container{}, fmt.Errorf("%w: reading the container registry: %w", ErrUnavailable, err)
+		return store.Container{}, fmt.Errorf("%w: reading the container registry: %w", sandbox.ErrUnavailable, err)
 	}
 	return rec, nil
 }
@@ -511,7 +512,7 @@ func expiredAt(rec store.Container, now time.Time) bool {
 }
 
 // revive builds a container this process does not hold from its record.
-func (s *Sessions) revive(ctx context.Context, rec store.Container) (*Container, error) {
+func (s *Manager) revive(ctx context.Context, rec store.Container) (*Container, error) {
 	if rec.Host != "" {
 		if s.opts.Host != "" && rec.Host != s.host {
 			return nil, &ElsewhereError{ID: rec.ID, Host: rec.Host}
@@ -523,18 +524,18 @@ func (s *Sessions) revive(ctx context.Context, rec store.Container) (*Container,
 		}
 		return nil, errExpired
 	}
-	var h Handle
+	var h sandbox.Handle
 	if err := json.Unmarshal(rec.Handle, &h); err != nil || h.ID == "" {
-		return nil, fmt.Errorf("%w: the container's record has no usable sandbox handle", ErrNotFound)
+		return nil, fmt.Errorf("%w: the container's record has no usable sandbox handle", sandbox.ErrNotFound)
 	}
 	tool := rec.Tool
 	h.Tool = tool
-	ent, ok := s.registry(ctx).entry(tool)
+	ent, ok := s.registry(ctx).Tool(tool)
 	if !ok || ent.Backend != "" && ent.Backend != h.Backend {
-		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", ErrNotFound, tool)
+		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", sandbox.ErrNotFound, tool)
 	}
-	if !ent.acquire() {
-		return nil, fmt.Errorf("%w: sandbox tool %q is being reconfigured", ErrUnavailable, tool)
+	if !ent.Acquire() {
+		return nil, fmt.Errorf("%w: sandbox tool %q is being reconfigured", sandbox.ErrUnavailable, tool)
 	}
 	now := s.now()
 	idle := rec.IdleTimeout
@@ -544,13 +545,13 @@ func (s *Sessions) revive(ctx context.Context, rec store.Container) (*Container,
 	s.m.observe(opKeepAlive, tool, start, err)
 	if err != nil {
 		s.releaseEntry(ctx, ent, tool)
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, sandbox.ErrNotFound) {
 			if _, err := s.expire(ctx, rec.Owner, rec.ID); err != nil {
 				s.log.Warn("expiring a container whose sandbox is gone", zap.String("container", rec.ID), zap.Error(err))
 			}
 			return nil, errExpired
 		}
-		return nil, fmt.Errorf("sandbox tool %q: %w: %w", tool, ErrUnavailable, err)
+		return nil, fmt.Errorf("sandbox tool %q: %w: %w", tool, sandbox.ErrUnavailable, err)
 	}
 	c := &Container{
 		s: s, id: rec.ID, owner: rec.Owner, name: rec.Name, memory: rec.MemoryLimit, h: h, ent: ent,
@@ -568,7 +569,7 @@ func (s *Sessions) revive(ctx context.Context, rec store.Container) (*Container,
 	} else if s.closed {
 		s.mu.Unlock()
 		s.releaseEntry(ctx, ent, tool)
-		return nil, fmt.Errorf("%w: shutting down", ErrUnavailable)
+		return nil, fmt.Errorf("%w: shutting down", sandbox.ErrUnavailable)
 	} else {
 		s.live[rec.ID] = c
 		s.mu.Unlock()
@@ -608,7 +609,7 @@ func minTime(a, b time.Time) time.Time {
 // at least that long. It runs detached from ctx's cancellation, under DeleteTimeout. A record
 // that another process has expired, or that is gone, makes c forgotten here (that process deletes
 // the sandbox) and is errExpired.
-func (s *Sessions) touch(ctx context.Context, c *Container) error {
+func (s *Manager) touch(ctx context.Context, c *Container) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
 	defer cancel()
 	var due time.Time
@@ -634,7 +635,7 @@ func (s *Sessions) touch(ctx context.Context, c *Container) error {
 		s.dropLost(ctx, c)
 		return errExpired
 	case err != nil:
-		return fmt.Errorf("%w: recording the container's use: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: recording the container's use: %w", sandbox.ErrUnavailable, err)
 	}
 	s.mu.Lock()
 	c.expiresAt = due
@@ -651,7 +652,7 @@ func (s *Sessions) touch(ctx context.Context, c *Container) error {
 // deleted its record and deletes the sandbox.
 // refresh brings what this process knows of c's expiry up to its record: a later expiry (another
 // replica used it), a claim by another process (which deletes the sandbox), or no record at all.
-func (s *Sessions) refresh(ctx context.Context, c *Container) {
+func (s *Manager) refresh(ctx context.Context, c *Container) {
 	rec, err := s.st.Container(ctx, c.owner, c.id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -670,7 +671,7 @@ func (s *Sessions) refresh(ctx context.Context, c *Container) {
 // dropLost deletes the sandbox of a container whose record is gone (a store that lost its keys, as
 // a Redis restarted empty): nobody can name it any more, and nobody else will delete it. A
 // container still held is deleted by the touch of its last release.
-func (s *Sessions) dropLost(ctx context.Context, c *Container) {
+func (s *Manager) dropLost(ctx context.Context, c *Container) {
 	s.mu.Lock()
 	if c.deleting || c.users > 0 || c.busy > 0 {
 		s.mu.Unlock()
@@ -681,7 +682,7 @@ func (s *Sessions) dropLost(ctx context.Context, c *Container) {
 	s.deleteNow(ctx, c, "record lost")
 }
 
-func (s *Sessions) forget(c *Container) {
+func (s *Manager) forget(c *Container) {
 	s.mu.Lock()
 	if c.deleting {
 		s.mu.Unlock()
@@ -701,13 +702,13 @@ func (s *Sessions) forget(c *Container) {
 // idle timeout is 0 is deleted once nobody holds it; any other lives until its idle timeout after
 // its last use, and the backend is asked to keep it that long. ctx may already be cancelled: the
 // work runs detached, under its own timeout. A nil c is ignored.
-func (s *Sessions) Release(ctx context.Context, c *Container) { s.release(ctx, c, false) }
+func (s *Manager) Release(ctx context.Context, c *Container) { s.release(ctx, c, false) }
 
 // Discard is Release that deletes the sandbox once nobody else holds it, whatever its idle
 // timeout: for a container whose id never reached anyone, which nobody could use again.
-func (s *Sessions) Discard(ctx context.Context, c *Container) { s.release(ctx, c, true) }
+func (s *Manager) Discard(ctx context.Context, c *Container) { s.release(ctx, c, true) }
 
-func (s *Sessions) release(ctx context.Context, c *Container, discard bool) {
+func (s *Manager) release(ctx context.Context, c *Container, discard bool) {
 	if c == nil {
 		return
 	}
@@ -737,7 +738,7 @@ func (s *Sessions) release(ctx context.Context, c *Container, discard bool) {
 }
 
 // keepAlive asks the backend to keep c for d more; a sandbox found gone is dropped.
-func (s *Sessions) keepAlive(ctx context.Context, c *Container, d time.Duration) {
+func (s *Manager) keepAlive(ctx context.Context, c *Container, d time.Duration) {
 	d = min(d, maxBackendLifetime)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
 	defer cancel()
@@ -752,7 +753,7 @@ func (s *Sessions) keepAlive(ctx context.Context, c *Container, d time.Duration)
 		s.mu.Unlock()
 		return
 	}
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, sandbox.ErrNotFound) {
 		s.dropGone(ctx, c)
 		return
 	}
@@ -760,7 +761,7 @@ func (s *Sessions) keepAlive(ctx context.Context, c *Container, d time.Duration)
 }
 
 // dropGone expires a container whose sandbox the backend no longer has.
-func (s *Sessions) dropGone(ctx context.Context, c *Container) {
+func (s *Manager) dropGone(ctx context.Context, c *Container) {
 	s.mu.Lock()
 	if c.deleting {
 		s.mu.Unlock()
@@ -772,7 +773,7 @@ func (s *Sessions) dropGone(ctx context.Context, c *Container) {
 }
 
 // markDeletingLocked takes c out of the live set; the caller then calls deleteNow. s.mu is held.
-func (s *Sessions) markDeletingLocked(c *Container) {
+func (s *Manager) markDeletingLocked(c *Container) {
 	c.deleting = true
 	if s.live[c.id] == c {
 		delete(s.live, c.id)
@@ -783,7 +784,7 @@ func (s *Sessions) markDeletingLocked(c *Container) {
 
 // deleteNow is deleteSandbox for a container marked by markDeletingLocked, which counted it in
 // s.deletes.
-func (s *Sessions) deleteNow(ctx context.Context, c *Container, why string) bool {
+func (s *Manager) deleteNow(ctx context.Context, c *Container, why string) bool {
 	defer s.deletes.Done()
 	return s.deleteSandbox(ctx, c, why)
 }
@@ -794,7 +795,7 @@ func (s *Sessions) deleteNow(ctx context.Context, c *Container, why string) bool
 // the sandbox is deleted all the same: a record that says running while its sandbox is gone is
 // found expired by the next Open, a sandbox left running is a leak. It reports whether this
 // process deleted the sandbox (false: another one had claimed it).
-func (s *Sessions) deleteSandbox(ctx context.Context, c *Container, why string) bool {
+func (s *Manager) deleteSandbox(ctx context.Context, c *Container, why string) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
 	defer cancel()
 	h := c.h
@@ -828,7 +829,7 @@ func (s *Sessions) deleteSandbox(ctx context.Context, c *Container, why string) 
 // deletions, and returns how many it claimed. It first renews the hold lease of the containers this
 // process's requests hold, and restarts the kernels idle past their kernel idle timeout
 // (restartIdleKernels). The reaper calls it; tests call it directly.
-func (s *Sessions) Sweep(ctx context.Context) int {
+func (s *Manager) Sweep(ctx context.Context) int {
 	now := s.now()
 	var renew []*Container
 	s.mu.Lock()
@@ -912,11 +913,11 @@ func (s *Sessions) Sweep(ctx context.Context) int {
 // for its kernel idle timeout (CreateOptions.KernelIdle), on a provider that is a KernelRestarter:
 // an idle container then holds its files and a fresh kernel, not the memory of its Python state.
 // Its next execution reports the restart (Result.KernelRestarted).
-func (s *Sessions) restartIdleKernels(ctx context.Context, now time.Time) {
+func (s *Manager) restartIdleKernels(ctx context.Context, now time.Time) {
 	var idle []*Container
 	s.mu.Lock()
 	for _, c := range s.live {
-		if _, ok := c.ent.Provider.(KernelRestarter); ok && c.kernelIdle > 0 && !c.restarted && !c.deleting &&
+		if _, ok := c.ent.Provider.(sandbox.KernelRestarter); ok && c.kernelIdle > 0 && !c.restarted && !c.deleting &&
 			c.users == 0 && c.busy == 0 && !now.Before(c.lastUse.Add(c.kernelIdle)) {
 			idle = append(idle, c)
 		}
@@ -930,7 +931,7 @@ func (s *Sessions) restartIdleKernels(ctx context.Context, now time.Time) {
 }
 
 // restartKernel restarts c's kernel unless c is in use again.
-func (s *Sessions) restartKernel(ctx context.Context, c *Container) {
+func (s *Manager) restartKernel(ctx context.Context, c *Container) {
 	select {
 	case c.runMu <- struct{}{}:
 	default:
@@ -948,7 +949,7 @@ func (s *Sessions) restartKernel(ctx context.Context, c *Container) {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
 	start := time.Now()
-	err := c.ent.Provider.(KernelRestarter).RestartKernel(rctx, c.h)
+	err := c.ent.Provider.(sandbox.KernelRestarter).RestartKernel(rctx, c.h)
 	cancel()
 	s.m.observe(opRestart, c.h.Tool, start, err)
 	s.mu.Lock()
@@ -958,7 +959,7 @@ func (s *Sessions) restartKernel(ctx context.Context, c *Container) {
 	}
 	s.mu.Unlock()
 	switch {
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, sandbox.ErrNotFound):
 		s.dropGone(ctx, c)
 	case err != nil:
 		s.log.Warn("restarting an idle kernel", zap.String("container", c.id), zap.String("tool", c.h.Tool), zap.Error(err))
@@ -969,7 +970,7 @@ func (s *Sessions) restartKernel(ctx context.Context, c *Container) {
 
 // reapRecord claims the expired record of a container this process does not hold and deletes its
 // sandbox. It reports whether this process claimed it.
-func (s *Sessions) reapRecord(ctx context.Context, rec store.Container) bool {
+func (s *Manager) reapRecord(ctx context.Context, rec store.Container) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.DeleteTimeout)
 	defer cancel()
 	won, err := s.claimRecord(ctx, rec)
@@ -984,16 +985,16 @@ func (s *Sessions) reapRecord(ctx context.Context, rec store.Container) bool {
 
 // deleteRecorded deletes the sandbox of a container this process does not hold, whose record it
 // has just expired.
-func (s *Sessions) deleteRecorded(ctx context.Context, rec store.Container) {
+func (s *Manager) deleteRecorded(ctx context.Context, rec store.Container) {
 	if rec.Host != "" {
 		return // a host-bound sandbox this process does not hold died with the process that made it
 	}
-	var h Handle
+	var h sandbox.Handle
 	if err := json.Unmarshal(rec.Handle, &h); err != nil || h.ID == "" {
 		return
 	}
 	h.Tool = rec.Tool
-	ent, ok := s.registry(ctx).entry(rec.Tool)
+	ent, ok := s.registry(ctx).Tool(rec.Tool)
 	if !ok || ent.Backend != "" && ent.Backend != h.Backend {
 		s.log.Warn("an expired container's sandbox tool is not configured: its backend's own timeout ends it",
 			zap.String("container", rec.ID), zap.String("tool", rec.Tool))
@@ -1008,7 +1009,7 @@ func (s *Sessions) deleteRecorded(ctx context.Context, rec store.Container) {
 }
 
 // reap runs Sweep every interval until Close.
-func (s *Sessions) reap(interval time.Duration) {
+func (s *Manager) reap(interval time.Duration) {
 	defer close(s.done)
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -1023,7 +1024,7 @@ func (s *Sessions) reap(interval time.Duration) {
 }
 
 // Live returns how many containers this process holds.
-func (s *Sessions) Live() int {
+func (s *Manager) Live() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.live)
@@ -1035,7 +1036,7 @@ func (s *Sessions) Live() int {
 // their expiry, to be opened again after a restart or reaped by whichever process finds them
 // expired. It waits for all deletions, including those already in flight, or for ctx. Create and
 // Open fail afterwards.
-func (s *Sessions) Close(ctx context.Context) error {
+func (s *Manager) Close(ctx context.Context) error {
 	s.stopOnce.Do(func() { close(s.stop) })
 	<-s.done
 	s.mu.Lock()
@@ -1081,7 +1082,7 @@ func (c *Container) ID() string { return c.id }
 // Tool returns the sandbox tool the container runs on.
 func (c *Container) Tool() string { return c.h.Tool }
 
-// Expires returns the container's hard end of life (see Sessions).
+// Expires returns the container's hard end of life (see Manager).
 func (c *Container) Expires() time.Time { return c.hardEnd() }
 
 // Info describes the container as the Containers API shows it.
@@ -1107,20 +1108,20 @@ func (c *Container) unlock() { <-c.runMu }
 // Run executes code in the container's kernel: one run at a time per container (a second waits for
 // the first, or for ctx), never reaped while running. Errors are the provider's (see Provider.Run);
 // a container found gone is ErrNotFound and is expired.
-func (c *Container) Run(ctx context.Context, code string, opts RunOptions) (Result, error) {
+func (c *Container) Run(ctx context.Context, code string, opts sandbox.RunOptions) (sandbox.Result, error) {
 	if err := c.lock(ctx); err != nil {
-		return Result{}, err
+		return sandbox.Result{}, err
 	}
 	defer c.unlock()
 	return c.runLocked(ctx, code, opts)
 }
 
-func (c *Container) runLocked(ctx context.Context, code string, opts RunOptions) (Result, error) {
+func (c *Container) runLocked(ctx context.Context, code string, opts sandbox.RunOptions) (sandbox.Result, error) {
 	s := c.s
 	s.mu.Lock()
 	if c.deleting {
 		s.mu.Unlock()
-		return Result{}, fmt.Errorf("%w: container deleted", ErrNotFound)
+		return sandbox.Result{}, fmt.Errorf("%w: container deleted", sandbox.ErrNotFound)
 	}
 	c.busy++
 	restarted := c.restarted
@@ -1146,7 +1147,7 @@ func (c *Container) runLocked(ctx context.Context, code string, opts RunOptions)
 	c.busy--
 	c.lastUse = s.now()
 	s.mu.Unlock()
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, sandbox.ErrNotFound) {
 		s.dropGone(ctx, c)
 		return res, err
 	}
@@ -1169,9 +1170,9 @@ var errAbandoned = errors.New("sandbox: create abandoned by its caller")
 // releases ent. Close waits for it: when the caller got the result, until the caller calls the
 // returned func (once the sandbox is registered or deleted); otherwise until the background
 // create has deleted what it got.
-func (s *Sessions) createDetached(ctx context.Context, ent *providerEntry, opts CreateOptions) (Handle, func(), error) {
+func (s *Manager) createDetached(ctx context.Context, ent *sandbox.Tool, opts sandbox.CreateOptions) (sandbox.Handle, func(), error) {
 	type result struct {
-		h   Handle
+		h   sandbox.Handle
 		err error
 	}
 	const (
@@ -1184,7 +1185,7 @@ func (s *Sessions) createDetached(ctx context.Context, ent *providerEntry, opts 
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return Handle{}, func() {}, fmt.Errorf("%w: shutting down", ErrUnavailable)
+		return sandbox.Handle{}, func() {}, fmt.Errorf("%w: shutting down", sandbox.ErrUnavailable)
 	}
 	s.deletes.Add(1)
 	s.mu.Unlock()
@@ -1206,7 +1207,7 @@ func (s *Sessions) createDetached(ctx context.Context, ent *providerEntry, opts 
 			}
 			dcancel()
 		}
-		if err := ent.release(context.WithoutCancel(ctx)); err != nil {
+		if err := ent.Release(context.WithoutCancel(ctx)); err != nil {
 			s.log.Warn("closing retired sandbox tool", zap.Error(err))
 		}
 	}()
@@ -1215,9 +1216,18 @@ func (s *Sessions) createDetached(ctx context.Context, ent *providerEntry, opts 
 		return r.h, settle, r.err
 	case <-ctx.Done():
 		if state.CompareAndSwap(waiting, abandoned) {
-			return Handle{}, func() {}, errAbandoned
+			return sandbox.Handle{}, func() {}, errAbandoned
 		}
 		r := <-out
 		return r.h, settle, r.err
 	}
+}
+
+// registry returns the sandbox tools for a call with ctx: the request's (sandbox.WithRegistry), else the
+// current ones (Options.Registry).
+func (s *Manager) registry(ctx context.Context) *sandbox.Registry {
+	if reg := sandbox.RegistryFrom(ctx); reg != nil {
+		return reg
+	}
+	return s.opts.Registry()
 }
