@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/peer"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
@@ -40,7 +41,7 @@ func advertiseURL(f flags, cfg *config.Config, listen net.Addr) (string, error) 
 }
 
 // deploymentTag is the value every sandbox of this deployment carries in its metadata
-// (sandbox.MetadataDeployment): derived from the replicas' shared secret, so it is the same on
+// (containers.MetadataDeployment): derived from the replicas' shared secret, so it is the same on
 // every replica and across restarts of Redis, differs between deployments, and reveals nothing
 // of the secret.
 func deploymentTag(secret string) string {
@@ -67,8 +68,8 @@ func sweepReplicas(ctx context.Context, interval time.Duration, replicas *peer.P
 		} else if n > 0 {
 			log.Info("containers of gone replicas expired", zap.Int("containers", n))
 		}
-		_, _, err := sandbox.SweepOrphans(ctx, sandbox.OrphanOptions{
-			Store: st, Registry: registry, Tag: map[string]string{sandbox.MetadataDeployment: tag},
+		_, _, err := containers.SweepOrphans(ctx, containers.OrphanOptions{
+			Store: st, Registry: registry, Tag: map[string]string{containers.MetadataDeployment: tag},
 			Holder: replicas.Self(), Lease: interval, Logger: log,
 		})
 		if err != nil && ctx.Err() == nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/peer"
 	"github.com/ciproxy/ciproxy/internal/router"
@@ -277,7 +278,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	// The containers live in the state store: an e2b container outlives a restart, a local one is
 	// expired at start (its sandbox died with the previous process). With Redis, a local container
 	// is recorded with this replica's address, and the sandboxes carry the deployment's tag.
-	sopts := sandbox.SessionOptions{
+	sopts := containers.Options{
 		Store:         state,
 		Host:          self,
 		Registry:      func() *sandbox.Registry { return store.Load().Sandboxes },
@@ -286,9 +287,9 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		Metrics:       reg,
 	}
 	if shared {
-		sopts.Metadata = map[string]string{sandbox.MetadataDeployment: deploymentTag(cfg.General.ContainerSecret)}
+		sopts.Metadata = map[string]string{containers.MetadataDeployment: deploymentTag(cfg.General.ContainerSecret)}
 	}
-	sessions, err := sandbox.NewSessions(ctx, sopts)
+	sessions, err := containers.New(ctx, sopts)
 	if err != nil {
 		return fail(err)
 	}
@@ -307,11 +308,11 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 		log.Info("replica registered", zap.String("advertise_url", self))
 	}
 	engine := intercept.New(intercept.Options{
-		Sessions: sessions,
-		Store:    intercept.OnStore(state, 0, nil),
-		Files:    state,
-		Logger:   log,
-		Metrics:  reg,
+		Containers: sessions,
+		Store:      intercept.OnStore(state, 0, nil),
+		Files:      state,
+		Logger:     log,
+		Metrics:    reg,
 	})
 	client := upstream.NewClient(upstream.ClientOptions{Logger: log, Metrics: upstream.NewMetrics(reg)})
 
@@ -408,7 +409,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	return nil
 }
 
-func closeSandboxes(log *zap.Logger, sessions *sandbox.Sessions, store *snapshot.Store) {
+func closeSandboxes(log *zap.Logger, sessions *containers.Manager, store *snapshot.Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	if err := sessions.Close(ctx); err != nil {

@@ -87,7 +87,7 @@ func benchEngineOn(b *testing.B, st store.Store) (*Engine, *config.Config, func(
 	cfg.Interception.SandboxToolName = "instant"
 	cfg.Interception.ExecutionTimeout = time.Minute
 	cfg.Interception.ContainerIdleTimeout = time.Minute
-	e := New(Options{Sessions: sess})
+	e := New(Options{Containers: sess})
 	return e, cfg, func() { _ = sess.Close(context.Background()) }
 }
 

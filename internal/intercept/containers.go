@@ -11,13 +11,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// containers is what the loop needs of sandbox.Sessions: containers by owner, created, opened and
-// released, and the files of a held container. Tests that run no code fake it.
-type containers interface {
+// containerManager is what the loop needs of containers.Manager: containers by owner, created,
+// opened and released, and the files of a held container. Tests that run no code fake it.
+type containerManager interface {
 	Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, idle time.Duration) (runner, error)
 	Open(ctx context.Context, id, owner string) (runner, error)
 	Release(ctx context.Context, c runner, idle time.Duration)
@@ -29,12 +30,12 @@ type containers interface {
 	// record is returned. An error about one of the files is a *placeError naming it, wrapping
 	// the sandbox's reason (sandbox.ErrFileTooLarge, ErrContainerFull, ErrTooManyFiles,
 	// ErrNotFound for a Files API file gone meanwhile, ...).
-	PlaceFiles(ctx context.Context, c runner, owner string, files []placement, lim sandbox.ContainerLimits) ([]store.ContainerFile, error)
+	PlaceFiles(ctx context.Context, c runner, owner string, files []placement, lim containers.ContainerLimits) ([]store.ContainerFile, error)
 	// Execute runs code in c, then records the regular files the execution created or changed
 	// under /mnt/data as container files (source "assistant"). res and err are the run's, except
 	// that an execution whose files alone could not be collected returns its result and an
 	// error wrapping errCollect.
-	Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim sandbox.ContainerLimits) (res sandbox.Result, written sandbox.Outputs, err error)
+	Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim containers.ContainerLimits) (res sandbox.Result, written containers.Outputs, err error)
 	// ContainerFiles returns the files recorded for owner's container c.
 	ContainerFiles(ctx context.Context, c runner, owner string) ([]store.ContainerFile, error)
 }
@@ -65,18 +66,18 @@ type runner interface {
 	Run(ctx context.Context, code string, opts sandbox.RunOptions) (sandbox.Result, error)
 }
 
-// sessions adapts *sandbox.Sessions to containers.
+// sessions adapts *containers.Manager to containerManager.
 type sessions struct {
-	s *sandbox.Sessions
+	s *containers.Manager
 }
 
-func adaptSessions(s *sandbox.Sessions) sessions { return sessions{s: s} }
+func adaptSessions(s *containers.Manager) sessions { return sessions{s: s} }
 
 // created is a container this engine's request created: released with idle 0 (its id never
 // reached anyone), it is discarded, whatever idle timeout it was created with. Any other
 // container keeps the idle timeout it was created with (a container made through the Containers
 // API keeps its own expires_after).
-type created struct{ *sandbox.Container }
+type created struct{ *containers.Container }
 
 func (a sessions) Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, idle time.Duration) (runner, error) {
 	c, err := a.s.Create(ctx, tool, owner, opts, idle)
@@ -102,23 +103,23 @@ func (a sessions) Release(ctx context.Context, c runner, idle time.Duration) {
 			return
 		}
 		a.s.Release(ctx, c.Container)
-	case *sandbox.Container:
+	case *containers.Container:
 		a.s.Release(ctx, c)
 	}
 }
 
 // held returns the sandbox container behind a runner this adapter returned.
-func held(c runner) *sandbox.Container {
+func held(c runner) *containers.Container {
 	switch c := c.(type) {
 	case created:
 		return c.Container
-	case *sandbox.Container:
+	case *containers.Container:
 		return c
 	}
 	return nil
 }
 
-func (a sessions) PlaceFiles(ctx context.Context, c runner, owner string, files []placement, lim sandbox.ContainerLimits) ([]store.ContainerFile, error) {
+func (a sessions) PlaceFiles(ctx context.Context, c runner, owner string, files []placement, lim containers.ContainerLimits) ([]store.ContainerFile, error) {
 	sc := held(c)
 	if sc == nil {
 		return nil, fmt.Errorf("%w: not a sandbox container", sandbox.ErrUnavailable)
@@ -140,9 +141,9 @@ func (a sessions) PlaceFiles(ctx context.Context, c runner, owner string, files 
 	var ids []string
 	var idAt []int
 	for i, p := range files {
-		origins[i] = sandbox.FileOrigin(p.FileID)
+		origins[i] = containers.FileOrigin(p.FileID)
 		if p.FileID == "" {
-			origins[i] = sandbox.DataOrigin(p.Name, p.Data)
+			origins[i] = containers.DataOrigin(p.Name, p.Data)
 		}
 		if rec, ok := byOrigin[origins[i]]; ok {
 			out[i] = rec
@@ -155,7 +156,7 @@ func (a sessions) PlaceFiles(ctx context.Context, c runner, owner string, files 
 	}
 	if len(ids) > 0 {
 		recs, err := sc.PlaceFiles(ctx, ids, lim)
-		var fe *sandbox.FileError
+		var fe *containers.FileError
 		switch {
 		case errors.As(err, &fe) && fe.Index >= 0 && fe.Index < len(idAt):
 			return nil, &placeError{Index: idAt[fe.Index], Err: fe.Err}
@@ -181,14 +182,14 @@ func (a sessions) PlaceFiles(ctx context.Context, c runner, owner string, files 
 	return out, nil
 }
 
-func (a sessions) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim sandbox.ContainerLimits) (sandbox.Result, sandbox.Outputs, error) {
+func (a sessions) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim containers.ContainerLimits) (sandbox.Result, containers.Outputs, error) {
 	sc := held(c)
 	if sc == nil {
 		res, err := c.Run(ctx, code, opts)
-		return res, sandbox.Outputs{}, err
+		return res, containers.Outputs{}, err
 	}
 	res, out, err := sc.Execute(ctx, code, opts, lim)
-	if errors.Is(err, sandbox.ErrCollect) {
+	if errors.Is(err, containers.ErrCollect) {
 		err = fmt.Errorf("%w: %w", errCollect, err)
 	}
 	return res, out, err
@@ -215,12 +216,12 @@ func (noSessions) Open(context.Context, string, string) (runner, error) {
 
 func (noSessions) Release(context.Context, runner, time.Duration) {}
 
-func (noSessions) PlaceFiles(context.Context, runner, string, []placement, sandbox.ContainerLimits) ([]store.ContainerFile, error) {
+func (noSessions) PlaceFiles(context.Context, runner, string, []placement, containers.ContainerLimits) ([]store.ContainerFile, error) {
 	return nil, sandbox.ErrNotFound
 }
 
-func (noSessions) Execute(context.Context, runner, string, sandbox.RunOptions, sandbox.ContainerLimits) (sandbox.Result, sandbox.Outputs, error) {
-	return sandbox.Result{}, sandbox.Outputs{}, sandbox.ErrNotFound
+func (noSessions) Execute(context.Context, runner, string, sandbox.RunOptions, containers.ContainerLimits) (sandbox.Result, containers.Outputs, error) {
+	return sandbox.Result{}, containers.Outputs{}, sandbox.ErrNotFound
 }
 
 func (noSessions) ContainerFiles(context.Context, runner, string) ([]store.ContainerFile, error) {

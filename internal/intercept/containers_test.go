@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
@@ -31,7 +32,7 @@ func TestSessionsAdapterRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Release(ctx, made, 0) // created, never shown
-	if _, err := sess.Open(ctx, made.ID(), "alice"); !errors.Is(err, sandbox.ErrExpired) {
+	if _, err := sess.Open(ctx, made.ID(), "alice"); !errors.Is(err, containers.ErrExpired) {
 		t.Errorf("Open() of a discarded container: error = %v; want ErrExpired", err)
 	}
 
@@ -95,7 +96,7 @@ func TestPlaceFilesAgainFromTheStore(t *testing.T) {
 	}
 	defer sess.Release(ctx, c)
 	files := []placement{{Name: "in.csv", FileID: f.ID}, {Name: "notes.txt", Data: []byte("inline")}}
-	lim := sandbox.ContainerLimits{Files: 10}
+	lim := containers.ContainerLimits{Files: 10}
 
 	first, err := adaptSessions(sess).PlaceFiles(ctx, c, "alice", files, lim)
 	if err != nil {

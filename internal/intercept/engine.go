@@ -60,15 +60,15 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
-	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
 // Options configure an Engine. Zero values mean the defaults.
 type Options struct {
-	// Sessions holds the containers. Required for code to run; nil makes every intercepted
+	// Containers holds the containers. Required for code to run; nil makes every intercepted
 	// request that needs a sandbox fail with sandbox_unavailable.
-	Sessions *sandbox.Sessions
+	Containers *containers.Manager
 	// Logger, nil for none.
 	Logger *zap.Logger
 	// Metrics registers the engine's metrics; nil registers nothing.
@@ -86,7 +86,7 @@ type Options struct {
 // Engine serves intercepted /v1/responses requests. It is safe for concurrent use; each request
 // gets its own loop and translator.
 type Engine struct {
-	sessions containers
+	sessions containerManager
 	log      *zap.Logger
 	m        *metrics
 	now      func() time.Time
@@ -106,8 +106,8 @@ func New(opts Options) *Engine {
 	if e.store == nil {
 		e.store = NewMemoryStore(0, e.now)
 	}
-	if opts.Sessions != nil {
-		e.sessions = adaptSessions(opts.Sessions)
+	if opts.Containers != nil {
+		e.sessions = adaptSessions(opts.Containers)
 	} else {
 		e.sessions = noSessions{}
 	}

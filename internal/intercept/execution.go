@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
@@ -113,7 +114,7 @@ const maxWrittenLines = 20
 
 // withWrittenFiles appends to what the model is told of an execution the files it created or
 // changed under /mnt/data, with the link that cites each, and those the container could not keep.
-func withWrittenFiles(model string, out sandbox.Outputs) string {
+func withWrittenFiles(model string, out containers.Outputs) string {
 	files := out.Files
 	if len(files) == 0 && len(out.Skipped) == 0 {
 		return model

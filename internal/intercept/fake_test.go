@@ -12,13 +12,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// fakeContainers is containers without a sandbox, for the tests whose subject is the engine, not
-// the code: containers are held by owner, opened only by it, deleted at a release with idle 0,
-// and code "runs" by calling run. It keeps sandbox.Sessions' contract as the engine relies on it:
+// fakeContainers is a containerManager without a sandbox, for the tests whose subject is the
+// engine, not the code: containers are held by owner, opened only by it, deleted at a release with
+// idle 0, and code "runs" by calling run. It keeps containers.Manager's contract as the engine
+// relies on it:
 // an unknown tool is sandbox.ErrUnavailable, another owner's or an unknown id sandbox.ErrNotFound.
 type fakeContainers struct {
 	tool string // the only sandbox tool configured
@@ -140,7 +142,7 @@ func (b *fakeBox) Run(ctx context.Context, code string, _ sandbox.RunOptions) (s
 	return run(ctx, code)
 }
 
-var _ containers = (*fakeContainers)(nil)
+var _ containerManager = (*fakeContainers)(nil)
 
 // The fake's files: each box keeps a /mnt/data in memory, placed files are recorded as the
 // Sessions' contract says (names made unique, a file placed again from the same origin not
@@ -209,7 +211,7 @@ func (f *fakeContainers) newFileID() string {
 	return fmt.Sprintf("cfile_fake%d", f.nfiles)
 }
 
-func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, _ string, files []placement, _ sandbox.ContainerLimits) ([]store.ContainerFile, error) {
+func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, _ string, files []placement, _ containers.ContainerLimits) ([]store.ContainerFile, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, err := f.box(c)
@@ -252,16 +254,16 @@ func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, _ string, files
 	return out, nil
 }
 
-func (f *fakeContainers) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, _ sandbox.ContainerLimits) (sandbox.Result, sandbox.Outputs, error) {
+func (f *fakeContainers) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, _ containers.ContainerLimits) (sandbox.Result, containers.Outputs, error) {
 	res, err := c.Run(ctx, code, opts)
 	if err != nil {
-		return res, sandbox.Outputs{}, err
+		return res, containers.Outputs{}, err
 	}
 	written, err := f.collect(c)
 	if err != nil {
-		return res, sandbox.Outputs{}, fmt.Errorf("%w: %w", errCollect, err)
+		return res, containers.Outputs{}, fmt.Errorf("%w: %w", errCollect, err)
 	}
-	return res, sandbox.Outputs{Files: written}, nil
+	return res, containers.Outputs{Files: written}, nil
 }
 
 // collect finds what changed in c's /mnt/data since the last collection or placement.

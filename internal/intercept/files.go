@@ -15,6 +15,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/filename"
 	"github.com/ciproxy/ciproxy/internal/inputfiles"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
@@ -425,8 +426,8 @@ func toolFilesNote(files []store.ContainerFile) string {
 
 // containerLimits are what a container's files may take under cfg: one file as large as an
 // upload may be, all of them what one key's files may take, and sandbox's count.
-func containerLimits(cfg *config.Config) sandbox.ContainerLimits {
-	lim := sandbox.ContainerLimits{FileBytes: cfg.General.MaxFileUploadSize, TotalBytes: cfg.General.MaxFileStoragePerKey, Files: sandbox.DefaultMaxContainerFiles}
+func containerLimits(cfg *config.Config) containers.ContainerLimits {
+	lim := containers.ContainerLimits{FileBytes: cfg.General.MaxFileUploadSize, TotalBytes: cfg.General.MaxFileStoragePerKey, Files: containers.DefaultMaxContainerFiles}
 	if lim.FileBytes <= 0 {
 		lim.FileBytes = config.DefaultMaxFileUploadSize
 	}
@@ -465,11 +466,11 @@ func (r *run) placeFiles(ctx context.Context) error {
 		return apierror.BadRequest("The file is larger than the limit for one file in a container.", param, "file_too_large")
 	case errors.Is(err, sandbox.ErrContainerFull):
 		return apierror.BadRequest("The container's files would take more than its storage limit.", param, "storage_limit_exceeded")
-	case errors.Is(err, sandbox.ErrTooManyFiles):
+	case errors.Is(err, containers.ErrTooManyFiles):
 		return apierror.BadRequest(fmt.Sprintf("The container would hold more than %d files.", r.lim.Files), param, "too_many_files")
-	case errors.Is(err, sandbox.ErrInvalidFilename):
+	case errors.Is(err, containers.ErrInvalidFilename):
 		return apierror.BadRequest("Invalid filename for '"+param+"'.", param, "invalid_filename")
-	case pe != nil && pe.Index >= 0 && pe.Index < len(todo) && todo[pe.Index].FileID != "" && errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, sandbox.ErrExpired):
+	case pe != nil && pe.Index >= 0 && pe.Index < len(todo) && todo[pe.Index].FileID != "" && errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, containers.ErrExpired):
 		// Deleted since the request was checked.
 		return apierror.NotFound("No such File object: "+todo[pe.Index].FileID, param)
 	case err != nil:

@@ -13,7 +13,7 @@ import (
 )
 
 // TestFilesThroughRealContainers runs the files path on each real backend (the local sandbox,
-// and e2b through its emulator), through sandbox.Sessions: a Files API file and an inline
+// and e2b through its emulator), through containers.Manager: a Files API file and an inline
 // input_file placed before the code runs, the files the code writes collected, cited and
 // readable from the container, and the same file not placed twice when the conversation goes on.
 func TestFilesThroughRealContainers(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
@@ -43,9 +44,9 @@ type harness struct {
 	up    *upstreamtest.Server
 	cfg   *config.Config
 	eng   *Engine
-	sess  *sandbox.Sessions // real sessions (withLocal, withE2B); nil with the fake
-	state *embedded.Store   // their store, which holds the Files API's files too
-	fake  *fakeContainers   // the fake containers; nil with real sessions
+	sess  *containers.Manager // real sessions (withLocal, withE2B); nil with the fake
+	state *embedded.Store     // their store, which holds the Files API's files too
+	fake  *fakeContainers     // the fake containers; nil with real sessions
 	srv   *httptest.Server
 	store *MemoryStore
 	reg   *prometheus.Registry
@@ -151,7 +152,7 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 		}
 		h.state = newState(t)
 		h.sess = sessionsOn(t, reg, h.state)
-		h.eng = New(Options{Sessions: h.sess, Store: h.store, Files: h.state, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
+		h.eng = New(Options{Containers: h.sess, Store: h.store, Files: h.state, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
 	default:
 		h.fake = newFakeContainers("local")
 		h.eng = New(Options{Store: h.store, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
@@ -188,7 +189,7 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 
 // newSessions is Sessions on reg over an embedded store in a temporary directory, which is closed
 // at the end of the test (after the Sessions, whose Close the caller arranges first).
-func newSessions(tb testing.TB, reg *sandbox.Registry) *sandbox.Sessions {
+func newSessions(tb testing.TB, reg *sandbox.Registry) *containers.Manager {
 	tb.Helper()
 	return sessionsOn(tb, reg, newState(tb))
 }
@@ -205,9 +206,9 @@ func newState(tb testing.TB) *embedded.Store {
 }
 
 // sessionsOn is Sessions on reg over st.
-func sessionsOn(tb testing.TB, reg *sandbox.Registry, st store.Store) *sandbox.Sessions {
+func sessionsOn(tb testing.TB, reg *sandbox.Registry, st store.Store) *containers.Manager {
 	tb.Helper()
-	s, err := sandbox.NewSessions(context.Background(), sandbox.SessionOptions{Store: st, Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
+	s, err := containers.New(context.Background(), containers.Options{Store: st, Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
-	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/containers"
 )
 
 // This file holds the limits of one response (code_interpreter_interception_params): stand-in
@@ -16,9 +16,9 @@ import (
 // execution output summed over the response. Past each, nothing more runs and the model is told
 // so in the call's output, as with max_tool_calls; the client gets an answer either way.
 
-// quotaExceeded returns the 429 for a container quota (sandbox.QuotaError), or nil.
+// quotaExceeded returns the 429 for a container quota (containers.QuotaError), or nil.
 func quotaExceeded(err error) *apierror.Error {
-	var qe *sandbox.QuotaError
+	var qe *containers.QuotaError
 	if errors.As(err, &qe) {
 		return apierror.RateLimited(qe.Message, qe.RetryAfter)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
@@ -213,7 +214,7 @@ func TestLimitOutputBudget(t *testing.T) {
 type quotaContainers struct{ *fakeContainers }
 
 func (quotaContainers) Create(context.Context, string, string, sandbox.CreateOptions, time.Duration) (runner, error) {
-	return nil, &sandbox.QuotaError{Limit: "max_containers_per_key", Message: "Rate limit reached for containers per API key (max_containers_per_key)."}
+	return nil, &containers.QuotaError{Limit: "max_containers_per_key", Message: "Rate limit reached for containers per API key (max_containers_per_key)."}
 }
 
 func TestContainerQuotaIs429(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
@@ -32,9 +33,9 @@ type run struct {
 	emit   func(Event) error
 
 	cont        *containerFuture
-	lim         sandbox.ContainerLimits // what the container's files may take
-	encrypted   bool                    // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
-	stateless   bool                    // the upstream keeps nothing: the stored response keeps the conversation
+	lim         containers.ContainerLimits // what the container's files may take
+	encrypted   bool                       // upstream calls ask for reasoning.encrypted_content on the proxy's behalf
+	stateless   bool                       // the upstream keeps nothing: the stored response keeps the conversation
 	executions  int
 	iterations  int
 	outputUsed  int64 // bytes of execution output so far (limits.go)

@@ -39,7 +39,7 @@ func TestTranslateGolden(t *testing.T) {
 	}
 	sess := newSessions(t, reg)
 	defer sess.Close(context.Background())
-	e := New(Options{Sessions: sess})
+	e := New(Options{Containers: sess})
 	ic := config.Defaults().Interception
 	ic.ExecutionTimeout = 20 * time.Second
 	ic.ContainerIdleTimeout = time.Minute

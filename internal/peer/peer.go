@@ -26,7 +26,7 @@ import (
 // without a goodbye still looks alive. Heartbeats come every third of it.
 const DefaultLease = 10 * time.Second
 
-// statusExpired is the container status of an expired record (sandbox.StatusExpired): such a
+// statusExpired is the container status of an expired record (containers.StatusExpired): such a
 // container is served nowhere.
 const statusExpired = "expired"
 
@@ -44,7 +44,7 @@ type Options struct {
 	Self string
 	// Lease is DefaultLease when zero.
 	Lease time.Duration
-	// Expire marks a container expired whose host is gone (sandbox.Sessions.Expire). Nil: nothing
+	// Expire marks a container expired whose host is gone (containers.Manager.Expire). Nil: nothing
 	// is expired here, and the request is served here anyway.
 	Expire func(ctx context.Context, rec store.Container) error
 	// Secret returns the deployment's shared secret now (it may change with a reload), for probes.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
-	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/containers"
 )
 
 type ctxKeyCaller struct{}
@@ -19,7 +19,7 @@ type ctxKeyCaller struct{}
 // "Authorization: Bearer <key>" or "x-api-key: <key>", and names the caller (see Caller): a client
 // key's entry name, or for the master key (and for any key of an open proxy) an id derived from
 // the key, so containers, files and responses stay bound to the key that created them. It also
-// puts the caller's container quotas in the context (sandbox.WithLimits).
+// puts the caller's container quotas in the context (containers.WithLimits).
 func auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cfg := configFrom(r.Context())
@@ -48,7 +48,7 @@ func auth(next http.Handler) http.Handler {
 			}
 		}
 		ctx := context.WithValue(r.Context(), ctxKeyCaller{}, who)
-		ctx = sandbox.WithLimits(ctx, sandbox.Limits{
+		ctx = containers.WithLimits(ctx, containers.Limits{
 			MaxContainers:    who.quotas.MaxContainers,
 			MaxPerOwner:      who.quotas.MaxContainersPerKey,
 			CreatesPerMinute: who.quotas.ContainerCreatesPerMinute,

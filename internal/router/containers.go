@@ -18,6 +18,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
 	"github.com/ciproxy/ciproxy/internal/listquery"
@@ -63,7 +64,7 @@ type expiresAfter struct {
 	Minutes int64  `json:"minutes"`
 }
 
-func toContainerObject(c sandbox.Info) containerObject {
+func toContainerObject(c containers.Info) containerObject {
 	mem := c.MemoryLimit
 	if mem == "" {
 		mem = "1g" // OpenAI's default, which the tool's default stands for
@@ -116,39 +117,40 @@ type deletedObject struct {
 
 // containerLimits are the request's configuration's limits on a container's files: a file as
 // large as the Files API takes, all of them as much as one key may store, and a fixed count.
-func containerLimits(cfg *config.Config) sandbox.ContainerLimits {
-	return sandbox.ContainerLimits{FileBytes: fileLimits(cfg).MaxBytes, TotalBytes: cfg.General.MaxFileStoragePerKey,
-		Files: sandbox.DefaultMaxContainerFiles}
+func containerLimits(cfg *config.Config) containers.ContainerLimits {
+	return containers.ContainerLimits{FileBytes: fileLimits(cfg).MaxBytes, TotalBytes: cfg.General.MaxFileStoragePerKey,
+		Files: containers.DefaultMaxContainerFiles}
 }
 
 func noSuchContainer(id string) *apierror.Error {
 	return apierror.NotFound("Container with id '"+id+"' not found.", "container_id")
 }
 
-// containerError turns what Sessions refused into the client's error; param names the parameter
-// that carried the file when a file was refused ("file" for an upload, "file_id", "file_ids").
+// containerError turns what containers.Manager refused into the client's error; param names the
+// parameter that carried the file when a file was refused ("file" for an upload, "file_id",
+// "file_ids").
 func containerError(err error, id, fileID, param string) error {
-	var fe *sandbox.FileError
+	var fe *containers.FileError
 	if errors.As(err, &fe) {
 		param = fmt.Sprintf("%s[%d]", param, fe.Index)
 		fileID = fe.FileID
 	}
-	var elsewhere *sandbox.ElsewhereError
+	var elsewhere *containers.ElsewhereError
 	switch {
 	case errors.As(err, &elsewhere):
 		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error",
 			Message: "The container is served by another replica of this proxy; try again.", Err: err}
-	case fe != nil && errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, sandbox.ErrExpired):
+	case fe != nil && errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, containers.ErrExpired):
 		return apierror.NotFound("No such File object: "+fileID, param)
-	case errors.Is(err, sandbox.ErrExpired):
+	case errors.Is(err, containers.ErrExpired):
 		return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: "container_id", Code: "container_expired",
 			Message: "Container with id '" + id + "' has expired and can no longer be used.", Err: err}
-	case errors.Is(err, sandbox.ErrNoSuchFile):
+	case errors.Is(err, containers.ErrNoSuchFile):
 		return apierror.NotFound("Container file with id '"+fileID+"' not found.", "file_id")
 	case errors.Is(err, sandbox.ErrNotFound):
 		return noSuchContainer(id)
-	case errors.Is(err, sandbox.ErrInvalidFilename):
-		return apierror.BadRequest("Invalid '"+param+"': "+strings.TrimPrefix(err.Error(), sandbox.ErrInvalidFilename.Error()+": ")+".", param, "invalid_filename")
+	case errors.Is(err, containers.ErrInvalidFilename):
+		return apierror.BadRequest("Invalid '"+param+"': "+strings.TrimPrefix(err.Error(), containers.ErrInvalidFilename.Error()+": ")+".", param, "invalid_filename")
 	case errors.Is(err, sandbox.ErrNameTaken):
 		return &apierror.Error{Status: http.StatusConflict, Type: "invalid_request_error", Param: param, Code: "name_taken",
 			Message: "Code in the container holds that name and the names after it; choose another filename.", Err: err}
@@ -161,9 +163,9 @@ func containerError(err error, id, fileID, param string) error {
 	case errors.Is(err, sandbox.ErrContainerFull):
 		return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "storage_limit_exceeded",
 			Message: "The container's files would take more than its storage limit.", Err: err}
-	case errors.Is(err, sandbox.ErrTooManyFiles):
+	case errors.Is(err, containers.ErrTooManyFiles):
 		return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "too_many_files",
-			Message: fmt.Sprintf("The container would hold more than %d files.", sandbox.DefaultMaxContainerFiles), Err: err}
+			Message: fmt.Sprintf("The container would hold more than %d files.", containers.DefaultMaxContainerFiles), Err: err}
 	case errors.Is(err, store.ErrUnavailable):
 		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "The container registry is unavailable; try again later.", Err: err}
 	case errors.Is(err, sandbox.ErrUnavailable), errors.Is(err, sandbox.ErrTimeout), errors.Is(err, sandbox.ErrRateLimited):
@@ -212,8 +214,8 @@ func parseNewContainer(body []byte) (newContainer, error) {
 			return nc, apierror.InvalidType("file_ids", "an array", ids)
 		}
 		arr := ids.Array()
-		if len(arr) > sandbox.DefaultMaxContainerFiles {
-			return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'file_ids': array too long. Expected an array with maximum length %d, but got an array with length %d instead.", sandbox.DefaultMaxContainerFiles, len(arr)), "file_ids", "array_above_max_length")
+		if len(arr) > containers.DefaultMaxContainerFiles {
+			return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'file_ids': array too long. Expected an array with maximum length %d, but got an array with length %d instead.", containers.DefaultMaxContainerFiles, len(arr)), "file_ids", "array_above_max_length")
 		}
 		for i, id := range arr {
 			if id.Type != gjson.String {
@@ -294,7 +296,7 @@ func (s *server) createContainer(w http.ResponseWriter, r *http.Request) error {
 		idle = cfg.Interception.ContainerIdleTimeout
 	}
 	if idle <= 0 {
-		idle = sandbox.DefaultIdleTimeout // a container made to be used later outlives its request
+		idle = containers.DefaultIdleTimeout // a container made to be used later outlives its request
 	}
 	c, err := s.containers.Create(ctx, cfg.Interception.SandboxToolName, owner, sandbox.CreateOptions{Name: nc.name, MemoryLimit: nc.memory, KernelIdle: cfg.Interception.KernelIdleTimeout}, idle)
 	if err != nil {
@@ -438,7 +440,7 @@ func (s *server) createContainerFile(w http.ResponseWriter, r *http.Request) err
 }
 
 // placeStoredFile copies Files API file fileID into container id.
-func (s *server) placeStoredFile(w http.ResponseWriter, r *http.Request, id, fileID string, lim sandbox.ContainerLimits) error {
+func (s *server) placeStoredFile(w http.ResponseWriter, r *http.Request, id, fileID string, lim containers.ContainerLimits) error {
 	ctx, owner := r.Context(), Caller(r.Context())
 	c, err := s.containers.Open(ctx, id, owner)
 	if err != nil {
@@ -447,11 +449,11 @@ func (s *server) placeStoredFile(w http.ResponseWriter, r *http.Request, id, fil
 	defer s.containers.Release(ctx, c)
 	files, err := c.PlaceFiles(ctx, []string{fileID}, lim)
 	if err != nil {
-		var fe *sandbox.FileError
+		var fe *containers.FileError
 		if errors.As(err, &fe) {
 			err = fe.Err // one file: the parameter is file_id itself
 		}
-		if errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, sandbox.ErrExpired) {
+		if errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, containers.ErrExpired) {
 			return apierror.NotFound("No such File object: "+fileID, "file_id")
 		}
 		return containerError(err, id, fileID, "file_id")
@@ -465,9 +467,9 @@ type containerUpload struct {
 	s   *server
 	r   *http.Request
 	id  string
-	lim sandbox.ContainerLimits
+	lim containers.ContainerLimits
 
-	c      *sandbox.Container
+	c      *containers.Container
 	stored *store.ContainerFile
 	fileID *string
 }

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
@@ -96,7 +97,7 @@ func (b *containerBackend) live(t *testing.T) int {
 type containersProxy struct {
 	*proxy
 	st      *embedded.Store
-	sess    *sandbox.Sessions
+	sess    *containers.Manager
 	stopped bool
 }
 
@@ -113,7 +114,7 @@ func (b *containerBackend) start(t *testing.T, cfg *config.Config, dir string, c
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err := sandbox.NewSessions(context.Background(), sandbox.SessionOptions{Store: st, Now: clock.Now, SweepInterval: -1,
+	sess, err := containers.New(context.Background(), containers.Options{Store: st, Now: clock.Now, SweepInterval: -1,
 		Registry: func() *sandbox.Registry { return b.reg }})
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +124,7 @@ func (b *containerBackend) start(t *testing.T, cfg *config.Config, dir string, c
 		o.Store = snapshot.NewStore(&snapshot.Snapshot{Config: cfg, Sandboxes: b.reg})
 		o.Files, o.Containers, o.Now = st, sess, clock.Now
 		// The engine as cmd/proxy wires it; it takes requests only when cfg turns interception on.
-		o.Interceptor = intercept.New(intercept.Options{Sessions: sess, Files: st})
+		o.Interceptor = intercept.New(intercept.Options{Containers: sess, Files: st})
 	})
 	t.Cleanup(p.stop)
 	return p
@@ -459,7 +460,7 @@ func TestContainersExpired(t *testing.T) {
 	if errors.As(err, &e) && e.Code != "container_expired" {
 		t.Errorf("upload into an expired container: code %q; want container_expired", e.Code)
 	}
-	if _, err := p.sess.Open(ctx, made.ID, callerID(masterKey)); !errors.Is(err, sandbox.ErrExpired) {
+	if _, err := p.sess.Open(ctx, made.ID, callerID(masterKey)); !errors.Is(err, containers.ErrExpired) {
 		t.Errorf("the tool's Open() of an expired container: error = %v; want ErrExpired", err)
 	}
 	if n := p.sess.Sweep(ctx); n != 1 || b.live(t) != 0 {
@@ -736,7 +737,7 @@ func TestContainerFileUploadCut(t *testing.T) {
 			}
 			defer p.sess.Release(ctx, run)
 			res, out, err := run.Execute(ctx, `import os
-sorted(n for n in os.listdir("/mnt/data") if not n.startswith(".")) if os.path.isdir("/mnt/data") else []`, sandbox.RunOptions{}, sandbox.ContainerLimits{})
+sorted(n for n in os.listdir("/mnt/data") if not n.startswith(".")) if os.path.isdir("/mnt/data") else []`, sandbox.RunOptions{}, containers.ContainerLimits{})
 			if err != nil || len(res.Results) != 1 || res.Results[0].Text != "[]" || len(out.Files) != 0 {
 				t.Errorf("/mnt/data after a cut upload = %+v, %+v, %v; want nothing", res.Results, out, err)
 			}

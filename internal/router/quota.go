@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
-	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/containers"
 )
 
 // inflight counts the intercepted requests in progress, and the pass-through ones that inline
@@ -55,9 +55,9 @@ func (f *inflight) admit(ctx context.Context) (func(), error) {
 	}, nil
 }
 
-// quotaError returns err as a 429 when it is a container quota (sandbox.QuotaError), else err.
+// quotaError returns err as a 429 when it is a container quota (containers.QuotaError), else err.
 func quotaError(err error) error {
-	var qe *sandbox.QuotaError
+	var qe *containers.QuotaError
 	if errors.As(err, &qe) {
 		return apierror.RateLimited(qe.Message, qe.RetryAfter)
 	}

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
@@ -58,7 +59,7 @@ type quotaProxy struct {
 	*proxy
 	up   *upstreamtest.Server
 	path string
-	sess *sandbox.Sessions
+	sess *containers.Manager
 }
 
 func newQuotaProxy(t *testing.T, extra string, sandboxed bool) *quotaProxy {
@@ -113,7 +114,7 @@ func newConfiguredProxy(t *testing.T, yaml func(base string) string, sandboxed b
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err := sandbox.NewSessions(context.Background(), sandbox.SessionOptions{Store: st, Registry: func() *sandbox.Registry { return store.Load().Sandboxes }, Logger: log, SweepInterval: -1})
+	sess, err := containers.New(context.Background(), containers.Options{Store: st, Registry: func() *sandbox.Registry { return store.Load().Sandboxes }, Logger: log, SweepInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func newConfiguredProxy(t *testing.T, yaml func(base string) string, sandboxed b
 		_ = sess.Close(context.Background())
 		_ = st.Close()
 	})
-	eng := intercept.New(intercept.Options{Sessions: sess, Logger: log})
+	eng := intercept.New(intercept.Options{Containers: sess, Logger: log})
 	p := newProxy(t, cfg, func(o *Options) {
 		o.Store = store
 		o.Interceptor = eng

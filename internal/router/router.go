@@ -13,10 +13,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/inputfiles"
 	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/peer"
-	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -67,7 +67,7 @@ type Options struct {
 	Replicas *peer.Peers
 	// Containers are the containers the code_interpreter tool runs in, served by the Containers
 	// API (/v1/containers). Nil: the Containers API is not served.
-	Containers *sandbox.Sessions
+	Containers *containers.Manager
 	// Logger receives the access log and error details. Nil: no logging.
 	Logger *zap.Logger
 	// Registry is where the router's metrics are registered and what /metrics serves.
@@ -94,7 +94,7 @@ type server struct {
 	files       store.Files
 	owners      store.Responses
 	replicas    *peer.Peers
-	containers  *sandbox.Sessions
+	containers  *containers.Manager
 	log         *zap.Logger
 	metrics     *Metrics
 	ready       func(context.Context) Readiness

@@ -14,6 +14,10 @@ const DataDir = "/mnt/data"
 // ErrFileTooLarge: a file is larger than the caller allowed. Nothing was stored or returned.
 var ErrFileTooLarge = errors.New("file too large")
 
+// ErrContainerFull: a container's files would take more than its storage limit: its DataDir is full,
+// or, in internal/containers, more than ContainerLimits.TotalBytes.
+var ErrContainerFull = errors.New("the container's files would exceed its storage limit")
+
 // ErrNameTaken: something that is not a regular file (a directory, a link the sandbox's code
 // made) holds the path a file was to be written to. Nothing was written.
 var ErrNameTaken = errors.New("the name is taken in the sandbox")

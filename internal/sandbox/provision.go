@@ -19,9 +19,10 @@ type Provisioner interface {
 
 type registryKey struct{}
 
-// WithRegistry returns ctx carrying reg: Sessions then create and open containers through reg (the
-// registry of the configuration snapshot a request started with) rather than the current one, so that
-// a request sees the sandbox tools of one configuration, whatever reloads happen meanwhile.
+// WithRegistry returns ctx carrying reg: containers.Manager then creates and opens containers through
+// reg (the registry of the configuration snapshot a request started with) rather than the current
+// one, so that a request sees the sandbox tools of one configuration, whatever reloads happen
+// meanwhile.
 func WithRegistry(ctx context.Context, reg *Registry) context.Context {
 	return context.WithValue(ctx, registryKey{}, reg)
 }
@@ -30,13 +31,4 @@ func WithRegistry(ctx context.Context, reg *Registry) context.Context {
 func RegistryFrom(ctx context.Context) *Registry {
 	reg, _ := ctx.Value(registryKey{}).(*Registry)
 	return reg
-}
-
-// registry returns the sandbox tools for a call with ctx: the request's (WithRegistry), else the
-// current ones (SessionOptions.Registry).
-func (s *Sessions) registry(ctx context.Context) *Registry {
-	if reg := RegistryFrom(ctx); reg != nil {
-		return reg
-	}
-	return s.opts.Registry()
 }

@@ -31,9 +31,10 @@ type RegistryEntry struct {
 	HostBound bool
 }
 
-// providerEntry is a provider and its use count, shared by every Registry that holds the provider,
-// so that a reload that keeps a tool keeps its containers' accounting too.
-type providerEntry struct {
+// Tool is one sandbox tool of a Registry: its entry and its provider's use count, shared by every
+// Registry that holds the provider, so that a reload that keeps a tool keeps its containers'
+// accounting too.
+type Tool struct {
 	RegistryEntry
 
 	mu      sync.Mutex
@@ -42,8 +43,9 @@ type providerEntry struct {
 	closed  bool
 }
 
-// acquire counts one more container on the provider; false once it is retired.
-func (e *providerEntry) acquire() bool {
+// Acquire counts one more container on the provider; false once it is retired. Each true is
+// matched by one Release.
+func (e *Tool) Acquire() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.retired {
@@ -53,8 +55,8 @@ func (e *providerEntry) acquire() bool {
 	return true
 }
 
-// release counts one container less, closing a retired provider that nothing uses any more.
-func (e *providerEntry) release(ctx context.Context) error {
+// Release counts one container less, closing a retired provider that nothing uses any more.
+func (e *Tool) Release(ctx context.Context) error {
 	e.mu.Lock()
 	e.refs--
 	last := e.retired && e.refs <= 0
@@ -66,7 +68,7 @@ func (e *providerEntry) release(ctx context.Context) error {
 }
 
 // retire stops new containers and closes the provider now if nothing uses it.
-func (e *providerEntry) retire(ctx context.Context) error {
+func (e *Tool) retire(ctx context.Context) error {
 	e.mu.Lock()
 	e.retired = true
 	idle := e.refs <= 0
@@ -78,7 +80,7 @@ func (e *providerEntry) retire(ctx context.Context) error {
 }
 
 // close closes the provider once.
-func (e *providerEntry) close(ctx context.Context) error {
+func (e *Tool) close(ctx context.Context) error {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -97,14 +99,14 @@ func (e *providerEntry) close(ctx context.Context) error {
 // Registry maps sandbox tool names to Providers. It does not change once built; a reload builds a
 // new one (see internal/sandbox/backends). Safe for concurrent use.
 type Registry struct {
-	entries map[string]*providerEntry
+	entries map[string]*Tool
 	names   []string
 }
 
 // NewRegistry builds a Registry from entries, in order. An entry whose Provider is the very
 // provider prev holds under the same name shares prev's use count (prev may be nil).
 func NewRegistry(prev *Registry, entries ...RegistryEntry) (*Registry, error) {
-	r := &Registry{entries: make(map[string]*providerEntry, len(entries))}
+	r := &Registry{entries: make(map[string]*Tool, len(entries))}
 	for _, in := range entries {
 		if in.Name == "" || in.Provider == nil {
 			return nil, fmt.Errorf("sandbox: registry entry %q without a name or provider", in.Name)
@@ -112,7 +114,7 @@ func NewRegistry(prev *Registry, entries ...RegistryEntry) (*Registry, error) {
 		if _, dup := r.entries[in.Name]; dup {
 			return nil, fmt.Errorf("sandbox: sandbox tool %q listed twice", in.Name)
 		}
-		e := &providerEntry{RegistryEntry: in}
+		e := &Tool{RegistryEntry: in}
 		if prev != nil {
 			if old, ok := prev.entries[in.Name]; ok && old.Provider == in.Provider {
 				e = old
@@ -156,8 +158,8 @@ func (r *Registry) Names() []string {
 	return append([]string(nil), r.names...)
 }
 
-// entry returns the shared entry of the named tool.
-func (r *Registry) entry(name string) (*providerEntry, bool) {
+// Tool returns the named tool with its shared use count.
+func (r *Registry) Tool(name string) (*Tool, bool) {
 	if r == nil {
 		return nil, false
 	}
@@ -175,7 +177,7 @@ func (r *Registry) Retire(ctx context.Context, next *Registry) error {
 	var errs []error
 	for _, name := range r.names {
 		e := r.entries[name]
-		if kept, ok := next.entry(name); ok && kept == e {
+		if kept, ok := next.Tool(name); ok && kept == e {
 			continue
 		}
 		errs = append(errs, e.retire(ctx))
@@ -184,7 +186,7 @@ func (r *Registry) Retire(ctx context.Context, next *Registry) error {
 }
 
 // Close closes every provider of r now, even one that containers still use (their later deletes
-// then fail or do nothing): it is for shutdown, after Sessions.Close has deleted the containers.
+// then fail or do nothing): it is for shutdown, after containers.Manager.Close has deleted the containers.
 func (r *Registry) Close(ctx context.Context) error {
 	if r == nil {
 		return nil

@@ -1,7 +1,9 @@
-// Package sandbox defines what every code-execution backend offers (Provider), what an execution
-// returns (Result), the NDJSON decoder shared by all backends, the registry built from the config's
-// sandbox_tools, and the containers (Sessions): cntr_ ids recorded in the store, their lifecycle,
-// and their files in and out of /mnt/data.
+// Package sandbox is the contract between the proxy and its code-execution backends: what every
+// backend offers (Provider, and FileSystem for the files under /mnt/data), what an execution returns
+// (Result), the NDJSON decoder shared by all backends, the errors backends return, and the registry
+// built from the config's sandbox_tools. The backends live below it (local, e2b); the OpenAI
+// containers built on them (cntr_ ids, their lifecycle and files) are internal/containers. It
+// imports no other package of the project, so a backend compiles against the contract alone.
 package sandbox
 
 import (
@@ -75,7 +77,7 @@ type CreateOptions struct {
 	Lifetime time.Duration
 	// Metadata is attached where the backend supports it.
 	Metadata map[string]string
-	// KernelIdle is how long the container's kernel may stay unused before Sessions restarts it
+	// KernelIdle is how long the container's kernel may stay unused before containers.Manager restarts it
 	// (a KernelRestarter's), keeping the files; 0: never. Providers ignore it.
 	KernelIdle time.Duration
 }

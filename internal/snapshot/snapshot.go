@@ -249,7 +249,7 @@ func (s *Store) retireIdle() {
 }
 
 // Close closes every sandbox provider of the current snapshot and of the replaced ones that requests
-// still held, now: it is for shutdown, after sandbox.Sessions.Close has deleted the containers.
+// still held, now: it is for shutdown, after containers.Manager.Close has deleted the containers.
 // Nothing is retired after it.
 func (s *Store) Close(ctx context.Context) error {
 	s.mu.Lock()
@@ -276,7 +276,7 @@ func (s *Store) logWarnings(cfg *config.Config) {
 
 type ctxKey struct{}
 
-// NewContext returns ctx carrying snap, and snap's sandbox registry for sandbox.Sessions
+// NewContext returns ctx carrying snap, and snap's sandbox registry for containers.Manager
 // (sandbox.WithRegistry), so that everything the request does sees the one configuration.
 func NewContext(ctx context.Context, snap *Snapshot) context.Context {
 	ctx = context.WithValue(ctx, ctxKey{}, snap)

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
@@ -352,7 +353,7 @@ func TestReloadWarnsOfStartOnlySettings(t *testing.T) {
 // e2bControlPlane answers every create as e2b does a bad key (401), counting the keys it was sent: a
 // create reaching it proves which provider served it.
 // newSessions is Sessions over an embedded store in a temporary directory.
-func newSessions(t *testing.T, opts sandbox.SessionOptions) *sandbox.Sessions {
+func newSessions(t *testing.T, opts containers.Options) *containers.Manager {
 	t.Helper()
 	st, err := embedded.Open(embedded.Options{Dir: t.TempDir(), SweepEvery: -1})
 	if err != nil {
@@ -360,7 +361,7 @@ func newSessions(t *testing.T, opts sandbox.SessionOptions) *sandbox.Sessions {
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	opts.Store = st
-	s, err := sandbox.NewSessions(context.Background(), opts)
+	s, err := containers.New(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,7 +391,7 @@ func TestRequestKeepsItsSandboxToolsUntilItIsDone(t *testing.T) {
 		return strings.Replace(version("alpha", 1, srv.URL), "api_key: key-alpha", "api_key: "+key, 1)
 	}
 	h := newHarness(t, withKey("old-key"))
-	sessions := newSessions(t, sandbox.SessionOptions{Registry: func() *sandbox.Registry { return h.store.Load().Sandboxes }, SweepInterval: -1})
+	sessions := newSessions(t, containers.Options{Registry: func() *sandbox.Registry { return h.store.Load().Sandboxes }, SweepInterval: -1})
 	defer sessions.Close(context.Background())
 	create := func(snap *snapshot.Snapshot) error {
 		_, err := sessions.Create(snapshot.NewContext(context.Background(), snap), "alpha-tool", "alice", sandbox.CreateOptions{}, time.Minute)
@@ -437,7 +438,7 @@ func TestHeldSnapshotKeepsAToolAcrossTwoReloads(t *testing.T) {
 		return strings.Replace(version("alpha", models, srv.URL), "api_key: key-alpha", "api_key: "+key, 1)
 	}
 	h := newHarness(t, cfg(1, "first-key"))
-	sessions := newSessions(t, sandbox.SessionOptions{SweepInterval: -1})
+	sessions := newSessions(t, containers.Options{SweepInterval: -1})
 	defer sessions.Close(context.Background())
 	create := func(snap *snapshot.Snapshot) error {
 		_, err := sessions.Create(snapshot.NewContext(context.Background(), snap), "alpha-tool", "", sandbox.CreateOptions{}, time.Minute)
@@ -476,7 +477,7 @@ func TestCloseClosesHeldSnapshots(t *testing.T) {
 	if err := h.reload(); err != nil {
 		t.Fatal(err)
 	}
-	sessions := newSessions(t, sandbox.SessionOptions{SweepInterval: -1})
+	sessions := newSessions(t, containers.Options{SweepInterval: -1})
 	defer sessions.Close(context.Background())
 	if err := h.store.Close(context.Background()); err != nil {
 		t.Fatal(err)

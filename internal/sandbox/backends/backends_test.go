@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
@@ -204,10 +205,10 @@ func TestBuildReload(t *testing.T) {
 	}
 }
 
-// proc is one proxy process's Sessions over an embedded store in a data directory; another proc
+// proc is one proxy process's containers.Manager over an embedded store in a data directory; another proc
 // on the same directory after the first stopped is that process restarted.
 type proc struct {
-	*sandbox.Sessions
+	*containers.Manager
 	st      *embedded.Store
 	stopped bool
 }
@@ -219,17 +220,17 @@ func newSessions(t testing.TB, dir string, reg func() *sandbox.Registry) *proc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := sandbox.NewSessions(context.Background(), sandbox.SessionOptions{Store: st, Registry: reg, SweepInterval: -1})
+	s, err := containers.New(context.Background(), containers.Options{Store: st, Registry: reg, SweepInterval: -1})
 	if err != nil {
 		_ = st.Close()
 		t.Fatal(err)
 	}
-	p := &proc{Sessions: s, st: st}
+	p := &proc{Manager: s, st: st}
 	t.Cleanup(func() { p.stop(t) })
 	return p
 }
 
-// stop shuts the process down gracefully: Sessions first, then the store.
+// stop shuts the process down gracefully: the manager first, then the store.
 func (p *proc) stop(t testing.TB) {
 	t.Helper()
 	if p.stopped {
@@ -312,10 +313,10 @@ func TestSessionsLocal(t *testing.T) {
 	if lp.Live() != 0 {
 		t.Errorf("Live() after Close = %d; want 0", lp.Live())
 	}
-	if _, err := s2.Open(ctx, c.ID(), "alice"); !errors.Is(err, sandbox.ErrExpired) {
+	if _, err := s2.Open(ctx, c.ID(), "alice"); !errors.Is(err, containers.ErrExpired) {
 		t.Errorf("Open() in a new process error = %v; want ErrExpired", err)
 	}
-	if info, err := s2.Get(ctx, "alice", c.ID()); err != nil || info.Status != sandbox.StatusExpired {
+	if info, err := s2.Get(ctx, "alice", c.ID()); err != nil || info.Status != containers.StatusExpired {
 		t.Errorf("Get() in a new process = %+v, %v; want expired", info, err)
 	}
 }
@@ -400,7 +401,7 @@ func TestSessionsE2B(t *testing.T) {
 	s2.Release(ctx, d)
 	s3 := restart(t, s2, dir, e.registry)
 	e.srv.Advance(time.Hour)
-	if _, err := s3.Open(ctx, d.ID(), "alice"); !errors.Is(err, sandbox.ErrExpired) {
+	if _, err := s3.Open(ctx, d.ID(), "alice"); !errors.Is(err, containers.ErrExpired) {
 		t.Errorf("Open() of a sandbox e2b ended error = %v; want ErrExpired", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/testutil"
@@ -26,7 +27,7 @@ import (
 type filesEnv struct {
 	t   *testing.T
 	p   *proc
-	c   *sandbox.Container
+	c   *containers.Container
 	ctx context.Context
 }
 
@@ -68,7 +69,7 @@ func (e *filesEnv) upload(owner, name, content string) store.File {
 }
 
 // run executes code, failing the test on an error or an exception, and returns what it wrote.
-func (e *filesEnv) run(code string, lim sandbox.ContainerLimits) sandbox.Outputs {
+func (e *filesEnv) run(code string, lim containers.ContainerLimits) containers.Outputs {
 	e.t.Helper()
 	res, out, err := e.c.Execute(e.ctx, code, sandbox.RunOptions{}, lim)
 	if err != nil || res.Error != nil {
@@ -101,7 +102,7 @@ func paths(fs []store.ContainerFile) []string {
 	return out
 }
 
-var noLimits = sandbox.ContainerLimits{}
+var noLimits = containers.ContainerLimits{}
 
 func TestContainerFilesInAndOut(t *testing.T) {
 	for _, b := range backendsUnderTest {
@@ -120,7 +121,7 @@ func testContainerFilesInAndOut(t *testing.T, e *filesEnv) {
 		t.Errorf("placed at %v; want their own name, and a suffix on the clash", got)
 	}
 	for _, f := range placed {
-		if !store.ContainerFileKind.Valid(f.ID) || f.Source != sandbox.SourceUser || f.ContainerID != e.c.ID() {
+		if !store.ContainerFileKind.Valid(f.ID) || f.Source != containers.SourceUser || f.ContainerID != e.c.ID() {
 			t.Errorf("placed record %+v; want a cfile_ id, source user, this container", f)
 		}
 	}
@@ -138,7 +139,7 @@ print(sorted(os.listdir("/mnt/data")))`, noLimits)
 		t.Fatalf("Execute() collected %v; want the two files the code wrote (hidden ones left out, placed ones not again)", got)
 	}
 	for _, f := range out.Files {
-		if f.Source != sandbox.SourceAssistant {
+		if f.Source != containers.SourceAssistant {
 			t.Errorf("collected %s with source %q; want assistant", f.Path, f.Source)
 		}
 	}
@@ -175,14 +176,14 @@ import os; os.remove("/mnt/data/sales-1.csv")`, noLimits)
 
 	// An upload lands beside the others, under a free name.
 	up, err := e.c.AddFile(e.ctx, "total.txt", "", strings.NewReader("uploaded"), noLimits)
-	if err != nil || up.Path != "/mnt/data/total-1.txt" || up.Bytes != 8 || up.Source != sandbox.SourceUser {
+	if err != nil || up.Path != "/mnt/data/total-1.txt" || up.Bytes != 8 || up.Source != containers.SourceUser {
 		t.Fatalf("AddFile(total.txt) = %+v, %v; want /mnt/data/total-1.txt, 8 bytes, user", up, err)
 	}
 	if out := e.run(`print(open("/mnt/data/total-1.txt").read())`, noLimits); len(out.Files) != 0 {
 		t.Errorf("Execute after an upload collected %v; want the upload not taken for the code's", paths(out.Files))
 	}
 	for _, bad := range []string{"", "..", "a\x00b", "a\u202Eb"} {
-		if _, err := e.c.AddFile(e.ctx, bad, "", strings.NewReader("x"), noLimits); !errors.Is(err, sandbox.ErrInvalidFilename) {
+		if _, err := e.c.AddFile(e.ctx, bad, "", strings.NewReader("x"), noLimits); !errors.Is(err, containers.ErrInvalidFilename) {
 			t.Errorf("AddFile(%q) error = %v; want ErrInvalidFilename", bad, err)
 		}
 	}
@@ -201,15 +202,15 @@ import os; os.remove("/mnt/data/sales-1.csv")`, noLimits)
 	if err != nil || len(res.Results) != 1 || res.Results[0].Text != "False" {
 		t.Errorf("the deleted file is still in the sandbox: %+v, %v", res.Results, err)
 	}
-	if _, err := e.read(up.ID, 1<<20); !errors.Is(err, sandbox.ErrNoSuchFile) {
+	if _, err := e.read(up.ID, 1<<20); !errors.Is(err, containers.ErrNoSuchFile) {
 		t.Errorf("ReadFile(deleted) error = %v; want ErrNoSuchFile", err)
 	}
-	if err := e.p.DeleteFile(e.ctx, "alice", e.c.ID(), up.ID); !errors.Is(err, sandbox.ErrNoSuchFile) {
+	if err := e.p.DeleteFile(e.ctx, "alice", e.c.ID(), up.ID); !errors.Is(err, containers.ErrNoSuchFile) {
 		t.Errorf("DeleteFile twice error = %v; want ErrNoSuchFile", err)
 	}
 
 	// Scoped to the owner.
-	if _, err := e.p.Files(e.ctx, "bob", e.c.ID(), store.ContainerFileQuery{}); !errors.Is(err, sandbox.ErrNotFound) || errors.Is(err, sandbox.ErrNoSuchFile) {
+	if _, err := e.p.Files(e.ctx, "bob", e.c.ID(), store.ContainerFileQuery{}); !errors.Is(err, sandbox.ErrNotFound) || errors.Is(err, containers.ErrNoSuchFile) {
 		t.Errorf("Files(bob) error = %v; want ErrNotFound for the container", err)
 	}
 	var b bytes.Buffer
@@ -243,22 +244,22 @@ func TestContainerFileLimits(t *testing.T) {
 func testContainerFileLimits(t *testing.T, e *filesEnv) {
 	small := e.upload("alice", "small.txt", "12345")
 	big := e.upload("alice", "big.txt", strings.Repeat("x", 100))
-	var fe *sandbox.FileError
+	var fe *containers.FileError
 
 	_, err := e.c.PlaceFiles(e.ctx, []string{small.ID, "file-nope", big.ID}, noLimits)
 	if !errors.As(err, &fe) || fe.Index != 1 || !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("PlaceFiles(unknown id) error = %v; want a FileError at index 1, ErrNotFound", err)
 	}
-	_, err = e.c.PlaceFiles(e.ctx, []string{small.ID, big.ID}, sandbox.ContainerLimits{FileBytes: 50})
+	_, err = e.c.PlaceFiles(e.ctx, []string{small.ID, big.ID}, containers.ContainerLimits{FileBytes: 50})
 	if !errors.As(err, &fe) || fe.Index != 1 || !errors.Is(err, sandbox.ErrFileTooLarge) {
 		t.Errorf("PlaceFiles(over the file limit) error = %v; want index 1, ErrFileTooLarge", err)
 	}
-	_, err = e.c.PlaceFiles(e.ctx, []string{small.ID, big.ID}, sandbox.ContainerLimits{TotalBytes: 104})
+	_, err = e.c.PlaceFiles(e.ctx, []string{small.ID, big.ID}, containers.ContainerLimits{TotalBytes: 104})
 	if !errors.As(err, &fe) || fe.Index != 1 || !errors.Is(err, sandbox.ErrContainerFull) {
 		t.Errorf("PlaceFiles(over the container total) error = %v; want index 1, ErrContainerFull", err)
 	}
-	_, err = e.c.PlaceFiles(e.ctx, []string{small.ID, big.ID}, sandbox.ContainerLimits{Files: 1})
-	if !errors.As(err, &fe) || fe.Index != 1 || !errors.Is(err, sandbox.ErrTooManyFiles) {
+	_, err = e.c.PlaceFiles(e.ctx, []string{small.ID, big.ID}, containers.ContainerLimits{Files: 1})
+	if !errors.As(err, &fe) || fe.Index != 1 || !errors.Is(err, containers.ErrTooManyFiles) {
 		t.Errorf("PlaceFiles(over the file count) error = %v; want index 1, ErrTooManyFiles", err)
 	}
 	if got := e.list(); len(got) != 0 {
@@ -269,7 +270,7 @@ func testContainerFileLimits(t *testing.T, e *filesEnv) {
 		t.Errorf("/mnt/data after refused placements = %+v, %v; want empty", res.Results, err)
 	}
 
-	lim := sandbox.ContainerLimits{FileBytes: 64, TotalBytes: 80, Files: 3}
+	lim := containers.ContainerLimits{FileBytes: 64, TotalBytes: 80, Files: 3}
 	if _, err := e.c.AddFile(e.ctx, "a.txt", "", strings.NewReader(strings.Repeat("a", 65)), lim); !errors.Is(err, sandbox.ErrFileTooLarge) {
 		t.Errorf("AddFile(65 bytes, file limit 64) error = %v; want ErrFileTooLarge", err)
 	}
@@ -330,7 +331,7 @@ os.symlink("/etc/hostname", "/mnt/data/report.txt")`, noLimits)
 			t.Errorf("collected %s, which the code made a link or a FIFO", f.Path)
 		}
 	}
-	if got, err := e.read(report.ID, 1<<20); !errors.Is(err, sandbox.ErrNoSuchFile) || got != "" {
+	if got, err := e.read(report.ID, 1<<20); !errors.Is(err, containers.ErrNoSuchFile) || got != "" {
 		t.Errorf("ReadFile(a record whose file became a link) = %q, %v; want ErrNoSuchFile, nothing read", got, err)
 	}
 	if got := paths(e.list()); slices.Contains(got, "/mnt/data/report.txt") {
@@ -360,7 +361,7 @@ func TestContainerFilesAfterRestart(t *testing.T) {
 			var b bytes.Buffer
 			_, _, err = p2.ReadFile(ctx, "alice", c.ID(), out.Files[0].ID, &b, 1<<20)
 			if backend == "local" {
-				if !errors.Is(err, sandbox.ErrExpired) || b.Len() != 0 {
+				if !errors.Is(err, containers.ErrExpired) || b.Len() != 0 {
 					t.Errorf("ReadFile() after a restart = %q, %v; want ErrExpired: the sandbox died with the process", b.String(), err)
 				}
 				if f, err := p2.File(ctx, "alice", c.ID(), out.Files[0].ID); err != nil || f.Path != "/mnt/data/out.txt" {
@@ -407,7 +408,7 @@ func benchCollectFiles(b *testing.B, backend string, n int) {
 os.makedirs("/mnt/data", exist_ok=True)
 for i in range(%d):
     open("/mnt/data/f%%04d.csv" %% i, "w").write("x" * i)`, n)
-	lim := sandbox.ContainerLimits{Files: 2000}
+	lim := containers.ContainerLimits{Files: 2000}
 	_, out, err := c.Execute(ctx, code, sandbox.RunOptions{}, lim)
 	if err != nil || len(out.Files) != n {
 		b.Fatalf("setup collected %d files, %v; want %d", len(out.Files), err, n)
@@ -456,7 +457,7 @@ plt.plot([1, 2, 3]); plt.show()`
 					other = &out.Files[i]
 				}
 			}
-			if figure == nil || figure.Source != sandbox.SourceAssistant {
+			if figure == nil || figure.Source != containers.SourceAssistant {
 				t.Fatalf("no figure recorded under its own id among %v", paths(out.Files))
 			}
 			if got, err := e.read(figure.ID, 1<<20); err != nil || got != string(want) {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
@@ -38,7 +39,7 @@ func benchPlace(b *testing.B, backend string, download bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	lim := sandbox.ContainerLimits{FileBytes: 2 * placeSize}
+	lim := containers.ContainerLimits{FileBytes: 2 * placeSize}
 	b.SetBytes(placeSize)
 	b.ResetTimer() // the setup above is not the placement
 	for i := 0; i < b.N; i++ {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/store"
@@ -35,7 +36,7 @@ func TestSweepOrphans(t *testing.T) {
 		t.Helper()
 		id := st.NewID(store.ContainerKind)
 		h, err := p.Create(ctx, sandbox.CreateOptions{Metadata: map[string]string{
-			sandbox.MetadataDeployment: deployment, sandbox.MetadataContainerID: id}})
+			containers.MetadataDeployment: deployment, containers.MetadataContainerID: id}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -56,7 +57,7 @@ func TestSweepOrphans(t *testing.T) {
 	record(liveID, live)
 	_, unrecorded := tagged("d1") // its creator died before CreateContainer
 	creatingID, creating := tagged("d1")
-	if ok, err := st.Claim(ctx, sandbox.CreatingClaim(creatingID), "replica-2", time.Minute); !ok || err != nil {
+	if ok, err := st.Claim(ctx, containers.CreatingClaim(creatingID), "replica-2", time.Minute); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
 	_, foreign := tagged("another-deployment")
@@ -69,9 +70,9 @@ func TestSweepOrphans(t *testing.T) {
 	otherID, replaced := tagged("d1") // its record names another sandbox
 	record(otherID, sandbox.Handle{Backend: "e2b", ID: "i0000000000000000000x"})
 
-	opts := sandbox.OrphanOptions{Store: st, Registry: func() *sandbox.Registry { return reg },
-		Tag: map[string]string{sandbox.MetadataDeployment: "d1"}, Holder: "replica-1", Lease: time.Minute}
-	n, won, err := sandbox.SweepOrphans(ctx, opts)
+	opts := containers.OrphanOptions{Store: st, Registry: func() *sandbox.Registry { return reg },
+		Tag: map[string]string{containers.MetadataDeployment: "d1"}, Holder: "replica-1", Lease: time.Minute}
+	n, won, err := containers.SweepOrphans(ctx, opts)
 	if err != nil || !won || n != 3 {
 		t.Fatalf("SweepOrphans = %d, %v, %v; want 3 deleted", n, won, err)
 	}
@@ -93,15 +94,15 @@ func TestSweepOrphans(t *testing.T) {
 	// Another replica waits for the claim; the holder sweeps again and finds nothing more.
 	other := opts
 	other.Holder = "replica-2"
-	if n, won, err := sandbox.SweepOrphans(ctx, other); won || n != 0 || err != nil {
+	if n, won, err := containers.SweepOrphans(ctx, other); won || n != 0 || err != nil {
 		t.Errorf("a second replica's sweep = %d, %v, %v; want it to wait for the claim", n, won, err)
 	}
-	if n, won, err := sandbox.SweepOrphans(ctx, opts); !won || n != 0 || err != nil {
+	if n, won, err := containers.SweepOrphans(ctx, opts); !won || n != 0 || err != nil {
 		t.Errorf("a second sweep = %d, %v, %v; want nothing more to delete", n, won, err)
 	}
 	// Without a deployment tag nothing could be told apart: no sweep.
 	opts.Tag = nil
-	if _, _, err := sandbox.SweepOrphans(ctx, opts); err == nil {
+	if _, _, err := containers.SweepOrphans(ctx, opts); err == nil {
 		t.Error("a sweep without a tag ran")
 	}
 	for _, h := range []sandbox.Handle{live, creating, foreign} {
@@ -138,10 +139,10 @@ func TestSweepOrphansRacesACreate(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	id := st.NewID(store.ContainerKind)
-	if ok, err := st.Claim(ctx, sandbox.CreatingClaim(id), "creator", time.Minute); !ok || err != nil {
+	if ok, err := st.Claim(ctx, containers.CreatingClaim(id), "creator", time.Minute); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	h, err := p.Create(ctx, sandbox.CreateOptions{Metadata: map[string]string{sandbox.MetadataDeployment: "d1", sandbox.MetadataContainerID: id}})
+	h, err := p.Create(ctx, sandbox.CreateOptions{Metadata: map[string]string{containers.MetadataDeployment: "d1", containers.MetadataContainerID: id}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +152,7 @@ func TestSweepOrphansRacesACreate(t *testing.T) {
 			Status: "running", ExpiresAt: time.Now().Add(time.Hour)}); err != nil {
 			t.Error(err)
 		}
-		if err := st.Release(ctx, sandbox.CreatingClaim(id), "creator"); err != nil {
+		if err := st.Release(ctx, containers.CreatingClaim(id), "creator"); err != nil {
 			t.Error(err)
 		}
 	}}
@@ -159,8 +160,8 @@ func TestSweepOrphansRacesACreate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, _, err := sandbox.SweepOrphans(ctx, sandbox.OrphanOptions{Store: st, Registry: func() *sandbox.Registry { return reg },
-		Tag: map[string]string{sandbox.MetadataDeployment: "d1"}, Holder: "sweeper", Lease: time.Minute})
+	n, _, err := containers.SweepOrphans(ctx, containers.OrphanOptions{Store: st, Registry: func() *sandbox.Registry { return reg },
+		Tag: map[string]string{containers.MetadataDeployment: "d1"}, Holder: "sweeper", Lease: time.Minute})
 	if err != nil || n != 0 {
 		t.Errorf("SweepOrphans = %d, %v; want the new container's sandbox kept", n, err)
 	}

@@ -1,6 +1,6 @@
 package local
 
-// Warm reports how many started kernels wait in the warm pool: sandbox.Sessions counts them in
+// Warm reports how many started kernels wait in the warm pool: containers.Manager counts them in
 // the total of containers (general_settings.max_containers).
 func (p *Provider) Warm() int {
 	p.mu.Lock()

@@ -1,4 +1,4 @@
-package sandbox
+package containers
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
@@ -46,7 +47,7 @@ type Limits struct {
 
 type ctxKeyLimits struct{}
 
-// WithLimits returns ctx carrying the quotas that Sessions.Create applies to containers created
+// WithLimits returns ctx carrying the quotas that Manager.Create applies to containers created
 // under it. The router sets them per request from the request's configuration snapshot, so a
 // reload changes them for the next request.
 func WithLimits(ctx context.Context, l Limits) context.Context {
@@ -109,14 +110,15 @@ func (q *quotaSlot) cancel(ctx context.Context, timeout time.Duration) {
 // which quota it would exceed. The warm kernels of reg count in a host-bound tool's total. A store
 // that cannot answer fails the create (ErrUnavailable wrapping store.ErrUnavailable): a quota is
 // never waived.
-func (s *Sessions) admit(ctx context.Context, reg *Registry, ent *providerEntry, owner, id string) (*quotaSlot, error) {
+func (s *Manager) admit(ctx context.Context, reg *sandbox.Registry, ent *sandbox.Tool, owner, id string) (*quotaSlot, error) {
 	l := limitsFrom(ctx)
 	slot := &quotaSlot{st: s.st, owner: owner, id: id}
 	if ent.HostBound && l.MaxContainers > 0 {
 		warm := 0
 		if reg != nil {
-			for _, e := range reg.entries {
-				if w, ok := e.Provider.(warmer); ok {
+			for _, name := range reg.Names() {
+				p, _ := reg.Get(name)
+				if w, ok := p.(warmer); ok {
 					warm += w.Warm()
 				}
 			}
@@ -146,7 +148,7 @@ func (s *Sessions) admit(ctx context.Context, reg *Registry, ent *providerEntry,
 		p, err := s.st.ReservePlace(ctx, req)
 		switch {
 		case err != nil:
-			return fail(fmt.Errorf("%w: checking the container quotas: %w", ErrUnavailable, err))
+			return fail(fmt.Errorf("%w: checking the container quotas: %w", sandbox.ErrUnavailable, err))
 		case p.Refused == store.RefusedOwner:
 			return fail(&QuotaError{Limit: "max_containers_per_key", Message: fmt.Sprintf(
 				"Rate limit reached for containers per API key: you hold %d containers and the limit is %d (max_containers_per_key). Delete containers you no longer need or let them expire.", p.Owner, l.MaxPerOwner)})
@@ -161,7 +163,7 @@ func (s *Sessions) admit(ctx context.Context, reg *Registry, ent *providerEntry,
 		ok, wait, err := s.st.TakeToken(ctx, "container_creates:"+owner, store.Bucket{PerMinute: l.CreatesPerMinute, Burst: burst})
 		switch {
 		case err != nil:
-			return fail(fmt.Errorf("%w: checking the container creation rate: %w", ErrUnavailable, err))
+			return fail(fmt.Errorf("%w: checking the container creation rate: %w", sandbox.ErrUnavailable, err))
 		case !ok:
 			return fail(&QuotaError{Limit: "container_creates_per_minute", RetryAfter: wait, Message: fmt.Sprintf(
 				"Rate limit reached for container creations per API key: limit %d per minute (container_creates_per_minute), bursts of %d. Please try again in %s.",

@@ -1,4 +1,4 @@
-package sandbox
+package containers
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
@@ -38,7 +39,7 @@ type OrphanOptions struct {
 	// Store holds the container records and the claims. Required.
 	Store store.Store
 	// Registry returns the current sandbox tools; the sweep lists those whose provider is a Lister.
-	Registry func() *Registry
+	Registry func() *sandbox.Registry
 	// Tag is the metadata every sandbox of this deployment is created with (MetadataDeployment,
 	// at least): the list's filter. A sweep with no tag deletes nothing.
 	Tag map[string]string
@@ -64,28 +65,28 @@ func SweepOrphans(ctx context.Context, o OrphanOptions) (int, bool, error) {
 	if err != nil || !won {
 		return 0, false, err
 	}
-	var reg *Registry
+	var reg *sandbox.Registry
 	if o.Registry != nil {
 		reg = o.Registry()
 	}
 	type tool struct {
 		name string
-		ent  *providerEntry
-		l    Lister
+		ent  *sandbox.Tool
+		l    sandbox.Lister
 	}
 	var tools []tool
 	for _, name := range reg.Names() {
-		ent, ok := reg.entry(name)
+		ent, ok := reg.Tool(name)
 		if !ok {
 			continue
 		}
-		if l, ok := ent.Provider.(Lister); ok && ent.acquire() {
+		if l, ok := ent.Provider.(sandbox.Lister); ok && ent.Acquire() {
 			tools = append(tools, tool{name, ent, l})
 		}
 	}
 	defer func() {
 		for _, t := range tools {
-			_ = t.ent.release(context.WithoutCancel(ctx))
+			_ = t.ent.Release(context.WithoutCancel(ctx))
 		}
 	}()
 	if len(tools) == 0 {
@@ -98,7 +99,7 @@ func SweepOrphans(ctx context.Context, o OrphanOptions) (int, bool, error) {
 	// never will: the records read after it name every one of the first kind.
 	type candidate struct {
 		t  tool
-		sb Listed
+		sb sandbox.Listed
 	}
 	var candidates []candidate
 	var errs []error
@@ -155,7 +156,7 @@ func liveSandboxes(ctx context.Context, st store.Containers) (map[string]bool, e
 	}
 	live := make(map[string]bool, len(recs))
 	for _, rec := range recs {
-		var h Handle
+		var h sandbox.Handle
 		if len(rec.Handle) > 0 && json.Unmarshal(rec.Handle, &h) == nil && h.ID != "" {
 			live[h.ID] = true
 		}

@@ -1,24 +1,21 @@
-package sandbox
+package containers
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/filename"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
@@ -48,8 +45,6 @@ const maxListed = 10000
 var (
 	// ErrTooManyFiles: the container would hold more than ContainerLimits.Files files.
 	ErrTooManyFiles = errors.New("the container holds as many files as it may")
-	// ErrContainerFull: the container's files would take more than ContainerLimits.TotalBytes.
-	ErrContainerFull = errors.New("the container's files would exceed its storage limit")
 	// ErrInvalidFilename: a name that cannot be a file's (see internal/filename).
 	ErrInvalidFilename = errors.New("invalid filename")
 	// ErrNoSuchFile: the container exists but holds no file of that id. Errors that wrap it wrap
@@ -82,26 +77,10 @@ func (e *FileError) Error() string {
 
 func (e *FileError) Unwrap() error { return e.Err }
 
-// Outputs is what an execution left under DataDir.
-type Outputs struct {
-	// Files were created or changed; each is now recorded with source "assistant" (a changed file
-	// keeps its id).
-	Files []store.ContainerFile
-	// Skipped are the paths (relative to DataDir) of files created or changed that were not
-	// recorded, because they were over a ContainerLimits limit.
-	Skipped []string
-}
-
-// fileStamp is what tells a file changed: its size and modification time.
-type fileStamp struct {
-	size int64
-	mod  time.Time
-}
-
-func (c *Container) fileSystem() (FileSystem, error) {
-	fs, ok := c.ent.Provider.(FileSystem)
+func (c *Container) fileSystem() (sandbox.FileSystem, error) {
+	fs, ok := c.ent.Provider.(sandbox.FileSystem)
 	if !ok {
-		return nil, fmt.Errorf("%w: sandbox tool %q cannot move files in or out of its sandboxes", ErrUnavailable, c.h.Tool)
+		return nil, fmt.Errorf("%w: sandbox tool %q cannot move files in or out of its sandboxes", sandbox.ErrUnavailable, c.h.Tool)
 	}
 	return fs, nil
 }
@@ -109,7 +88,7 @@ func (c *Container) fileSystem() (FileSystem, error) {
 // StatFiles returns owner's Files API files ids, in order, checking each: an id that is malformed,
 // unknown or another owner's is a FileError wrapping ErrNotFound, a file larger than
 // lim.FileBytes one wrapping ErrFileTooLarge. A repeated id counts once.
-func (s *Sessions) StatFiles(ctx context.Context, owner string, ids []string, lim ContainerLimits) ([]store.File, error) {
+func (s *Manager) StatFiles(ctx context.Context, owner string, ids []string, lim ContainerLimits) ([]store.File, error) {
 	out := make([]store.File, 0, len(ids))
 	seen := make(map[string]bool, len(ids))
 	for i, id := range ids {
@@ -118,16 +97,16 @@ func (s *Sessions) StatFiles(ctx context.Context, owner string, ids []string, li
 		}
 		seen[id] = true
 		if !store.FileKind.Valid(id) {
-			return nil, &FileError{Index: i, FileID: id, Err: ErrNotFound}
+			return nil, &FileError{Index: i, FileID: id, Err: sandbox.ErrNotFound}
 		}
 		f, err := s.st.File(ctx, owner, id)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			return nil, &FileError{Index: i, FileID: id, Err: ErrNotFound}
+			return nil, &FileError{Index: i, FileID: id, Err: sandbox.ErrNotFound}
 		case err != nil:
-			return nil, fmt.Errorf("%w: reading the file store: %w", ErrUnavailable, err)
+			return nil, fmt.Errorf("%w: reading the file store: %w", sandbox.ErrUnavailable, err)
 		case lim.FileBytes > 0 && f.Bytes > lim.FileBytes:
-			return nil, &FileError{Index: i, FileID: id, Err: ErrFileTooLarge}
+			return nil, &FileError{Index: i, FileID: id, Err: sandbox.ErrFileTooLarge}
 		}
 		out = append(out, f)
 	}
@@ -135,10 +114,10 @@ func (s *Sessions) StatFiles(ctx context.Context, owner string, ids []string, li
 }
 
 // records lists every file the store records for c: path → record.
-func (s *Sessions) records(ctx context.Context, c *Container) (map[string]store.ContainerFile, int64, error) {
+func (s *Manager) records(ctx context.Context, c *Container) (map[string]store.ContainerFile, int64, error) {
 	l, err := s.st.ListContainerFiles(ctx, c.owner, c.id, store.ContainerFileQuery{Page: store.Page{Order: store.Asc}})
 	if err != nil {
-		return nil, 0, fmt.Errorf("%w: reading the container's files: %w", ErrUnavailable, err)
+		return nil, 0, fmt.Errorf("%w: reading the container's files: %w", sandbox.ErrUnavailable, err)
 	}
 	byPath := make(map[string]store.ContainerFile, len(l.Items))
 	var total int64
@@ -183,7 +162,7 @@ func (c *Container) PlaceFiles(ctx context.Context, ids []string, lim ContainerL
 			return nil, &FileError{Index: idx, FileID: f.ID, Err: ErrTooManyFiles}
 		}
 		if lim.TotalBytes > 0 && total+f.Bytes > lim.TotalBytes {
-			return nil, &FileError{Index: idx, FileID: f.ID, Err: ErrContainerFull}
+			return nil, &FileError{Index: idx, FileID: f.ID, Err: sandbox.ErrContainerFull}
 		}
 		name, err := filename.Clean(f.Filename)
 		if err != nil {
@@ -194,7 +173,7 @@ func (c *Container) PlaceFiles(ctx context.Context, ids []string, lim ContainerL
 		count++
 		total += f.Bytes
 	}
-	if sc, ok := fs.(SpaceChecker); ok {
+	if sc, ok := fs.(sandbox.SpaceChecker); ok {
 		sizes := make([]int64, len(files))
 		for i, f := range files {
 			sizes[i] = f.Bytes
@@ -204,7 +183,7 @@ func (c *Container) PlaceFiles(ctx context.Context, ids []string, lim ContainerL
 			return nil, err
 		}
 		if n < len(files) {
-			return nil, &FileError{Index: slices.Index(ids, files[n].ID), FileID: files[n].ID, Err: ErrContainerFull}
+			return nil, &FileError{Index: slices.Index(ids, files[n].ID), FileID: files[n].ID, Err: sandbox.ErrContainerFull}
 		}
 	}
 	var written []string
@@ -220,7 +199,7 @@ func (c *Container) PlaceFiles(ctx context.Context, ids []string, lim ContainerL
 		}
 		name, err := writeFree(base, names[i], taken, func(name string) (bool, error) {
 			err := c.copyStored(ctx, fs, f, name)
-			return errors.Is(err, ErrNameTaken), err
+			return errors.Is(err, sandbox.ErrNameTaken), err
 		})
 		if err != nil {
 			undo()
@@ -232,13 +211,13 @@ func (c *Container) PlaceFiles(ctx context.Context, ids []string, lim ContainerL
 	out := make([]store.ContainerFile, 0, len(files))
 	for i, f := range files {
 		rec, err := s.st.PutContainerFile(ctx, store.ContainerFile{ContainerID: c.id, Owner: c.owner,
-			Path: DataDir + "/" + names[i], Bytes: f.Bytes, Source: SourceUser, Origin: FileOrigin(f.ID)})
+			Path: sandbox.DataDir + "/" + names[i], Bytes: f.Bytes, Source: SourceUser, Origin: FileOrigin(f.ID)})
 		if err != nil {
 			undo()
 			for _, r := range out {
 				_ = s.st.DeleteContainerFile(context.WithoutCancel(ctx), c.owner, c.id, r.ID)
 			}
-			return nil, fmt.Errorf("%w: recording the container's files: %w", ErrUnavailable, err)
+			return nil, fmt.Errorf("%w: recording the container's files: %w", sandbox.ErrUnavailable, err)
 		}
 		out = append(out, rec)
 	}
@@ -247,13 +226,13 @@ func (c *Container) PlaceFiles(ctx context.Context, ids []string, lim ContainerL
 }
 
 // copyStored writes the bytes of stored file f to name in c's DataDir.
-func (c *Container) copyStored(ctx context.Context, fs FileSystem, f store.File, name string) error {
+func (c *Container) copyStored(ctx context.Context, fs sandbox.FileSystem, f store.File, name string) error {
 	_, rc, err := c.s.st.OpenFile(ctx, c.owner, f.ID)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			return ErrNotFound // deleted since StatFiles
+			return sandbox.ErrNotFound // deleted since StatFiles
 		}
-		return fmt.Errorf("%w: reading file %s: %w", ErrUnavailable, f.ID, err)
+		return fmt.Errorf("%w: reading file %s: %w", sandbox.ErrUnavailable, f.ID, err)
 	}
 	defer rc.Close()
 	return fs.WriteFile(ctx, c.h, name, rc, f.Bytes)
@@ -264,7 +243,7 @@ func (c *Container) copyStored(ctx context.Context, fs FileSystem, f store.File,
 func (c *Container) takenLocked(byPath map[string]store.ContainerFile) map[string]bool {
 	taken := make(map[string]bool, len(byPath)+len(c.baseline))
 	for p := range byPath {
-		taken[strings.TrimPrefix(p, DataDir+"/")] = true
+		taken[strings.TrimPrefix(p, sandbox.DataDir+"/")] = true
 	}
 	for p := range c.baseline {
 		taken[p] = true
@@ -273,8 +252,8 @@ func (c *Container) takenLocked(byPath map[string]store.ContainerFile) map[strin
 }
 
 // removeQuietly removes name from c's DataDir when the backend can, logging a failure.
-func (c *Container) removeQuietly(ctx context.Context, fs FileSystem, name string) {
-	rm, ok := fs.(FileRemover)
+func (c *Container) removeQuietly(ctx context.Context, fs sandbox.FileSystem, name string) {
+	rm, ok := fs.(sandbox.FileRemover)
 	if !ok {
 		return
 	}
@@ -374,19 +353,19 @@ func (c *Container) AddFile(ctx context.Context, name, origin string, r io.Reade
 	clean, err = writeFree(clean, freeName(clean, taken), taken, func(name string) (bool, error) {
 		err := fs.WriteFile(ctx, c.h, name, cr, limit)
 		// Only a write that read nothing of r can be made again under another name.
-		return errors.Is(err, ErrNameTaken) && cr.n == 0, err
+		return errors.Is(err, sandbox.ErrNameTaken) && cr.n == 0, err
 	})
 	if err != nil {
-		if errors.Is(err, ErrFileTooLarge) && byTotal {
-			return store.ContainerFile{}, ErrContainerFull
+		if errors.Is(err, sandbox.ErrFileTooLarge) && byTotal {
+			return store.ContainerFile{}, sandbox.ErrContainerFull
 		}
 		return store.ContainerFile{}, err
 	}
 	rec, err := s.st.PutContainerFile(ctx, store.ContainerFile{ContainerID: c.id, Owner: c.owner,
-		Path: DataDir + "/" + clean, Bytes: cr.n, Source: SourceUser, Origin: origin})
+		Path: sandbox.DataDir + "/" + clean, Bytes: cr.n, Source: SourceUser, Origin: origin})
 	if err != nil {
 		c.removeQuietly(ctx, fs, clean)
-		return store.ContainerFile{}, fmt.Errorf("%w: recording the container's file: %w", ErrUnavailable, err)
+		return store.ContainerFile{}, fmt.Errorf("%w: recording the container's file: %w", sandbox.ErrUnavailable, err)
 	}
 	c.baseline = nil
 	return rec, nil
@@ -403,203 +382,11 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Execute runs code (as Run) and then records the files it created or changed under DataDir as
-// container files with source "assistant" (see CollectFiles), all under one hold of the run lock,
-// so that no other execution's files are mistaken for this one's. When the container's files are
-// unknown (opened from its record, or after files were placed), DataDir is listed before the run.
-//
-// res and err are Run's. When only the collection failed, err wraps ErrCollect and res is the
-// execution's. A backend that cannot list files collects nothing.
-func (c *Container) Execute(ctx context.Context, code string, opts RunOptions, lim ContainerLimits) (Result, Outputs, error) {
-	if err := c.lock(ctx); err != nil {
-		return Result{}, Outputs{}, err
-	}
-	defer c.unlock()
-	fs, fsErr := c.fileSystem()
-	if fsErr == nil && c.baseline == nil {
-		if l, err := fs.ListFiles(ctx, c.h, maxListed); err == nil {
-			c.baseline = stamps(l)
-		}
-	}
-	res, err := c.runLocked(ctx, code, opts)
-	if err != nil || fsErr != nil {
-		return res, Outputs{}, err
-	}
-	c.saveFigures(ctx, fs, res, lim)
-	out, err := c.collectLocked(ctx, fs, lim)
-	if err != nil {
-		return res, out, fmt.Errorf("%w: %w", ErrCollect, err)
-	}
-	return res, out, nil
-}
-
-// saveFigures writes each image the execution displayed (a matplotlib figure, an
-// IPython.display image) into DataDir as <cfile id>.<ext>, so that it becomes a container file as
-// in OpenAI's containers, where a figure the text does not link is cited as "cfile_….png". The
-// collection that follows records it under that id. Only ids minted here are honoured: a file code
-// names cfile_….png itself gets an id of its own. A figure that cannot be written (limits, a full
-// /mnt/data) stays an image output only.
-func (c *Container) saveFigures(ctx context.Context, fs FileSystem, res Result, lim ContainerLimits) {
-	c.figures = nil
-	for _, o := range res.Results {
-		ext, data := ".png", o.PNG
-		if data == "" {
-			ext, data = ".jpeg", o.JPEG
-		}
-		if data == "" {
-			continue
-		}
-		b, err := base64.StdEncoding.DecodeString(data)
-		if err != nil || (lim.FileBytes > 0 && int64(len(b)) > lim.FileBytes) {
-			continue
-		}
-		id := c.s.st.NewID(store.ContainerFileKind)
-		name := id + ext
-		if fs.WriteFile(ctx, c.h, name, bytes.NewReader(b), int64(len(b))) != nil {
-			continue
-		}
-		if c.figures == nil {
-			c.figures = make(map[string]string)
-		}
-		c.figures[name] = id
-	}
-}
-
-// CollectFiles lists DataDir and records every regular file created or changed (size or
-// modification time) since the last listing as a container file with source "assistant"; a
-// recorded file that is gone loses its record. Hidden files (a path element starting with ".")
-// are left out, and so are files over lim (in Outputs.Skipped). A container whose files are
-// unknown takes this listing as the baseline and reports nothing. Listing is bounded (10000
-// files); nothing but the listing is done when nothing changed.
-func (c *Container) CollectFiles(ctx context.Context, lim ContainerLimits) (Outputs, error) {
-	fs, err := c.fileSystem()
-	if err != nil {
-		return Outputs{}, err
-	}
-	if err := c.lock(ctx); err != nil {
-		return Outputs{}, err
-	}
-	defer c.unlock()
-	return c.collectLocked(ctx, fs, lim)
-}
-
-// stamps is the baseline a listing gives, hidden files left out.
-func stamps(l Listing) map[string]fileStamp {
-	m := make(map[string]fileStamp, len(l.Files))
-	for _, f := range l.Files {
-		if !hidden(f.Path) {
-			m[f.Path] = fileStamp{f.Size, f.ModTime}
-		}
-	}
-	return m
-}
-
-// hidden reports whether a path relative to DataDir has an element starting with ".".
-func hidden(p string) bool {
-	return strings.HasPrefix(p, ".") || strings.Contains(p, "/.")
-}
-
-func (c *Container) collectLocked(ctx context.Context, fs FileSystem, lim ContainerLimits) (Outputs, error) {
-	l, err := fs.ListFiles(ctx, c.h, maxListed)
-	if err != nil {
-		if errors.Is(err, ErrNotFound) {
-			c.s.dropGone(ctx, c)
-		}
-		return Outputs{}, err
-	}
-	now := stamps(l)
-	prev := c.baseline
-	if prev == nil {
-		c.baseline = now
-		return Outputs{}, nil
-	}
-	var changed []FileInfo
-	for _, f := range l.Files {
-		if old, ok := prev[f.Path]; !hidden(f.Path) && (!ok || old.size != f.Size || !old.mod.Equal(f.ModTime)) {
-			changed = append(changed, f)
-		}
-	}
-	var vanished []string
-	if !l.Truncated {
-		for p := range prev {
-			if _, ok := now[p]; !ok {
-				vanished = append(vanished, p)
-			}
-		}
-	}
-	if len(changed) == 0 && len(vanished) == 0 {
-		c.baseline = now
-		return Outputs{}, nil
-	}
-	out, err := c.recordChanges(ctx, changed, vanished, lim)
-	if err != nil {
-		return out, err // the baseline stays: the next collection records these changes again
-	}
-	c.baseline = now
-	return out, nil
-}
-
-// recordChanges records files created or changed and forgets the records of files gone.
-func (c *Container) recordChanges(ctx context.Context, changed []FileInfo, vanished []string, lim ContainerLimits) (Outputs, error) {
-	s := c.s
-	byPath, total, err := s.records(ctx, c)
-	if err != nil {
-		return Outputs{}, err
-	}
-	count := len(byPath)
-	for _, p := range vanished {
-		if r, ok := byPath[DataDir+"/"+p]; ok {
-			if err := s.st.DeleteContainerFile(ctx, c.owner, c.id, r.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-				return Outputs{}, fmt.Errorf("%w: forgetting a container file: %w", ErrUnavailable, err)
-			}
-			count--
-			total -= r.Bytes
-		}
-	}
-	slices.SortFunc(changed, func(a, b FileInfo) int { return strings.Compare(a.Path, b.Path) })
-	var out Outputs
-	for _, f := range changed {
-		full := DataDir + "/" + path.Clean(f.Path)
-		old, had := byPath[full]
-		grow := f.Size - old.Bytes
-		if (lim.FileBytes > 0 && f.Size > lim.FileBytes) ||
-			(!had && lim.Files > 0 && count+1 > lim.Files) ||
-			(lim.TotalBytes > 0 && total+grow > lim.TotalBytes) {
-			out.Skipped = append(out.Skipped, f.Path)
-			if had {
-				// Its record would announce a size and bytes the download refuses: not available.
-				if err := s.st.DeleteContainerFile(ctx, c.owner, c.id, old.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-					return out, fmt.Errorf("%w: forgetting a container file: %w", ErrUnavailable, err)
-				}
-				count--
-				total -= old.Bytes
-			}
-			continue
-		}
-		rec := store.ContainerFile{ContainerID: c.id, Owner: c.owner, Path: full, Bytes: f.Size, Source: SourceAssistant}
-		if had {
-			rec.ID, rec.CreatedAt = old.ID, old.CreatedAt
-		} else if id, ok := c.figures[f.Path]; ok {
-			rec.ID = id // a figure saveFigures wrote: its name is its id
-		}
-		rec, err := s.st.PutContainerFile(ctx, rec)
-		if err != nil {
-			return out, fmt.Errorf("%w: recording a container file: %w", ErrUnavailable, err)
-		}
-		out.Files = append(out.Files, rec)
-		if !had {
-			count++
-		}
-		total += grow
-	}
-	return out, nil
-}
-
 // fileRecord returns owner's file fileID of container containerID. A missing file of an existing
 // container wraps ErrNoSuchFile; a missing container does not.
-func (s *Sessions) fileRecord(ctx context.Context, owner, containerID, fileID string) (store.ContainerFile, error) {
+func (s *Manager) fileRecord(ctx context.Context, owner, containerID, fileID string) (store.ContainerFile, error) {
 	if !store.ContainerKind.Valid(containerID) {
-		return store.ContainerFile{}, fmt.Errorf("%w: unknown container id", ErrNotFound)
+		return store.ContainerFile{}, fmt.Errorf("%w: unknown container id", sandbox.ErrNotFound)
 	}
 	var f store.ContainerFile
 	err := store.ErrNotFound
@@ -611,15 +398,15 @@ func (s *Sessions) fileRecord(ctx context.Context, owner, containerID, fileID st
 		if _, err := s.record(ctx, owner, containerID); err != nil {
 			return store.ContainerFile{}, err
 		}
-		return store.ContainerFile{}, fmt.Errorf("%w: %w", ErrNotFound, ErrNoSuchFile)
+		return store.ContainerFile{}, fmt.Errorf("%w: %w", sandbox.ErrNotFound, ErrNoSuchFile)
 	case err != nil:
-		return store.ContainerFile{}, fmt.Errorf("%w: reading the container's files: %w", ErrUnavailable, err)
+		return store.ContainerFile{}, fmt.Errorf("%w: reading the container's files: %w", sandbox.ErrUnavailable, err)
 	}
 	return f, nil
 }
 
 // useIfRunning is use that skips f for an expired container (still returning nil).
-func (s *Sessions) useIfRunning(ctx context.Context, owner, id string, f func(c *Container) error) error {
+func (s *Manager) useIfRunning(ctx context.Context, owner, id string, f func(c *Container) error) error {
 	if err := s.use(ctx, owner, id, f); err != nil && !errors.Is(err, ErrExpired) {
 		return err
 	}
@@ -628,9 +415,9 @@ func (s *Sessions) useIfRunning(ctx context.Context, owner, id string, f func(c 
 
 // Files lists the files of owner's container id by creation (an expired container's too);
 // listing a running container's files is a use.
-func (s *Sessions) Files(ctx context.Context, owner, id string, q store.ContainerFileQuery) (store.List[store.ContainerFile], error) {
+func (s *Manager) Files(ctx context.Context, owner, id string, q store.ContainerFileQuery) (store.List[store.ContainerFile], error) {
 	if !store.ContainerKind.Valid(id) {
-		return store.List[store.ContainerFile]{}, fmt.Errorf("%w: unknown container id", ErrNotFound)
+		return store.List[store.ContainerFile]{}, fmt.Errorf("%w: unknown container id", sandbox.ErrNotFound)
 	}
 	if err := s.useIfRunning(ctx, owner, id, func(*Container) error { return nil }); err != nil {
 		return store.List[store.ContainerFile]{}, err
@@ -638,18 +425,18 @@ func (s *Sessions) Files(ctx context.Context, owner, id string, q store.Containe
 	l, err := s.st.ListContainerFiles(ctx, owner, id, q)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return l, fmt.Errorf("%w: unknown container id", ErrNotFound)
+		return l, fmt.Errorf("%w: unknown container id", sandbox.ErrNotFound)
 	case errors.Is(err, store.ErrInvalid):
 		return l, err
 	case err != nil:
-		return l, fmt.Errorf("%w: reading the container's files: %w", ErrUnavailable, err)
+		return l, fmt.Errorf("%w: reading the container's files: %w", sandbox.ErrUnavailable, err)
 	}
 	return l, nil
 }
 
 // File returns file fileID of owner's container id (an expired container's too); retrieving a
 // running container's file is a use.
-func (s *Sessions) File(ctx context.Context, owner, id, fileID string) (store.ContainerFile, error) {
+func (s *Manager) File(ctx context.Context, owner, id, fileID string) (store.ContainerFile, error) {
 	f, err := s.fileRecord(ctx, owner, id, fileID)
 	if err != nil {
 		return f, err
@@ -662,7 +449,7 @@ func (s *Sessions) File(ctx context.Context, owner, id, fileID string) (store.Co
 // bytes written. The bytes are what the sandbox holds now. A file that is gone from the sandbox,
 // or that its code replaced by a link or a special file, wraps ErrNoSuchFile; an expired
 // container wraps ErrExpired.
-func (s *Sessions) ReadFile(ctx context.Context, owner, id, fileID string, w io.Writer, max int64) (store.ContainerFile, int64, error) {
+func (s *Manager) ReadFile(ctx context.Context, owner, id, fileID string, w io.Writer, max int64) (store.ContainerFile, int64, error) {
 	f, err := s.fileRecord(ctx, owner, id, fileID)
 	if err != nil {
 		return f, 0, err
@@ -673,9 +460,9 @@ func (s *Sessions) ReadFile(ctx context.Context, owner, id, fileID string, w io.
 		if err != nil {
 			return err
 		}
-		n, err = fs.ReadFile(ctx, c.h, strings.TrimPrefix(f.Path, DataDir+"/"), w, max)
-		if errors.Is(err, ErrNotFound) && n == 0 {
-			return fmt.Errorf("%w: %w: %s is not in the container any more", ErrNotFound, ErrNoSuchFile, f.Path)
+		n, err = fs.ReadFile(ctx, c.h, strings.TrimPrefix(f.Path, sandbox.DataDir+"/"), w, max)
+		if errors.Is(err, sandbox.ErrNotFound) && n == 0 {
+			return fmt.Errorf("%w: %w: %s is not in the container any more", sandbox.ErrNotFound, ErrNoSuchFile, f.Path)
 		}
 		return err
 	})
@@ -684,7 +471,7 @@ func (s *Sessions) ReadFile(ctx context.Context, owner, id, fileID string, w io.
 
 // DeleteFile deletes file fileID of owner's container id: from the sandbox (when its backend can
 // remove files and the container is running) and its record.
-func (s *Sessions) DeleteFile(ctx context.Context, owner, id, fileID string) error {
+func (s *Manager) DeleteFile(ctx context.Context, owner, id, fileID string) error {
 	f, err := s.fileRecord(ctx, owner, id, fileID)
 	if err != nil {
 		return err
@@ -694,7 +481,7 @@ func (s *Sessions) DeleteFile(ctx context.Context, owner, id, fileID string) err
 		if err != nil {
 			return nil // nothing to remove it with: the record goes
 		}
-		rm, ok := fs.(FileRemover)
+		rm, ok := fs.(sandbox.FileRemover)
 		if !ok {
 			return nil
 		}
@@ -702,7 +489,7 @@ func (s *Sessions) DeleteFile(ctx context.Context, owner, id, fileID string) err
 			return err
 		}
 		defer c.unlock()
-		rel := strings.TrimPrefix(f.Path, DataDir+"/")
+		rel := strings.TrimPrefix(f.Path, sandbox.DataDir+"/")
 		if err := rm.RemoveFile(ctx, c.h, rel); err != nil {
 			return err
 		}
@@ -713,7 +500,7 @@ func (s *Sessions) DeleteFile(ctx context.Context, owner, id, fileID string) err
 		return err
 	}
 	if err := s.st.DeleteContainerFile(ctx, owner, id, fileID); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%w: deleting the container file's record: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: deleting the container file's record: %w", sandbox.ErrUnavailable, err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package sandbox
+package containers
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
 // warmProvider is a recProvider with a warm pool of a given size.
@@ -39,14 +41,14 @@ func TestSessionsQuotas(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
-			reg, err := NewRegistry(nil, RegistryEntry{Name: "py", Provider: &warmProvider{f.p, tc.warm}, Backend: "rec", HostBound: tc.hostBound})
+			reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "py", Provider: &warmProvider{f.p, tc.warm}, Backend: "rec", HostBound: tc.hostBound})
 			if err != nil {
 				t.Fatal(err)
 			}
 			f.reg = reg
 			ctx := WithLimits(context.Background(), tc.limits)
 			for i, st := range tc.steps {
-				c, err := f.s.Create(ctx, "py", st.owner, CreateOptions{}, time.Minute)
+				c, err := f.s.Create(ctx, "py", st.owner, sandbox.CreateOptions{}, time.Minute)
 				if st.limit == "" {
 					if err != nil {
 						t.Fatalf("step %d: Create(%s) error = %v", i, st.owner, err)
@@ -69,20 +71,20 @@ func TestSessionsQuotas(t *testing.T) {
 func TestSessionsQuotaFreedAndRefilled(t *testing.T) {
 	f := newFixture(t)
 	ctx := WithLimits(context.Background(), Limits{MaxPerOwner: 1, CreatesPerMinute: 6, CreateBurst: 1})
-	c, err := f.s.Create(ctx, "py", "a", CreateOptions{}, 0)
+	c, err := f.s.Create(ctx, "py", "a", sandbox.CreateOptions{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.s.Create(ctx, "py", "a", CreateOptions{}, time.Minute); !errors.Is(err, ErrQuota) {
+	if _, err := f.s.Create(ctx, "py", "a", sandbox.CreateOptions{}, time.Minute); !errors.Is(err, ErrQuota) {
 		t.Fatalf("second create: %v; want a quota error", err)
 	}
 	f.s.Release(ctx, c) // idle 0: deleted now
 	var qe *QuotaError
-	if _, err := f.s.Create(ctx, "py", "a", CreateOptions{}, time.Minute); !errors.As(err, &qe) || qe.Limit != "container_creates_per_minute" || qe.RetryAfter <= 0 {
+	if _, err := f.s.Create(ctx, "py", "a", sandbox.CreateOptions{}, time.Minute); !errors.As(err, &qe) || qe.Limit != "container_creates_per_minute" || qe.RetryAfter <= 0 {
 		t.Fatalf("create after delete: %v; want the rate quota with a retry time", err)
 	}
 	f.clock.Add(qe.RetryAfter)
-	if _, err := f.s.Create(ctx, "py", "a", CreateOptions{}, time.Minute); err != nil {
+	if _, err := f.s.Create(ctx, "py", "a", sandbox.CreateOptions{}, time.Minute); err != nil {
 		t.Fatalf("create after the bucket refilled: %v", err)
 	}
 }
@@ -91,10 +93,10 @@ func TestSessionsQuotaFreedAndRefilled(t *testing.T) {
 func TestSessionsQuotaFreedOnFailure(t *testing.T) {
 	f := newFixture(t)
 	ctx := WithLimits(context.Background(), Limits{MaxPerOwner: 1})
-	if _, err := f.s.Create(ctx, "nope", "a", CreateOptions{}, time.Minute); err == nil || errors.Is(err, ErrQuota) {
+	if _, err := f.s.Create(ctx, "nope", "a", sandbox.CreateOptions{}, time.Minute); err == nil || errors.Is(err, ErrQuota) {
 		t.Fatalf("create on an unknown tool: %v", err)
 	}
-	if _, err := f.s.Create(ctx, "py", "a", CreateOptions{}, time.Minute); err != nil {
+	if _, err := f.s.Create(ctx, "py", "a", sandbox.CreateOptions{}, time.Minute); err != nil {
 		t.Fatalf("create after a failure: %v", err)
 	}
 }
@@ -123,16 +125,16 @@ func TestSessionsQuotaCountsReopenedContainers(t *testing.T) {
 	if err := f.s.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	restarted := f.sessions(t, "", func() *Registry { return f.reg })
-	_, err := restarted.Create(ctx, "py", "alice", CreateOptions{}, time.Minute)
+	restarted := f.sessions(t, "", func() *sandbox.Registry { return f.reg })
+	_, err := restarted.Create(ctx, "py", "alice", sandbox.CreateOptions{}, time.Minute)
 	wantQuota(t, "create after a restart, two containers live", err, "max_containers_per_key")
 	c, err := restarted.Open(ctx, ids[0], "alice")
 	if err != nil {
 		t.Fatalf("Open() after the restart: %v", err)
 	}
-	_, err = restarted.Create(ctx, "py", "alice", CreateOptions{}, time.Minute)
+	_, err = restarted.Create(ctx, "py", "alice", sandbox.CreateOptions{}, time.Minute)
 	wantQuota(t, "create with one container reopened", err, "max_containers_per_key")
-	if _, err := restarted.Create(ctx, "py", "bob", CreateOptions{}, time.Minute); err != nil {
+	if _, err := restarted.Create(ctx, "py", "bob", sandbox.CreateOptions{}, time.Minute); err != nil {
 		t.Fatalf("another owner's create: %v", err)
 	}
 	restarted.Release(ctx, c)
@@ -144,12 +146,12 @@ func TestSessionsQuotaCountsReopenedContainers(t *testing.T) {
 	if p, err := f.st.Places(ctx, "alice"); err != nil || p.Owner != 1 {
 		t.Fatalf("Places(alice) after a delete = %+v, %v; want 1", p, err)
 	}
-	made, err := restarted.Create(ctx, "py", "alice", CreateOptions{}, time.Minute)
+	made, err := restarted.Create(ctx, "py", "alice", sandbox.CreateOptions{}, time.Minute)
 	if err != nil {
 		t.Fatalf("create after a delete: %v", err)
 	}
 	restarted.Release(ctx, made)
-	_, err = restarted.Create(ctx, "py", "alice", CreateOptions{}, time.Minute)
+	_, err = restarted.Create(ctx, "py", "alice", sandbox.CreateOptions{}, time.Minute)
 	wantQuota(t, "create at the limit again", err, "max_containers_per_key")
 
 	// The one never reopened expires on its idle timeout: its place ends with it.

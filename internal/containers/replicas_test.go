@@ -1,10 +1,11 @@
-package sandbox
+package containers
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
@@ -17,7 +18,7 @@ type claimWatcher struct {
 	meta   map[string]string
 }
 
-func (w *claimWatcher) Create(ctx context.Context, opts CreateOptions) (Handle, error) {
+func (w *claimWatcher) Create(ctx context.Context, opts sandbox.CreateOptions) (sandbox.Handle, error) {
 	w.meta = opts.Metadata
 	w.holder, _ = w.st.Holder(ctx, CreatingClaim(opts.Metadata[MetadataContainerID]))
 	return w.recProvider.Create(ctx, opts)
@@ -29,18 +30,18 @@ func (w *claimWatcher) Create(ctx context.Context, opts CreateOptions) (Handle, 
 func TestSessionsForReplicas(t *testing.T) {
 	f := newFixture(t)
 	w := &claimWatcher{recProvider: f.p, st: f.st}
-	reg, err := NewRegistry(nil, RegistryEntry{Name: "py", Provider: w, Backend: "rec", HostBound: true})
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "py", Provider: w, Backend: "rec", HostBound: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewSessions(context.Background(), SessionOptions{Store: f.st, Host: "http://10.0.0.1:4000", Now: f.clock.Now,
-		Registry: func() *Registry { return reg }, SweepInterval: -1, Metadata: map[string]string{MetadataDeployment: "d1"}})
+	s, err := New(context.Background(), Options{Store: f.st, Host: "http://10.0.0.1:4000", Now: f.clock.Now,
+		Registry: func() *sandbox.Registry { return reg }, SweepInterval: -1, Metadata: map[string]string{MetadataDeployment: "d1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
 	ctx := context.Background()
-	c, err := s.Create(ctx, "py", "alice", CreateOptions{Metadata: map[string]string{"k": "v"}}, time.Minute)
+	c, err := s.Create(ctx, "py", "alice", sandbox.CreateOptions{Metadata: map[string]string{"k": "v"}}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

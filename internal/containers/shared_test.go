@@ -1,4 +1,4 @@
-package sandbox
+package containers
 
 import (
 	"context"
@@ -7,35 +7,36 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/redisstore"
 	"github.com/ciproxy/ciproxy/internal/testutil/redisserver"
 )
 
 // sharedReplicas is one real Redis, a clock, and two registries: shared (an e2b-like backend, the
-// recording provider p) and onHost (a host-bound one). replica makes a Sessions on its own
+// recording provider p) and onHost (a host-bound one). replica makes a Manager on its own
 // client of that Redis, named host, closed at the end of the test.
-func sharedReplicas(t *testing.T) (srv *redisserver.Server, clk *clock, p *recProvider, shared, onHost *Registry, replica func(host string, reg *Registry) *Sessions) {
+func sharedReplicas(t *testing.T) (srv *redisserver.Server, clk *clock, p *recProvider, shared, onHost *sandbox.Registry, replica func(host string, reg *sandbox.Registry) *Manager) {
 	t.Helper()
 	ctx := context.Background()
 	srv = redisserver.Start(t)
 	clk = newClock()
 	p = newRecProvider()
 	var err error
-	if shared, err = NewRegistry(nil, RegistryEntry{Name: "cloud", Provider: p, Backend: "rec"}); err != nil {
+	if shared, err = sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "cloud", Provider: p, Backend: "rec"}); err != nil {
 		t.Fatal(err)
 	}
-	if onHost, err = NewRegistry(nil, RegistryEntry{Name: "cloud", Provider: newRecProvider(), Backend: "rec", HostBound: true}); err != nil {
+	if onHost, err = sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "cloud", Provider: newRecProvider(), Backend: "rec", HostBound: true}); err != nil {
 		t.Fatal(err)
 	}
-	replica = func(host string, reg *Registry) *Sessions {
+	replica = func(host string, reg *sandbox.Registry) *Manager {
 		t.Helper()
 		st, err := redisstore.Open(ctx, redisstore.Options{URL: srv.URL(), Now: clk.Now})
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := NewSessions(ctx, SessionOptions{Store: st, Host: host, Now: clk.Now, SweepInterval: -1,
-			Registry: func() *Registry { return reg }})
+		s, err := New(ctx, Options{Store: st, Host: host, Now: clk.Now, SweepInterval: -1,
+			Registry: func() *sandbox.Registry { return reg }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -56,7 +57,7 @@ func TestSessionsOnASharedStore(t *testing.T) {
 	ctx := context.Background()
 	a, b, c := replica("a", shared), replica("b", shared), replica("c", shared)
 
-	made, err := a.Create(ctx, "cloud", "alice", CreateOptions{Name: "shared"}, 10*time.Minute)
+	made, err := a.Create(ctx, "cloud", "alice", sandbox.CreateOptions{Name: "shared"}, 10*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,11 +66,11 @@ func TestSessionsOnASharedStore(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open() on another replica error = %v", err)
 	}
-	if res, err := other.Run(ctx, "x", RunOptions{}); err != nil || res.Stdout != "ran: x" {
+	if res, err := other.Run(ctx, "x", sandbox.RunOptions{}); err != nil || res.Stdout != "ran: x" {
 		t.Errorf("Run() on another replica = %+v, %v", res, err)
 	}
-	if _, err := c.Open(ctx, made.ID(), "mallory"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Open(another owner) error = %v; want ErrNotFound", err)
+	if _, err := c.Open(ctx, made.ID(), "mallory"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("Open(another owner) error = %v; want sandbox.ErrNotFound", err)
 	}
 	b.Release(ctx, other)
 	l, err := c.List(ctx, "alice", store.ContainerQuery{})
@@ -81,7 +82,7 @@ func TestSessionsOnASharedStore(t *testing.T) {
 	clk.Add(11 * time.Minute)
 	var wg sync.WaitGroup
 	counts := make([]int, 3)
-	for i, s := range []*Sessions{a, b, c} {
+	for i, s := range []*Manager{a, b, c} {
 		wg.Go(func() { counts[i] = s.Sweep(ctx) })
 	}
 	wg.Wait()
@@ -94,7 +95,7 @@ func TestSessionsOnASharedStore(t *testing.T) {
 
 	// A host-bound container lives on its replica only.
 	d, e := replica("d", onHost), replica("e", onHost)
-	local, err := d.Create(ctx, "cloud", "alice", CreateOptions{}, 10*time.Minute)
+	local, err := d.Create(ctx, "cloud", "alice", sandbox.CreateOptions{}, 10*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,8 +120,8 @@ func TestSessionsQuotasAcrossReplicas(t *testing.T) {
 	srv, _, p, shared, onHost, replica := sharedReplicas(t)
 	ctx := context.Background()
 	a, b := replica("a", shared), replica("b", shared)
-	create := func(s *Sessions, owner string, l Limits, idle time.Duration) (*Container, error) {
-		return s.Create(WithLimits(ctx, l), "cloud", owner, CreateOptions{}, idle)
+	create := func(s *Manager, owner string, l Limits, idle time.Duration) (*Container, error) {
+		return s.Create(WithLimits(ctx, l), "cloud", owner, sandbox.CreateOptions{}, idle)
 	}
 
 	perOwner := Limits{MaxPerOwner: 1}
@@ -173,7 +174,7 @@ func TestSessionsQuotasAcrossReplicas(t *testing.T) {
 	_, before, _, _ := p.stats()
 	srv.Stop()
 	_, err = create(a, "frank", perOwner, time.Minute)
-	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, store.ErrUnavailable) || errors.Is(err, ErrQuota) {
+	if !errors.Is(err, sandbox.ErrUnavailable) || !errors.Is(err, store.ErrUnavailable) || errors.Is(err, ErrQuota) {
 		t.Errorf("create with Redis gone: error = %v; want unavailable (the store's), not a quota", err)
 	}
 	_, err = create(a, "frank", rate, time.Minute)

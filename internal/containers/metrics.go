@@ -1,4 +1,4 @@
-package sandbox
+package containers
 
 import (
 	"time"
@@ -17,7 +17,7 @@ const (
 	opRestart   = "restart"
 )
 
-// metrics are the Sessions' instruments. The zero-registerer case still records into unregistered
+// metrics are the Manager' instruments. The zero-registerer case still records into unregistered
 // collectors, so the code never checks for nil.
 type metrics struct {
 	live     prometheus.Gauge

@@ -1,4 +1,4 @@
-package sandbox
+package containers
 
 import (
 	"context"
@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// The Containers API's side of Sessions: containers by id, as a client lists, retrieves and
+// The Containers API's side of Manager: containers by id, as a client lists, retrieves and
 // deletes them. Every operation on one container counts as a use (OpenAI: "any container
 // operation ... refreshes last_active_at"); listing does not.
 
@@ -36,7 +37,7 @@ func infoOf(r store.Container, now time.Time) Info {
 
 // use opens owner's container id for one operation and releases it after f. An expired
 // container is errExpired, and f does not run.
-func (s *Sessions) use(ctx context.Context, owner, id string, f func(c *Container) error) error {
+func (s *Manager) use(ctx context.Context, owner, id string, f func(c *Container) error) error {
 	c, err := s.Open(ctx, id, owner)
 	if err != nil {
 		return err
@@ -46,7 +47,7 @@ func (s *Sessions) use(ctx context.Context, owner, id string, f func(c *Containe
 }
 
 // Get returns owner's container id, expired or not; retrieving a running container is a use.
-func (s *Sessions) Get(ctx context.Context, owner, id string) (Info, error) {
+func (s *Manager) Get(ctx context.Context, owner, id string) (Info, error) {
 	if err := s.use(ctx, owner, id, func(*Container) error { return nil }); err != nil && !errors.Is(err, ErrExpired) {
 		return Info{}, err
 	}
@@ -58,13 +59,13 @@ func (s *Sessions) Get(ctx context.Context, owner, id string) (Info, error) {
 }
 
 // List lists owner's containers by creation, expired ones included.
-func (s *Sessions) List(ctx context.Context, owner string, q store.ContainerQuery) (store.List[Info], error) {
+func (s *Manager) List(ctx context.Context, owner string, q store.ContainerQuery) (store.List[Info], error) {
 	l, err := s.st.ListContainers(ctx, owner, q)
 	if err != nil {
 		if errors.Is(err, store.ErrInvalid) {
 			return store.List[Info]{}, err
 		}
-		return store.List[Info]{}, fmt.Errorf("%w: reading the container registry: %w", ErrUnavailable, err)
+		return store.List[Info]{}, fmt.Errorf("%w: reading the container registry: %w", sandbox.ErrUnavailable, err)
 	}
 	now := s.now()
 	out := store.List[Info]{Items: make([]Info, len(l.Items)), HasMore: l.HasMore}
@@ -76,9 +77,9 @@ func (s *Sessions) List(ctx context.Context, owner string, q store.ContainerQuer
 
 // Delete deletes owner's container id: its sandbox (running code or not, held by requests or not:
 // their next use finds it gone), its record and its files' records.
-func (s *Sessions) Delete(ctx context.Context, owner, id string) error {
+func (s *Manager) Delete(ctx context.Context, owner, id string) error {
 	if !store.ContainerKind.Valid(id) {
-		return fmt.Errorf("%w: unknown container id", ErrNotFound)
+		return fmt.Errorf("%w: unknown container id", sandbox.ErrNotFound)
 	}
 	rec, err := s.record(ctx, owner, id)
 	if err != nil {
@@ -103,14 +104,14 @@ func (s *Sessions) Delete(ctx context.Context, owner, id string) error {
 		defer cancel()
 		already, err := s.expire(dctx, owner, id)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("%w: expiring the container: %w", ErrUnavailable, err)
+			return fmt.Errorf("%w: expiring the container: %w", sandbox.ErrUnavailable, err)
 		}
 		if !already {
 			s.deleteRecorded(dctx, rec)
 		}
 	}
 	if err := s.st.DeleteContainer(ctx, owner, id); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%w: deleting the container's record: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: deleting the container's record: %w", sandbox.ErrUnavailable, err)
 	}
 	return nil
 }
