@@ -147,11 +147,10 @@ general_settings:
 		return err
 	}
 	type target struct {
-		name       string
-		p          *proxy
-		container  string
-		previous   string
-		forwardVia *proxy
+		name      string
+		p         *proxy
+		container string
+		previous  string
 	}
 	var targets []*target
 	for _, t := range []*target{{name: "embedded", p: emb}, {name: "redis", p: red}} {

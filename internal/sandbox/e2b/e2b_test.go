@@ -29,7 +29,6 @@ func TestMain(m *testing.M) { testutil.Main(m, sandboxes.Close) }
 
 // env is an e2b Provider talking to the emulator, which runs code in a real local sandbox.
 type env struct {
-	t     *testing.T
 	srv   *e2btest.Server
 	exec  *local.Provider
 	start time.Time

@@ -13,8 +13,6 @@ const (
 	dataDir        = "/mnt/data"
 	kernelPath     = "/opt/ciproxy/kernel.py"
 	codeFilterPath = "/opt/ciproxy/kernel.bpf"
-	// sandboxUID is the uid and gid the code runs as inside the sandbox's user namespace.
-	sandboxUID = 1000
 	// shmSize bounds /dev/shm, a tmpfs that costs memory (Docker's default).
 	shmSize = 64 << 20
 	// zygoteTmpSize bounds the fork server's own /tmp (matplotlib's and fontconfig's caches).

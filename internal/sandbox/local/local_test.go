@@ -826,10 +826,9 @@ func TestConcurrentRuns(t *testing.T) {
 	h := create(t, shared, sandbox.CreateOptions{})
 	const n = 6
 	type out struct {
-		i     int
-		res   sandbox.Result
-		err   error
-		count int
+		i   int
+		res sandbox.Result
+		err error
 	}
 	results := make(chan out, n)
 	for i := range n {

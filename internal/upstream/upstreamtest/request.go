@@ -132,15 +132,6 @@ func itemField(it json.RawMessage, key string) string {
 	return s
 }
 
-func hasField(it json.RawMessage, key string) bool {
-	var v map[string]json.RawMessage
-	if json.Unmarshal(it, &v) != nil {
-		return false
-	}
-	raw, ok := v[key]
-	return ok && !bytes.Equal(raw, []byte("null"))
-}
-
 // parseRequest fills the parsed fields from the body. It reports false when the body is not a
 // JSON object.
 func (r *Request) parse() bool {
