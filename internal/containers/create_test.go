@@ -101,7 +101,15 @@ func TestSessionsCreateOpenRun(t *testing.T) {
 // failingStore is a store whose container writes fail, as a shared store out of reach does.
 type failingStore struct {
 	store.Store
-	fail bool
+	fail       bool // CreateContainer fails
+	failUpdate bool // UpdateContainer fails
+}
+
+func (s *failingStore) UpdateContainer(ctx context.Context, c store.Container) (store.Container, error) {
+	if s.failUpdate {
+		return store.Container{}, fmt.Errorf("%w: connection refused", store.ErrUnavailable)
+	}
+	return s.Store.UpdateContainer(ctx, c)
 }
 
 func (s *failingStore) CreateContainer(ctx context.Context, c store.Container) (store.Container, error) {

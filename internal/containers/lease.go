@@ -64,10 +64,13 @@ func (s *Manager) touch(ctx context.Context, c *Container) error {
 		s.dropLost(ctx, c)
 		return errExpired
 	case err != nil:
+		s.mu.Lock()
+		c.unsaved = true
+		s.mu.Unlock()
 		return fmt.Errorf("%w: recording the container's use: %w", sandbox.ErrUnavailable, err)
 	}
 	s.mu.Lock()
-	c.expiresAt = due
+	c.expiresAt, c.unsaved = due, false
 	now := s.now()
 	extend := due.After(c.backendUntil)
 	s.mu.Unlock()

@@ -168,11 +168,15 @@ type Container struct {
 	slot *quotaSlot
 
 	// Guarded by s.mu.
-	users        int // Create/Open calls not yet Released
-	busy         int // runs in progress (0 or 1, as runs are serialized)
-	idle         time.Duration
-	lastUse      time.Time
-	expiresAt    time.Time // as last written to the store
+	users     int // Create/Open calls not yet Released
+	busy      int // runs in progress (0 or 1, as runs are serialized)
+	idle      time.Duration
+	lastUse   time.Time
+	expiresAt time.Time // as last written to the store
+	// unsaved says that the last write of its use to the store failed (a shared store out of
+	// reach): until the sweep writes it again, the record and expiresAt still hold the expiry
+	// of the hold lease taken while a request held it.
+	unsaved      bool
 	backendUntil time.Time // the backend keeps the sandbox at least until then
 	deleting     bool
 	// kernelIdle is CreateOptions.KernelIdle; restarted says that the kernel was restarted since

@@ -80,21 +80,22 @@ func (s *Manager) expire(ctx context.Context, owner, id string) (already bool, e
 // Sweep deletes every container that is expired at Now (idle past its timeout with no holder, or
 // past its hard end of life) and not running code, whichever process made it, waits for those
 // deletions, and returns how many it claimed. It first renews the hold lease of the containers this
-// process's requests hold, and restarts the kernels idle past their kernel idle timeout
+// process's requests hold, writes again the uses whose write failed, and restarts the kernels idle past their kernel idle timeout
 // (restartIdleKernels). The reaper calls it; tests call it directly.
 func (s *Manager) Sweep(ctx context.Context) int {
 	now := s.now()
 	var renew []*Container
 	s.mu.Lock()
 	for _, c := range s.live {
-		if !c.deleting && (c.users > 0 || c.busy > 0) && c.expiresAt.Before(now.Add(holdLease/2)) && now.Before(c.hardEnd()) {
+		held := (c.users > 0 || c.busy > 0) && c.expiresAt.Before(now.Add(holdLease/2)) && now.Before(c.hardEnd())
+		if !c.deleting && (held || c.unsaved) {
 			renew = append(renew, c)
 		}
 	}
 	s.mu.Unlock()
 	for _, c := range renew {
 		if err := s.touch(ctx, c); err != nil && !errors.Is(err, ErrExpired) {
-			s.log.Warn("renewing a held container's lease", zap.String("container", c.id), zap.Error(err))
+			s.log.Warn("renewing a held container's lease or recording its use", zap.String("container", c.id), zap.Error(err))
 		}
 	}
 

@@ -110,3 +110,48 @@ func TestSessionsRecordLost(t *testing.T) {
 		t.Errorf("Live = %d; want the extended one", f.s.Live())
 	}
 }
+
+// TestSessionsReleaseUnrecorded: a release whose write to the store fails (a shared store
+// restarting) does not leave the container held in memory for the whole hold lease. The next
+// sweep writes the use again: the container then expires after its idle timeout, or, if its
+// record was lost meanwhile, is deleted as one nobody can name.
+func TestSessionsReleaseUnrecorded(t *testing.T) {
+	for _, lost := range []bool{false, true} {
+		t.Run(map[bool]string{false: "record kept", true: "record lost"}[lost], func(t *testing.T) {
+			f := newFixture(t)
+			ctx := context.Background()
+			fs := &failingStore{Store: f.st}
+			s, err := New(ctx, Options{Store: fs, Now: f.clock.Now, Registry: func() *sandbox.Registry { return f.reg }, SweepInterval: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close(ctx) })
+			c, err := s.Create(ctx, "py", "alice", sandbox.CreateOptions{}, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fs.failUpdate = true
+			s.Release(ctx, c)
+			fs.failUpdate = false
+			if lost {
+				if err := f.st.DeleteContainer(ctx, "alice", c.ID()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.Sweep(ctx)
+			// A record that is gone makes the container one nobody can name: deleted at once, as a
+			// release that finds its record gone does.
+			if live, _, deletes, _ := f.p.stats(); lost && deletes != 1 || !lost && (live != 1 || deletes != 0) {
+				t.Fatalf("a sweep within the idle timeout: live %d, deletes %d; want it kept (deleted if its record is lost)", live, deletes)
+			}
+			f.clock.Add(2 * time.Minute)
+			s.Sweep(ctx)
+			if live, _, deletes, _ := f.p.stats(); live != 0 || deletes != 1 {
+				t.Errorf("a sweep past the idle timeout: live %d, deletes %d; want it deleted, not held for the hold lease", live, deletes)
+			}
+			if s.Live() != 0 {
+				t.Errorf("Live = %d; want 0", s.Live())
+			}
+		})
+	}
+}
