@@ -409,7 +409,7 @@ func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, li
 	return nil
 }
 
-func closeSandboxes(log *zap.Logger, sessions *containers.Manager, store *snapshot.Store) {
+func closeSandboxes(log *zap.Logger, sessions *containers.Manager, store *snapshot.Current) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	if err := sessions.Close(ctx); err != nil {

@@ -121,7 +121,7 @@ func (b *containerBackend) start(t *testing.T, cfg *config.Config, dir string, c
 	}
 	p := &containersProxy{st: st, sess: sess}
 	p.proxy = newProxy(t, cfg, func(o *Options) {
-		o.Store = snapshot.NewStore(&snapshot.Snapshot{Config: cfg, Sandboxes: b.reg})
+		o.Store = snapshot.Fixed(&snapshot.Snapshot{Config: cfg, Sandboxes: b.reg})
 		o.Files, o.Containers, o.Now = st, sess, clock.Now
 		// The engine as cmd/proxy wires it; it takes requests only when cfg turns interception on.
 		o.Interceptor = intercept.New(intercept.Options{Containers: sess, Files: st})
