@@ -32,6 +32,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/store/storetest"
 	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/testutil/localsandbox"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -40,7 +41,7 @@ import (
 
 // sandboxes is the local sandbox provider of this package's tests: the local tool, and what the
 // e2b emulator executes in. It starts on first use; tests that need it skip without bubblewrap.
-var sandboxes = testutil.NewLocalSandbox(local.Options{Tool: "cloud", PoolSize: 1})
+var sandboxes = localsandbox.New(local.Options{Tool: "cloud", PoolSize: 1})
 
 func TestMain(m *testing.M) { testutil.Main(m, sandboxes.Close) }
 
