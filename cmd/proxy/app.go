@@ -109,7 +109,7 @@ func wire(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger) (_ 
 
 	// The state store first: without it (Redis unreachable) the proxy does not start, before any
 	// sandbox backend is provisioned.
-	if a.store, err = openState(ctx, f, cfg, log); err != nil {
+	if a.store, err = openStore(ctx, f, cfg, log); err != nil {
 		return nil, err
 	}
 	a.onClose("closing the state store", func(context.Context) error { return a.store.Close() })
