@@ -75,8 +75,8 @@ type closer struct {
 }
 
 // onClose adds a step to the unwind: it runs before every step added earlier.
-func (a *app) onClose(what string, close func(context.Context) error) {
-	a.closers = append(a.closers, closer{what, close})
+func (a *app) onClose(what string, fn func(context.Context) error) {
+	a.closers = append(a.closers, closer{what, fn})
 }
 
 // close undoes what wire built, last built first, within cleanupTimeout together: the containers'
