@@ -304,7 +304,7 @@ func startChaos(t *testing.T, seed uint64) *chaos {
 	addr := make(chan net.Addr, 1)
 	dataDir := t.TempDir()
 	go func() {
-		h.runDone <- run(ctx, []string{"--config", h.cfgPath, "--host", "127.0.0.1", "--port", "0", "--data-dir", dataDir},
+		h.runDone <- runIn(t, ctx, dataDir, []string{"--config", h.cfgPath, "--host", "127.0.0.1", "--port", "0"},
 			io.Discard, h.stderr, func(a net.Addr) { addr <- a })
 	}()
 	select {

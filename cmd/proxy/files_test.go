@@ -31,7 +31,7 @@ func TestFilesSurviveARestart(t *testing.T) {
 	up := newUpstreamServer(t)
 	path := writeConfig(t, t.TempDir(), configYAML(up.URL, "gpt-a"))
 	dataDir := t.TempDir()
-	p := start(t, "--config", path, "--data-dir", dataDir)
+	p := startIn(t, dataDir, "--config", path)
 
 	var body bytes.Buffer
 	mw := multipart.NewWriter(&body)
@@ -56,7 +56,7 @@ func TestFilesSurviveARestart(t *testing.T) {
 	var stderr testutil.LockedBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	code := run(ctx, []string{"--config", path, "--host", "127.0.0.1", "--port", "0", "--data-dir", dataDir}, io.Discard, &stderr,
+	code := runIn(t, ctx, dataDir, []string{"--config", path, "--host", "127.0.0.1", "--port", "0"}, io.Discard, &stderr,
 		func(net.Addr) { t.Error("a second proxy on one data directory started listening"); cancel() })
 	if code != 1 || !strings.Contains(stderr.String(), "in use by another process") {
 		t.Errorf("a second proxy on one data directory = %d, %s; want it refused", code, stderr.String())
@@ -68,7 +68,7 @@ func TestFilesSurviveARestart(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("the first proxy exited with %d: %s", code, p.stderr)
 	}
-	p = start(t, "--config", path, "--data-dir", dataDir)
+	p = startIn(t, dataDir, "--config", path)
 	req, _ = http.NewRequest(http.MethodGet, p.url+"/v1/files/"+f.ID+"/content", nil)
 	req.Header.Set("Authorization", "Bearer "+testKey)
 	resp, err = http.DefaultClient.Do(req)
@@ -107,7 +107,7 @@ func TestContainersSurviveARestart(t *testing.T) {
 `, tool)
 			path := writeConfig(t, t.TempDir(), cfg)
 			dataDir := t.TempDir()
-			p := start(t, "--config", path, "--data-dir", dataDir)
+			p := startIn(t, dataDir, "--config", path)
 			ctx := context.Background()
 			client := func(p *running) openai.Client {
 				return openai.NewClient(option.WithBaseURL(p.url+"/v1/"), option.WithAPIKey(testKey), option.WithMaxRetries(0))
@@ -130,7 +130,7 @@ func TestContainersSurviveARestart(t *testing.T) {
 			if tool == "cloud" && emu.Live() != 1 {
 				t.Errorf("e2b sandboxes after the proxy stopped: %d; want the container's still running", emu.Live())
 			}
-			p = start(t, "--config", path, "--data-dir", dataDir)
+			p = startIn(t, dataDir, "--config", path)
 			c = client(p)
 			g, err := c.Containers.Get(ctx, made.ID)
 			if tool == "local" {
@@ -166,7 +166,7 @@ func TestHeldUploadsStayInTheQuota(t *testing.T) {
 	up := newUpstreamServer(t)
 	path := writeConfig(t, t.TempDir(), configYAML(up.URL, "gpt-a")+"  max_file_storage_per_key: 4m\n")
 	dataDir := t.TempDir()
-	p := start(t, "--config", path, "--data-dir", dataDir)
+	p := startIn(t, dataDir, "--config", path)
 	onDisk := func() int64 {
 		var n int64
 		for _, sub := range []string{"tmp", "blobs"} {

@@ -7,48 +7,16 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
-	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
-	"github.com/ciproxy/ciproxy/internal/containers"
-	"github.com/ciproxy/ciproxy/internal/intercept"
-	"github.com/ciproxy/ciproxy/internal/peer"
-	"github.com/ciproxy/ciproxy/internal/router"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
-	"github.com/ciproxy/ciproxy/internal/sandbox/local"
-	"github.com/ciproxy/ciproxy/internal/snapshot"
-	"github.com/ciproxy/ciproxy/internal/store/redisstore"
-	"github.com/ciproxy/ciproxy/internal/upstream"
 )
-
-const (
-	// readHeaderTimeout bounds how long a client may take to send its request headers (slowloris).
-	readHeaderTimeout = 10 * time.Second
-	// idleTimeout closes keep-alive connections nobody uses.
-	idleTimeout = 2 * time.Minute
-	// cleanupTimeout bounds deleting sandboxes and closing backends at shutdown.
-	cleanupTimeout = 30 * time.Second
-	// finalWindow is what the requests still running past shutdown_grace get, once ended, to
-	// write their last bytes before their connections are closed.
-	finalWindow = 5 * time.Second
-)
-
-// errShuttingDown ends the requests still running past shutdown_grace: a JSON request gets it as
-// a 503, a stream as its error event and response.failed (code server_error).
-var errShuttingDown = &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error",
-	Message: "The proxy is shutting down; please retry the request."}
 
 // flags are the command line.
 type flags struct {
@@ -133,10 +101,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, listening
 		return 1
 	}
 	defer func() { _ = log.Sync() }()
-	if err := serve(ctx, f, cfg, log, listening); err != nil {
+	a, err := wire(ctx, f, cfg, log)
+	if err != nil {
 		log.Error("proxy stopped", zap.Error(err))
 		return 1
 	}
+	err = a.serve(ctx, listening)
+	a.close()
+	if err != nil {
+		log.Error("proxy stopped", zap.Error(err))
+		return 1
+	}
+	log.Info("stopped")
 	return 0
 }
 
@@ -190,234 +166,29 @@ func check(path string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// checkSandboxes starts one sandbox of each local tool under its real limits, as the start does,
-// and prints the isolation the host gives it, loudly when it is weaker than the best mode. It
+// checkSandboxes asks the backend of each sandbox tool whose sandboxes run on this host (a
+// sandbox.HostChecker: local) to start one under the tool's real limits, as the start does, and
+// prints the isolation the host gives it, loudly when it is weaker than the backend's best. It
 // reports false when a tool cannot run on this host (the proxy would not start).
 func checkSandboxes(cfg *config.Config, stdout, stderr io.Writer) bool {
 	ok := true
 	for _, t := range cfg.SandboxTools {
-		opts, isLocal := t.Settings.(local.Options)
-		if !isLocal {
+		hc, onHost := t.Settings.(sandbox.HostChecker)
+		if !onHost {
 			continue
 		}
-		iso, err := local.CheckIsolation(context.Background(), opts)
-		if err != nil {
-			fmt.Fprintf(stderr, "sandbox tool %q (local): cannot run on this host: %v\n", t.Name, err)
+		rep, err := hc.CheckHost(context.Background())
+		switch {
+		case err != nil:
+			fmt.Fprintf(stderr, "sandbox tool %q (%s): cannot run on this host: %v\n", t.Name, t.Backend, err)
 			ok = false
-			continue
-		}
-		if len(iso.Warnings) > 0 {
-			fmt.Fprintf(stdout, "sandbox tool %q (local): WEAKER ISOLATION ON THIS HOST: %s\n", t.Name, iso)
-		} else {
-			fmt.Fprintf(stdout, "sandbox tool %q (local): isolation %s\n", t.Name, iso)
+		case rep.Weaker:
+			fmt.Fprintf(stdout, "sandbox tool %q (%s): WEAKER ISOLATION ON THIS HOST: %s\n", t.Name, t.Backend, rep.Isolation)
+		default:
+			fmt.Fprintf(stdout, "sandbox tool %q (%s): isolation %s\n", t.Name, t.Backend, rep.Isolation)
 		}
 	}
 	return ok
-}
-
-// serve wires the proxy for cfg, serves until ctx ends, and shuts down gracefully.
-func serve(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger, listening func(net.Addr)) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := router.NewMetrics(reg)
-
-	// The state store first: without it (Redis unreachable) the proxy does not start, before any
-	// sandbox backend is provisioned.
-	state, err := openState(ctx, f, cfg, log)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := state.Close(); err != nil {
-			log.Error("closing the state store", zap.Error(err))
-		}
-	}()
-	shared := cfg.Router.Redis.Configured()
-	parse := backends.ParseOptions(nil)
-	if rs, ok := state.(*redisstore.Store); ok {
-		// Replicas whose file sets no container_secret use the one they agree on through Redis,
-		// now and after every reload; an explicit one wins.
-		if parse.SharedSecret, err = rs.SharedSecret(ctx); err != nil {
-			return fmt.Errorf("state store: %w", err)
-		}
-		if cfg.General.ContainerSecret == "" {
-			cfg.General.ContainerSecret = parse.SharedSecret
-		}
-	}
-
-	// The configuration and the sandbox registry provisioned from it are published together, and
-	// replaced together by each reload; a container keeps the provider it was created with.
-	store, err := snapshot.New(ctx, cfg, snapshot.Options{
-		Parse:     parse,
-		Provision: backends.Build,
-		Logger:    log,
-		OnReload:  func(err error) { metrics.ConfigReload(err == nil) },
-	})
-	if err != nil {
-		return err
-	}
-
-	// Listening comes before the rest of the wiring: a replica's advertised address may be its
-	// listen address, known once bound (--port 0).
-	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
-	if err != nil {
-		_ = store.Close(context.WithoutCancel(ctx))
-		return fmt.Errorf("listen: %w", err)
-	}
-	fail := func(err error) error {
-		_ = ln.Close()
-		_ = store.Close(context.WithoutCancel(ctx))
-		return err
-	}
-	var self string
-	if shared {
-		if self, err = advertiseURL(f, cfg, ln.Addr()); err != nil {
-			return fail(err)
-		}
-	}
-	// The containers live in the state store: an e2b container outlives a restart, a local one is
-	// expired at start (its sandbox died with the previous process). With Redis, a local container
-	// is recorded with this replica's address, and the sandboxes carry the deployment's tag.
-	sopts := containers.Options{
-		Store:         state,
-		Host:          self,
-		Registry:      func() *sandbox.Registry { return store.Load().Sandboxes },
-		SweepInterval: f.sweep,
-		Logger:        log,
-		Metrics:       reg,
-	}
-	if shared {
-		sopts.Metadata = map[string]string{containers.MetadataDeployment: deploymentTag(cfg.General.ContainerSecret)}
-	}
-	sessions, err := containers.New(ctx, sopts)
-	if err != nil {
-		return fail(err)
-	}
-	var replicas *peer.Peers
-	if shared {
-		replicas, err = peer.New(peer.Options{Store: state, Self: self, Expire: sessions.Expire, Logger: log.Named("replicas"),
-			Secret: func() string { return store.Load().Config.General.ContainerSecret }})
-		if err == nil {
-			err = replicas.Register(ctx)
-		}
-		if err != nil {
-			_ = ln.Close()
-			closeSandboxes(log, sessions, store)
-			return err
-		}
-		log.Info("replica registered", zap.String("advertise_url", self))
-	}
-	engine := intercept.New(intercept.Options{
-		Containers: sessions,
-		Store:      intercept.OnStore(state, 0, nil),
-		Files:      state,
-		Logger:     log,
-		Metrics:    reg,
-	})
-	client := upstream.NewClient(upstream.ClientOptions{Logger: log, Metrics: upstream.NewMetrics(reg)})
-
-	var draining atomic.Bool
-	handler := router.New(router.Options{
-		Store:       store,
-		Client:      client,
-		Balancer:    upstream.NewBalancer(),
-		Interceptor: engine,
-		Files:       state,
-		Responses:   state,
-		Containers:  sessions,
-		Replicas:    replicas,
-		Logger:      log,
-		Registry:    reg,
-		Metrics:     metrics,
-		Ready:       readiness(&draining, state),
-	})
-
-	// Every request's context descends from requests, which shutdown cancels with errShuttingDown
-	// once the grace is over, so that what still runs ends with an answer the client can read.
-	requests, endRequests := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer endRequests(nil)
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: readHeaderTimeout,
-		IdleTimeout:       idleTimeout,
-		ErrorLog:          zap.NewStdLog(log.Named("http")),
-		BaseContext:       func(net.Listener) context.Context { return requests },
-	}
-
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	replicaCtx, stopReplica := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	if replicas != nil {
-		// The lease is renewed until the server has drained (stopReplica), then ended.
-		wg.Go(func() { replicas.Run(replicaCtx) })
-		wg.Go(func() {
-			sweepReplicas(watchCtx, f.sweep, replicas, state, func() *sandbox.Registry { return store.Load().Sandboxes },
-				deploymentTag(cfg.General.ContainerSecret), log.Named("replicas"))
-		})
-	}
-	wg.Go(func() {
-		reload := func(ctx context.Context) { _ = store.Reload(ctx) } // Reload logs and counts its outcome
-		if err := config.Watch(watchCtx, f.config, reload, config.WatchOptions{Logger: log}); err != nil && watchCtx.Err() == nil {
-			log.Error("config watcher stopped; edits are no longer picked up", zap.Error(err))
-		}
-	})
-
-	served := make(chan error, 1)
-	// net/http's own answers to requests it cannot read (headers too large, malformed) are
-	// OpenAI-shaped too.
-	go func() { served <- srv.Serve(router.ShapedErrors(ln)) }()
-	log.Info("listening", zap.String("addr", ln.Addr().String()), zap.String("version", version))
-	if listening != nil {
-		listening(ln.Addr())
-	}
-
-	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-served:
-	}
-
-	// Stop taking requests, let the ones in flight finish within the grace period, then delete
-	// every sandbox this process created and close the backends.
-	draining.Store(true)
-	grace := store.Load().Config.General.ShutdownGrace
-	log.Info("shutting down", zap.Duration("grace", grace))
-	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
-	if err := srv.Shutdown(shutCtx); err != nil {
-		// Cut now, a stream would end with no error event and a JSON request with no answer:
-		// the requests are ended first (the engine ends a stream with its error event and
-		// response.failed, the router answers 503), and given a moment to say so.
-		log.Warn("grace period over; ending the requests in flight", zap.Error(err))
-		endRequests(errShuttingDown)
-		finalCtx, cancelFinal := context.WithTimeout(context.WithoutCancel(ctx), finalWindow)
-		if err := srv.Shutdown(finalCtx); err != nil {
-			log.Warn("closing the remaining connections", zap.Error(err))
-			_ = srv.Close()
-		}
-		cancelFinal()
-	}
-	cancel()
-	stopReplica()
-	stopWatch()
-	wg.Wait()
-	client.CloseIdleConnections()
-	closeSandboxes(log, sessions, store)
-	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
-		return fmt.Errorf("serve: %w", serveErr)
-	}
-	log.Info("stopped")
-	return nil
-}
-
-func closeSandboxes(log *zap.Logger, sessions *containers.Manager, store *snapshot.Store) {
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	if err := sessions.Close(ctx); err != nil {
-		log.Error("deleting sandboxes", zap.Error(err))
-	}
-	if err := store.Close(ctx); err != nil {
-		log.Error("closing sandbox backends", zap.Error(err))
-	}
 }
 
 func newLogger(format string, w io.Writer) (*zap.Logger, error) {

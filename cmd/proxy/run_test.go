@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,12 +91,23 @@ general_settings:
 	return b.String()
 }
 
-// runOwnDir is run with a data directory of the test's own, so that no test opens the host's
-// default one (/var/lib/ciproxy, ~/.cache/ciproxy), whose lock another process may hold. Every
-// test calls run through it, or passes a --data-dir of its own.
+// runIn is run with the data directory dir. Every test runs the proxy through it (runOwnDir,
+// start, startIn), so that none opens the host's default directory (/var/lib/ciproxy,
+// ~/.cache/ciproxy), whose lock another process may hold: --data-dir comes first, and a test's own
+// arguments may not name another.
+func runIn(t *testing.T, ctx context.Context, dir string, args []string, stdout, stderr io.Writer, listening func(net.Addr)) int {
+	t.Helper()
+	if dir == "" || slices.Contains(args, "--data-dir") {
+		t.Errorf("runIn(%q, %v): the data directory is given once, as dir", dir, args) // not Fatal: start calls it from a goroutine
+		return 2
+	}
+	return run(ctx, append([]string{"--data-dir", dir}, args...), stdout, stderr, listening)
+}
+
+// runOwnDir is runIn with a data directory of the test's own.
 func runOwnDir(t *testing.T, ctx context.Context, args []string, stdout, stderr io.Writer, listening func(net.Addr)) int {
 	t.Helper()
-	return run(ctx, append([]string{"--data-dir", t.TempDir()}, args...), stdout, stderr, listening)
+	return runIn(t, ctx, t.TempDir(), args, stdout, stderr, listening)
 }
 
 // running is a proxy started through run().
@@ -106,14 +118,20 @@ type running struct {
 	exit   chan int
 }
 
+// start starts the proxy with a data directory of the test's own.
 func start(t *testing.T, args ...string) *running {
+	t.Helper()
+	return startIn(t, t.TempDir(), args...)
+}
+
+// startIn starts the proxy on the data directory dir (one process per directory).
+func startIn(t *testing.T, dataDir string, args ...string) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{stderr: &testutil.LockedBuffer{}, cancel: cancel, exit: make(chan int, 1)}
 	addr := make(chan net.Addr, 1)
-	dataDir := t.TempDir() // a data directory of its own: one process per directory
 	go func() {
-		r.exit <- run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0", "--data-dir", dataDir}, args...), io.Discard, r.stderr, func(a net.Addr) { addr <- a })
+		r.exit <- runIn(t, ctx, dataDir, append([]string{"--host", "127.0.0.1", "--port", "0"}, args...), io.Discard, r.stderr, func(a net.Addr) { addr <- a })
 	}()
 	select {
 	case a := <-addr:

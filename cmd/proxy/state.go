@@ -18,7 +18,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store/redisstore"
 )
 
-// openState opens the proxy's state store: the Redis server of router_settings when one is
+// openStore opens the proxy's state store: the Redis server of router_settings when one is
 // configured (so that replicas share everything), else the embedded store in --data-dir, else
 // general_settings.data_dir, else the default directory. It is chosen once: a change by a reload
 // applies at the next start.
@@ -27,7 +27,7 @@ import (
 // without it could serve nothing that needs state, and an orchestrator restarting it (with its
 // back-off) is what brings it up once Redis answers. Once started, a Redis lost is survived: what
 // needs it fails with 503 until it is back, and /readyz says so.
-func openState(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger) (store.Store, error) {
+func openStore(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger) (store.Store, error) {
 	if r := cfg.Router.Redis; r.Configured() {
 		// go-redis logs on its own (pool and connection troubles): through zap at debug level, never
 		// to stderr raw. Every failure that matters reaches the caller as an error, which is logged

@@ -214,8 +214,8 @@ func (d Deployment) Name() string {
 // named by sandbox_provider (see SandboxBackend), which decodes, checks and defaults them.
 type SandboxTool struct {
 	Name string // sandbox_tool_name
-	// Provider is litellm_params.sandbox_provider: the backend's name ("local", "e2b").
-	Provider string
+	// Backend is litellm_params.sandbox_provider: the backend's name ("local", "e2b").
+	Backend string
 	// Settings is what the backend's Decode returned for the rest of litellm_params, every default
 	// applied (for internal/sandbox's backends, a sandbox.Provisioner). nil when the file was parsed
 	// without that backend.

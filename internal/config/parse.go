@@ -286,8 +286,8 @@ func (d *decoder) sandboxTools(n *yaml.Node) ([]SandboxTool, map[string]int) {
 	names := map[string]int{}
 	n = settings.Deref(n)
 	if settings.IsNull(n) || (n.Kind == yaml.SequenceNode && len(n.Content) == 0) {
-		t := SandboxTool{Name: DefaultSandboxToolName, Provider: DefaultSandboxBackend}
-		if b, ok := d.backend(t.Provider); ok {
+		t := SandboxTool{Name: DefaultSandboxToolName, Backend: DefaultSandboxBackend}
+		if b, ok := d.backend(t.Backend); ok {
 			t.Settings = b.Decode(d.Map(nil, "", t.Name, nil, nil))
 		}
 		names[t.Name] = 0
@@ -331,22 +331,22 @@ func (d *decoder) sandboxTools(n *yaml.Node) ([]SandboxTool, map[string]int) {
 		}
 		ppath := path + ".litellm_params"
 		p := d.Map(pn, ppath, label, all, nil)
-		prov := p.String("sandbox_provider")
-		t.Provider = prov.S
-		b, known := d.backend(prov.S)
+		kind := p.String("sandbox_provider")
+		t.Backend = kind.S
+		b, known := d.backend(kind.S)
 		switch {
-		case prov.Present && !known:
-			d.Errorf(p.ValueLine("sandbox_provider"), "%s: %s is not a sandbox provider (%s)", p.Key("sandbox_provider"), prov.Shown(), d.backendNames())
+		case kind.Present && !known:
+			d.Errorf(p.ValueLine("sandbox_provider"), "%s: %s is not a sandbox provider (%s)", p.Key("sandbox_provider"), kind.Shown(), d.backendNames())
 			continue
-		case !prov.Present && prov.Env == "" && pn.Kind == yaml.MappingNode:
+		case !kind.Present && kind.Env == "" && pn.Kind == yaml.MappingNode:
 			d.Errorf(pn.Line, "%s: sandbox_provider is required (%s)", ppath, d.backendNames())
 			continue
-		case !prov.Present:
+		case !kind.Present:
 			continue
 		}
 		for _, k := range all[1:] {
 			if p.Has(k) && !slices.Contains(b.Keys, k) {
-				d.Errorf(p.KeyLine(k), "%s: key %q does not apply to sandbox_provider %s", ppath, k, prov.S)
+				d.Errorf(p.KeyLine(k), "%s: key %q does not apply to sandbox_provider %s", ppath, k, kind.S)
 			}
 		}
 		t.Settings = b.Decode(p)

@@ -273,7 +273,7 @@ func TestExampleConfig(t *testing.T) {
 		t.Error("interception is not active")
 	}
 	tool, ok := c.SandboxTool(c.Interception.SandboxToolName)
-	if !ok || tool.Provider != "local" {
+	if !ok || tool.Backend != "local" {
 		t.Errorf("interception uses %q (%+v); want a local tool", c.Interception.SandboxToolName, tool)
 	}
 	// The example writes out every local default: it must decode to exactly the defaults.
@@ -311,7 +311,7 @@ func TestExampleConfigE2BTool(t *testing.T) {
 	tool, ok := c.SandboxTool("my-e2b")
 	opts := e2b.DefaultOptions()
 	opts.APIKey, opts.APIBase = "e2b_123", "https://api.e2b.app"
-	want := SandboxTool{Name: "my-e2b", Provider: "e2b", Settings: e2b.Settings{Options: opts}, Line: tool.Line}
+	want := SandboxTool{Name: "my-e2b", Backend: "e2b", Settings: e2b.Settings{Options: opts}, Line: tool.Line}
 	if !ok || tool != want {
 		t.Errorf("my-e2b = %+v; want %+v", tool, want)
 	}
@@ -396,7 +396,7 @@ func TestDefaults(t *testing.T) {
 	if g := c.General; g.MasterKey != "" || g.MaxRequestBodySize != DefaultMaxRequestBodySize || g.ShutdownGrace != DefaultShutdownGrace {
 		t.Errorf("Defaults().General = %+v; want the documented defaults", g)
 	}
-	want := []SandboxTool{{Name: DefaultSandboxToolName, Provider: DefaultSandboxBackend}}
+	want := []SandboxTool{{Name: DefaultSandboxToolName, Backend: DefaultSandboxBackend}}
 	if fmt.Sprint(c.SandboxTools) != fmt.Sprint(want) || len(c.Models) != 0 || c.InterceptionActive() {
 		t.Errorf("Defaults() = %+v; want the implicit local tool, no model, interception not listed in callbacks", c)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/testutil/localsandbox"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
@@ -33,7 +34,7 @@ import (
 // sandboxes is one local sandbox provider for the tests that run real Python, so its warm pool
 // serves every test instead of each test paying kernel start-ups. It starts with the first such
 // test; on a host without bubblewrap those tests skip and the others still run.
-var sandboxes = testutil.NewLocalSandbox(local.Options{Tool: "local", PoolSize: 2})
+var sandboxes = localsandbox.New(local.Options{Tool: "local", PoolSize: 2})
 
 func TestMain(m *testing.M) { testutil.Main(m, sandboxes.Close) }
 

@@ -8,7 +8,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
-	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/testutil/localsandbox"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -121,7 +121,7 @@ func testLoopTellsTheModel(t *testing.T, api upstreamAPI) {
 func TestOutputsOnlyWhenIncluded(t *testing.T) { forEachAPI(t, testOutputsOnlyWhenIncluded) }
 
 func testOutputsOnlyWhenIncluded(t *testing.T, api upstreamAPI) {
-	testutil.PythonModules(t, "", "matplotlib")
+	localsandbox.PythonModules(t, "", "matplotlib")
 	h := newHarness(t, onAPI(api), withLocal())
 	plot := "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\nprint('plotted')"
 	h.up.Enqueue(calls(plot), text("A chart."))

@@ -36,7 +36,7 @@ func BenchmarkPassthrough(b *testing.B) {
 	cfg := testConfig(up.URL+"/v1", func(c *config.Config) { c.General.MasterKey = masterKey })
 	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel))
 	srv := httptest.NewServer(New(Options{
-		Store:    snapshot.NewStore(&snapshot.Snapshot{Config: cfg}),
+		Store:    snapshot.Fixed(&snapshot.Snapshot{Config: cfg}),
 		Client:   upstream.NewClient(upstream.ClientOptions{Logger: log}),
 		Balancer: upstream.NewBalancer(),
 		Logger:   log,
@@ -120,7 +120,7 @@ func BenchmarkResponsesPassthrough(b *testing.B) {
 			}
 			cfg := testConfig(up.URL+"/v1", func(c *config.Config) { c.General.MasterKey = masterKey })
 			srv := httptest.NewServer(New(Options{
-				Store:     snapshot.NewStore(&snapshot.Snapshot{Config: cfg}),
+				Store:     snapshot.Fixed(&snapshot.Snapshot{Config: cfg}),
 				Client:    upstream.NewClient(upstream.ClientOptions{}),
 				Balancer:  upstream.NewBalancer(),
 				Registry:  prometheus.NewRegistry(),

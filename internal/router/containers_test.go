@@ -32,6 +32,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/store/storetest"
 	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/testutil/localsandbox"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -40,7 +41,7 @@ import (
 
 // sandboxes is the local sandbox provider of this package's tests: the local tool, and what the
 // e2b emulator executes in. It starts on first use; tests that need it skip without bubblewrap.
-var sandboxes = testutil.NewLocalSandbox(local.Options{Tool: "cloud", PoolSize: 1})
+var sandboxes = localsandbox.New(local.Options{Tool: "cloud", PoolSize: 1})
 
 func TestMain(m *testing.M) { testutil.Main(m, sandboxes.Close) }
 
@@ -121,7 +122,7 @@ func (b *containerBackend) start(t *testing.T, cfg *config.Config, dir string, c
 	}
 	p := &containersProxy{st: st, sess: sess}
 	p.proxy = newProxy(t, cfg, func(o *Options) {
-		o.Store = snapshot.NewStore(&snapshot.Snapshot{Config: cfg, Sandboxes: b.reg})
+		o.Store = snapshot.Fixed(&snapshot.Snapshot{Config: cfg, Sandboxes: b.reg})
 		o.Files, o.Containers, o.Now = st, sess, clock.Now
 		// The engine as cmd/proxy wires it; it takes requests only when cfg turns interception on.
 		o.Interceptor = intercept.New(intercept.Options{Containers: sess, Files: st})

@@ -38,7 +38,7 @@ func benchFilesServer(b *testing.B) (*httptest.Server, []byte) {
 		c.General.MaxFileUploadSize = config.DefaultMaxFileUploadSize
 	})
 	srv := httptest.NewServer(New(Options{
-		Store:    snapshot.NewStore(&snapshot.Snapshot{Config: cfg}),
+		Store:    snapshot.Fixed(&snapshot.Snapshot{Config: cfg}),
 		Client:   upstream.NewClient(upstream.ClientOptions{}),
 		Balancer: upstream.NewBalancer(),
 		Logger:   zap.NewNop(),

@@ -83,7 +83,7 @@ func newReplica(t *testing.T, st store.Store, name string, expire func(context.C
 	}
 	cfg := testConfig("http://127.0.0.1:1/v1", func(c *config.Config) { c.General.ContainerSecret = forwardSecret })
 	h := New(Options{
-		Store:       snapshot.NewStore(&snapshot.Snapshot{Config: cfg}),
+		Store:       snapshot.Fixed(&snapshot.Snapshot{Config: cfg}),
 		Client:      upstream.NewClient(upstream.ClientOptions{Logger: log}),
 		Balancer:    upstream.NewBalancer(),
 		Interceptor: namedInterceptor{name},

@@ -86,7 +86,7 @@ type proxy struct {
 	*httptest.Server
 	logs  *observer.ObservedLogs
 	reg   *prometheus.Registry
-	store *snapshot.Store
+	store *snapshot.Current
 }
 
 func newProxy(t *testing.T, cfg *config.Config, mutate ...func(*Options)) *proxy {
@@ -95,7 +95,7 @@ func newProxy(t *testing.T, cfg *config.Config, mutate ...func(*Options)) *proxy
 	log := zap.New(core)
 	reg := prometheus.NewRegistry()
 	opts := Options{
-		Store:    snapshot.NewStore(&snapshot.Snapshot{Config: cfg}),
+		Store:    snapshot.Fixed(&snapshot.Snapshot{Config: cfg}),
 		Client:   upstream.NewClient(upstream.ClientOptions{Logger: log}),
 		Balancer: upstream.NewBalancer(),
 		Logger:   log,

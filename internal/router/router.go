@@ -49,7 +49,7 @@ var _ Interceptor = (*intercept.Engine)(nil)
 type Options struct {
 	// Store holds the live configuration and sandbox registry; each request holds one snapshot of
 	// them, from its first middleware to its last byte.
-	Store *snapshot.Store
+	Store *snapshot.Current
 	// Client sends requests upstream.
 	Client *upstream.Client
 	// Balancer orders a model's deployments for each request.
@@ -87,7 +87,7 @@ type Options struct {
 
 // server holds what the handlers share. It is immutable after New.
 type server struct {
-	store       *snapshot.Store
+	store       *snapshot.Current
 	client      *upstream.Client
 	balancer    *upstream.Balancer
 	interceptor Interceptor

@@ -17,6 +17,24 @@ type Provisioner interface {
 	Provision(ctx context.Context, tool string, log *zap.Logger) (Provider, error)
 }
 
+// HostChecker is implemented by the settings (a Provisioner) of a backend whose sandboxes run on
+// this host (local), so that --check can tell whether the host can run the tool without
+// provisioning it. A backend whose sandboxes run elsewhere (e2b) is not one.
+type HostChecker interface {
+	// CheckHost starts one sandbox under the tool's real limits, as Provision does, and reports the
+	// isolation the host gives it; the error says why the tool cannot run on this host. Nothing is
+	// left running.
+	CheckHost(ctx context.Context) (HostReport, error)
+}
+
+// HostReport is what CheckHost found.
+type HostReport struct {
+	// Isolation says, for an operator, what holds the tool's sandboxes on this host.
+	Isolation string
+	// Weaker reports that the isolation is weaker than the backend's best (Isolation says how).
+	Weaker bool
+}
+
 type registryKey struct{}
 
 // WithRegistry returns ctx carrying reg: containers.Manager then creates and opens containers through

@@ -1,7 +1,7 @@
 // Package snapshot publishes what the proxy serves with: one Snapshot, a parsed configuration
 // together with the sandbox registry provisioned from it, replaced as a whole by each reload.
 //
-// A reload is one transaction, as Caddy applies a config (Store.Reload): read the file, compare its
+// A reload is one transaction, as Caddy applies a config (Current.Reload): read the file, compare its
 // bytes with the current snapshot's, parse it (each sandbox tool decoded by its backend), provision
 // the sandbox registry, publish the new snapshot with one atomic store, then retire what the old
 // snapshot held and the new one does not. Until the publish nothing is visible; if any step fails,
@@ -39,9 +39,9 @@ type Snapshot struct {
 	Config    *config.Config
 	Sandboxes *sandbox.Registry
 
-	users    atomic.Int64 // requests holding it (Store.Acquire, Store.Release)
+	users    atomic.Int64 // requests holding it (Current.Acquire, Current.Release)
 	replaced atomic.Bool  // a reload published another snapshot in its place
-	next     *Snapshot    // the snapshot that replaced it; guarded by Store.mu
+	next     *Snapshot    // the snapshot that replaced it; guarded by Current.mu
 }
 
 // Provision builds the sandbox registry for tools. prev is the registry being replaced (nil at
@@ -50,7 +50,7 @@ type Snapshot struct {
 // provisioning fails). On error, whatever it started must be closed. backends.Build is the one.
 type Provision func(ctx context.Context, tools []config.SandboxTool, prev *sandbox.Registry, log *zap.Logger) (*sandbox.Registry, error)
 
-// Options configure a Store made by New.
+// Options configure a Current made by New.
 type Options struct {
 	// Parse are the options each reload parses the file with: the sandbox backends
 	// (backends.ParseOptions) and the environment.
@@ -66,9 +66,9 @@ type Options struct {
 	OnReload func(err error)
 }
 
-// Store holds the current Snapshot and replaces it on Reload. Load and Acquire are safe for
+// Current holds the current Snapshot and replaces it on Reload. Load and Acquire are safe for
 // concurrent use and never wait for a reload.
-type Store struct {
+type Current struct {
 	p    atomic.Pointer[Snapshot]
 	path string
 	opts Options
@@ -84,11 +84,11 @@ type Store struct {
 	retiring   sync.WaitGroup
 }
 
-// New provisions cfg (parsed from the file at cfg.Path, with opts.Parse) and returns a Store
+// New provisions cfg (parsed from the file at cfg.Path, with opts.Parse) and returns a Current
 // publishing it as the first snapshot. The configuration's warnings are logged first, once. On error
 // nothing is left running.
-func New(ctx context.Context, cfg *config.Config, opts Options) (*Store, error) {
-	s := newStore(cfg.Path, opts)
+func New(ctx context.Context, cfg *config.Config, opts Options) (*Current, error) {
+	s := newCurrent(cfg.Path, opts)
 	s.started = cfg
 	s.logWarnings(cfg)
 	reg, err := opts.Provision(ctx, cfg.SandboxTools, nil, s.log)
@@ -99,16 +99,16 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Store, error) 
 	return s, nil
 }
 
-// NewStore returns a Store holding snap, for callers that build a snapshot themselves (tests). It has
+// Fixed returns a Current holding snap, for callers that build a snapshot themselves (tests). It has
 // no file: Reload fails.
-func NewStore(snap *Snapshot) *Store {
-	s := newStore("", Options{})
+func Fixed(snap *Snapshot) *Current {
+	s := newCurrent("", Options{})
 	s.p.Store(snap)
 	return s
 }
 
-func newStore(path string, opts Options) *Store {
-	s := &Store{path: path, opts: opts, log: opts.Logger}
+func newCurrent(path string, opts Options) *Current {
+	s := &Current{path: path, opts: opts, log: opts.Logger}
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
@@ -117,12 +117,12 @@ func newStore(path string, opts Options) *Store {
 
 // Load returns the current snapshot without holding it: for what is not a request (shutdown
 // settings, the sandbox tools of work done outside any request). The result must not be modified.
-func (s *Store) Load() *Snapshot { return s.p.Load() }
+func (s *Current) Load() *Snapshot { return s.p.Load() }
 
 // Acquire returns the current snapshot for one request, held until Release (once, when the request
 // is done): until then the sandbox tools of the snapshot stay open for the request, even if a reload
-// replaces them. The result must not be modified; it is nil while the Store holds none.
-func (s *Store) Acquire() *Snapshot {
+// replaces them. The result must not be modified; it is nil while the Current holds none.
+func (s *Current) Acquire() *Snapshot {
 	for {
 		snap := s.p.Load()
 		if snap == nil {
@@ -141,7 +141,7 @@ func (s *Store) Acquire() *Snapshot {
 // snapshot has anything to do, so a request on the current snapshot takes no lock. (publish sets
 // replaced before it counts the holders, and Release counts down before it reads replaced: one of
 // them sees the other.)
-func (s *Store) Release(snap *Snapshot) {
+func (s *Current) Release(snap *Snapshot) {
 	if snap != nil && snap.users.Add(-1) == 0 && snap.replaced.Load() {
 		s.retireIdle()
 	}
@@ -152,11 +152,11 @@ func (s *Store) Release(snap *Snapshot) {
 // last, nil once the new snapshot is published, and otherwise the error that kept the current one
 // (which then serves on, whole). Each outcome but ErrUnchanged is logged once and reported to
 // OnReload.
-func (s *Store) Reload(ctx context.Context) error {
+func (s *Current) Reload(ctx context.Context) error {
 	s.reloading.Lock()
 	defer s.reloading.Unlock()
 	if s.path == "" || s.opts.Provision == nil {
-		return errors.New("snapshot: this store has no configuration file to reload")
+		return errors.New("snapshot: no configuration file to reload (Fixed)")
 	}
 	err := s.reload(ctx)
 	switch {
@@ -185,7 +185,7 @@ func (s *Store) Reload(ctx context.Context) error {
 	return err
 }
 
-func (s *Store) reload(ctx context.Context) error {
+func (s *Current) reload(ctx context.Context) error {
 	data, err := os.ReadFile(s.path)
 	if err != nil {
 		s.failed = nil
@@ -211,7 +211,7 @@ func (s *Store) reload(ctx context.Context) error {
 }
 
 // publish makes next the current snapshot and retires what the replaced ones no longer need.
-func (s *Store) publish(next *Snapshot) {
+func (s *Current) publish(next *Snapshot) {
 	s.mu.Lock()
 	old := s.p.Swap(next)
 	if old != nil {
@@ -229,7 +229,7 @@ func (s *Store) publish(next *Snapshot) {
 // snapshot retires every provider it holds that its successor does not (sandbox.Registry.Retire):
 // no container starts on it any more, and it closes once its last container is deleted. The closing
 // runs in the background: a request that lets go of a snapshot does not wait for it.
-func (s *Store) retireIdle() {
+func (s *Current) retireIdle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -251,7 +251,7 @@ func (s *Store) retireIdle() {
 // Close closes every sandbox provider of the current snapshot and of the replaced ones that requests
 // still held, now: it is for shutdown, after containers.Manager.Close has deleted the containers.
 // Nothing is retired after it.
-func (s *Store) Close(ctx context.Context) error {
+func (s *Current) Close(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
 	held := s.superseded
@@ -268,7 +268,7 @@ func (s *Store) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (s *Store) logWarnings(cfg *config.Config) {
+func (s *Current) logWarnings(cfg *config.Config) {
 	for _, w := range cfg.AllWarnings() {
 		s.log.Warn("config warning", zap.String("path", cfg.Path), zap.String("warning", w))
 	}

@@ -32,11 +32,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func noEnv(string) (string, bool) { return "", false }
 
-// harness is a Store over a real file, parsed and provisioned by the real backends.
+// harness is a Current over a real file, parsed and provisioned by the real backends.
 type harness struct {
 	t       *testing.T
 	path    string
-	store   *snapshot.Store
+	current *snapshot.Current
 	logs    *observer.ObservedLogs
 	reloads chan error // OnReload's argument, per call
 }
@@ -51,7 +51,7 @@ func newHarness(t *testing.T, content string) *harness {
 	if err != nil {
 		t.Fatalf("config.Load: %v", err)
 	}
-	h.store, err = snapshot.New(context.Background(), cfg, snapshot.Options{
+	h.current, err = snapshot.New(context.Background(), cfg, snapshot.Options{
 		Parse:     backends.ParseOptions(noEnv),
 		Provision: backends.Build,
 		Logger:    zap.New(core),
@@ -61,7 +61,7 @@ func newHarness(t *testing.T, content string) *harness {
 		t.Fatalf("snapshot.New: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := h.store.Close(context.Background()); err != nil {
+		if err := h.current.Close(context.Background()); err != nil {
 			t.Errorf("Close: %v", err)
 		}
 	})
@@ -80,7 +80,7 @@ func (h *harness) write(content string) {
 	}
 }
 
-func (h *harness) reload() error { return h.store.Reload(context.Background()) }
+func (h *harness) reload() error { return h.current.Reload(context.Background()) }
 
 // logged counts the log entries with message msg.
 func (h *harness) logged(msg string) int { return h.logs.FilterMessage(msg).Len() }
@@ -149,13 +149,13 @@ func TestReloadIsSeenAllAtOnceOrNotAtAll(t *testing.T) {
 					return
 				default:
 				}
-				snap := h.store.Acquire()
+				snap := h.current.Acquire()
 				if err := consistent(snap); err != nil {
 					bad.CompareAndSwap(nil, err)
 				}
 				seen.Store(snap, true)
-				h.store.Release(snap)
-				if err := consistent(h.store.Load()); err != nil {
+				h.current.Release(snap)
+				if err := consistent(h.current.Load()); err != nil {
 					bad.CompareAndSwap(nil, err)
 				}
 			}
@@ -190,7 +190,7 @@ func TestReloadIsSeenAllAtOnceOrNotAtAll(t *testing.T) {
 // A reload whose sandbox tool cannot be provisioned keeps the previous snapshot serving, whole.
 func TestReloadThatCannotProvisionKeepsThePreviousSnapshot(t *testing.T) {
 	h := newHarness(t, version("alpha", 1, "http://127.0.0.1:1"))
-	before := h.store.Load()
+	before := h.current.Load()
 
 	broken := `model_list:
   - model_name: beta-model
@@ -207,10 +207,10 @@ sandbox_tools:
 	if got := <-h.reloads; got == nil {
 		t.Error("OnReload(nil) after a failed reload; want its error")
 	}
-	if h.store.Load() != before {
+	if h.current.Load() != before {
 		t.Fatal("a reload that failed to provision replaced the snapshot")
 	}
-	if err := consistent(h.store.Load()); err != nil {
+	if err := consistent(h.current.Load()); err != nil {
 		t.Errorf("after the failed reload: %v", err)
 	}
 	if got := h.logged("config reload failed; keeping the previous config"); got != 1 {
@@ -228,7 +228,7 @@ sandbox_tools:
 	if err := h.reload(); err != nil {
 		t.Fatalf("Reload() of a good edit after the failure = %v", err)
 	}
-	if got := h.store.Load().Config.Models[0].ModelName; got != "gamma-model-0" {
+	if got := h.current.Load().Config.Models[0].ModelName; got != "gamma-model-0" {
 		t.Errorf("model after the good edit = %q; want gamma-model-0", got)
 	}
 }
@@ -236,7 +236,7 @@ sandbox_tools:
 func TestReloadOutcomes(t *testing.T) {
 	good := version("alpha", 1, "http://127.0.0.1:1")
 	h := newHarness(t, good)
-	start := h.store.Load()
+	start := h.current.Load()
 	if got := h.logged("config warning"); got != 0 {
 		t.Errorf("%d warnings logged at start of a file without any; want 0", got)
 	}
@@ -246,7 +246,7 @@ func TestReloadOutcomes(t *testing.T) {
 		if err := h.reload(); !errors.Is(err, snapshot.ErrUnchanged) {
 			t.Errorf("Reload() = %v; want ErrUnchanged", err)
 		}
-		if h.store.Load() != start || len(h.reloads) != 0 || h.logged("config reloaded") != 0 {
+		if h.current.Load() != start || len(h.reloads) != 0 || h.logged("config reloaded") != 0 {
 			t.Error("rewriting the same bytes reloaded")
 		}
 	})
@@ -260,7 +260,7 @@ func TestReloadOutcomes(t *testing.T) {
 		if got := <-h.reloads; !errors.Is(got, err) {
 			t.Errorf("OnReload(%v); want the same error", got)
 		}
-		if h.store.Load() != start {
+		if h.current.Load() != start {
 			t.Error("a rejected edit replaced the snapshot")
 		}
 	})
@@ -272,7 +272,7 @@ func TestReloadOutcomes(t *testing.T) {
 			t.Errorf("Reload() = %v; want ErrNotExist", err)
 		}
 		<-h.reloads
-		if h.store.Load() != start {
+		if h.current.Load() != start {
 			t.Error("a missing file replaced the snapshot")
 		}
 	})
@@ -284,7 +284,7 @@ func TestReloadOutcomes(t *testing.T) {
 		if got := <-h.reloads; got != nil {
 			t.Errorf("OnReload(%v); want nil", got)
 		}
-		snap := h.store.Load()
+		snap := h.current.Load()
 		if err := consistent(snap); err != nil || snap.Config.Models[0].ModelName != "beta-model-0" {
 			t.Errorf("published %+v (%v); want version beta", snap.Config.Models, err)
 		}
@@ -325,7 +325,7 @@ func TestReloadWarnsOfStartOnlySettings(t *testing.T) {
 	if err := h.reload(); err != nil {
 		t.Fatalf("Reload() = %v", err)
 	}
-	if snap := h.store.Load(); snap.Config.Models[0].ModelName != "beta-model-0" || snap.Config.General.DataDir != "/var/lib/b" {
+	if snap := h.current.Load(); snap.Config.Models[0].ModelName != "beta-model-0" || snap.Config.General.DataDir != "/var/lib/b" {
 		t.Errorf("the rest of the edit was not published: %+v", snap.Config.Models)
 	}
 	want := "[general_settings.data_dir general_settings.advertise_url router_settings.redis_db]"
@@ -352,8 +352,8 @@ func TestReloadWarnsOfStartOnlySettings(t *testing.T) {
 
 // e2bControlPlane answers every create as e2b does a bad key (401), counting the keys it was sent: a
 // create reaching it proves which provider served it.
-// newSessions is Sessions over an embedded store in a temporary directory.
-func newSessions(t *testing.T, opts containers.Options) *containers.Manager {
+// newManager is a containers.Manager over an embedded store in a temporary directory.
+func newManager(t *testing.T, opts containers.Options) *containers.Manager {
 	t.Helper()
 	st, err := embedded.Open(embedded.Options{Dir: t.TempDir(), SweepEvery: -1})
 	if err != nil {
@@ -391,20 +391,20 @@ func TestRequestKeepsItsSandboxToolsUntilItIsDone(t *testing.T) {
 		return strings.Replace(version("alpha", 1, srv.URL), "api_key: key-alpha", "api_key: "+key, 1)
 	}
 	h := newHarness(t, withKey("old-key"))
-	sessions := newSessions(t, containers.Options{Registry: func() *sandbox.Registry { return h.store.Load().Sandboxes }, SweepInterval: -1})
-	defer sessions.Close(context.Background())
+	mgr := newManager(t, containers.Options{Registry: func() *sandbox.Registry { return h.current.Load().Sandboxes }, SweepInterval: -1})
+	defer mgr.Close(context.Background())
 	create := func(snap *snapshot.Snapshot) error {
-		_, err := sessions.Create(snapshot.NewContext(context.Background(), snap), "alpha-tool", "alice", sandbox.CreateOptions{}, time.Minute)
+		_, err := mgr.Create(snapshot.NewContext(context.Background(), snap), "alpha-tool", "alice", sandbox.CreateOptions{}, time.Minute)
 		return err
 	}
 
-	held := h.store.Acquire()
+	held := h.current.Acquire()
 	h.write(withKey("new-key"))
 	if err := h.reload(); err != nil {
 		t.Fatal(err)
 	}
-	current := h.store.Acquire()
-	defer h.store.Release(current)
+	current := h.current.Acquire()
+	defer h.current.Release(current)
 	if current == held {
 		t.Fatal("the reload did not publish a new snapshot")
 	}
@@ -416,12 +416,12 @@ func TestRequestKeepsItsSandboxToolsUntilItIsDone(t *testing.T) {
 		t.Errorf("create under the new snapshot = %v (new key used %d times); want it sent with the new key", err, hits("new-key"))
 	}
 
-	h.store.WaitRetired()
+	h.current.WaitRetired()
 	if err := create(held); err == nil || strings.Contains(err.Error(), "being reconfigured") || hits("old-key") != 2 {
 		t.Errorf("create under the held snapshot after the reload settled = %v; want its provider still open", err)
 	}
-	h.store.Release(held)
-	h.store.WaitRetired()
+	h.current.Release(held)
+	h.current.WaitRetired()
 	if err := create(held); err == nil || !strings.Contains(err.Error(), "being reconfigured") || hits("old-key") != 2 {
 		t.Errorf("create on the retired tool = %v (old key used %d times); want it refused without reaching e2b", err, hits("old-key"))
 	}
@@ -438,24 +438,24 @@ func TestHeldSnapshotKeepsAToolAcrossTwoReloads(t *testing.T) {
 		return strings.Replace(version("alpha", models, srv.URL), "api_key: key-alpha", "api_key: "+key, 1)
 	}
 	h := newHarness(t, cfg(1, "first-key"))
-	sessions := newSessions(t, containers.Options{SweepInterval: -1})
-	defer sessions.Close(context.Background())
+	mgr := newManager(t, containers.Options{SweepInterval: -1})
+	defer mgr.Close(context.Background())
 	create := func(snap *snapshot.Snapshot) error {
-		_, err := sessions.Create(snapshot.NewContext(context.Background(), snap), "alpha-tool", "", sandbox.CreateOptions{}, time.Minute)
+		_, err := mgr.Create(snapshot.NewContext(context.Background(), snap), "alpha-tool", "", sandbox.CreateOptions{}, time.Minute)
 		return err
 	}
 
-	held := h.store.Acquire()
+	held := h.current.Acquire()
 	h.write(cfg(2, "first-key")) // the tool is unchanged: this snapshot shares the provider
 	mustReload(t, h)
 	h.write(cfg(2, "second-key")) // the tool changes: the shared provider leaves the current snapshot
 	mustReload(t, h)
-	h.store.WaitRetired()
+	h.current.WaitRetired()
 	if err := create(held); err == nil || strings.Contains(err.Error(), "being reconfigured") || hits("first-key") != 1 {
 		t.Errorf("create under the held snapshot after two reloads = %v; want it served by its own provider", err)
 	}
-	h.store.Release(held)
-	h.store.WaitRetired()
+	h.current.Release(held)
+	h.current.WaitRetired()
 	if err := create(held); err == nil || !strings.Contains(err.Error(), "being reconfigured") {
 		t.Errorf("create under the released snapshot = %v; want its provider retired", err)
 	}
@@ -471,34 +471,34 @@ func mustReload(t *testing.T, h *harness) {
 // Close closes the providers of the current snapshot and of replaced ones that requests still hold.
 func TestCloseClosesHeldSnapshots(t *testing.T) {
 	h := newHarness(t, version("alpha", 1, "http://127.0.0.1:1"))
-	held := h.store.Acquire()
-	defer h.store.Release(held)
+	held := h.current.Acquire()
+	defer h.current.Release(held)
 	h.write(version("beta", 1, "http://127.0.0.1:1"))
 	if err := h.reload(); err != nil {
 		t.Fatal(err)
 	}
-	sessions := newSessions(t, containers.Options{SweepInterval: -1})
-	defer sessions.Close(context.Background())
-	if err := h.store.Close(context.Background()); err != nil {
+	mgr := newManager(t, containers.Options{SweepInterval: -1})
+	defer mgr.Close(context.Background())
+	if err := h.current.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	for _, snap := range []*snapshot.Snapshot{held, h.store.Load()} {
+	for _, snap := range []*snapshot.Snapshot{held, h.current.Load()} {
 		tool := snap.Config.SandboxTools[0].Name
-		_, err := sessions.Create(snapshot.NewContext(context.Background(), snap), tool, "", sandbox.CreateOptions{}, time.Minute)
+		_, err := mgr.Create(snapshot.NewContext(context.Background(), snap), tool, "", sandbox.CreateOptions{}, time.Minute)
 		if err == nil || !strings.Contains(err.Error(), "being reconfigured") {
 			t.Errorf("create on %s after Close = %v; want its provider closed", tool, err)
 		}
 	}
 }
 
-func TestStoreWithoutFile(t *testing.T) {
+func TestFixedWithoutFile(t *testing.T) {
 	cfg := config.Defaults()
-	s := snapshot.NewStore(&snapshot.Snapshot{Config: cfg})
+	s := snapshot.Fixed(&snapshot.Snapshot{Config: cfg})
 	if s.Load().Config != cfg {
 		t.Error("Load() does not return the snapshot given")
 	}
 	if err := s.Reload(context.Background()); err == nil {
-		t.Error("Reload() of a store without a file succeeded")
+		t.Error("Reload() of a Current without a file succeeded")
 	}
 	snap := s.Acquire()
 	s.Release(snap)

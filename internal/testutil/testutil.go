@@ -1,7 +1,7 @@
 // Package testutil holds the helpers that tests across the repository share: a TestMain that
-// checks for leaked goroutines, polling for a condition, a buffer that a logger and a test may
-// use at once, and a local sandbox provider started only by the tests that need one (they skip,
-// naming what is missing, on a host that cannot run it). It is imported by _test.go files only.
+// checks for leaked goroutines, polling for a condition, and a buffer that a logger and a test may
+// use at once. It imports no package of the project, so that every package's tests may use it
+// (localsandbox, below it, shares a local sandbox). It is imported by _test.go files only.
 package testutil
 
 import (

@@ -64,7 +64,7 @@ func Build(ctx context.Context, tools []config.SandboxTool, prev *sandbox.Regist
 	for _, t := range tools {
 		p, ok := t.Settings.(sandbox.Provisioner)
 		if !ok {
-			errs = append(errs, fmt.Errorf("sandbox tool %q: sandbox_provider %q has no settings to provision (the configuration was not parsed with its backend)", t.Name, t.Provider))
+			errs = append(errs, fmt.Errorf("sandbox tool %q: sandbox_provider %q has no settings to provision (the configuration was not parsed with its backend)", t.Name, t.Backend))
 			continue
 		}
 		fp, err := fingerprint(t)
@@ -81,7 +81,7 @@ func Build(ctx context.Context, tools []config.SandboxTool, prev *sandbox.Regist
 			errs = append(errs, fmt.Errorf("sandbox tool %q: %w", t.Name, err))
 			continue
 		}
-		e := sandbox.RegistryEntry{Name: t.Name, Provider: prov, Fingerprint: fp, Backend: t.Provider, HostBound: t.Provider == local.Backend}
+		e := sandbox.RegistryEntry{Name: t.Name, Provider: prov, Fingerprint: fp, Backend: t.Backend, HostBound: t.Backend == local.Backend}
 		entries = append(entries, e)
 		started = append(started, e)
 	}
@@ -111,7 +111,7 @@ func fingerprint(t config.SandboxTool) (string, error) {
 	b, err := json.Marshal(struct {
 		Backend  string
 		Settings any
-	}{t.Provider, t.Settings})
+	}{t.Backend, t.Settings})
 	if err != nil {
 		return "", fmt.Errorf("fingerprinting its settings: %w", err)
 	}

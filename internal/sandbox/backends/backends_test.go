@@ -54,14 +54,14 @@ func mustBuild(t testing.TB, tools []config.SandboxTool, prev *sandbox.Registry)
 
 func TestBuildErrors(t *testing.T) {
 	e2bTool := func(name string) config.SandboxTool {
-		return config.SandboxTool{Name: name, Provider: "e2b", Settings: parseTools(t, "  - {sandbox_tool_name: x, litellm_params: {sandbox_provider: e2b, api_key: k}}\n")[0].Settings}
+		return config.SandboxTool{Name: name, Backend: "e2b", Settings: parseTools(t, "  - {sandbox_tool_name: x, litellm_params: {sandbox_provider: e2b, api_key: k}}\n")[0].Settings}
 	}
 	tests := []struct {
 		name  string
 		tools []config.SandboxTool
 		want  string
 	}{
-		{"settings not decoded", []config.SandboxTool{{Name: "x", Provider: "local"}}, `sandbox tool "x": sandbox_provider "local" has no settings to provision`},
+		{"settings not decoded", []config.SandboxTool{{Name: "x", Backend: "local"}}, `sandbox tool "x": sandbox_provider "local" has no settings to provision`},
 		{"duplicate names", []config.SandboxTool{e2bTool("x"), e2bTool("x")}, `listed twice`},
 		{"a local tool that cannot run here", parseTools(t, "  - {sandbox_tool_name: py, litellm_params: {sandbox_provider: local, python: /nonexistent/python3, pool_size: 0}}\n"),
 			`sandbox tool "py": cannot run on this host`},

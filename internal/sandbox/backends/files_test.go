@@ -15,7 +15,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
-	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/testutil/localsandbox"
 )
 
 // Container files on a real backend: Files API files placed into /mnt/data, uploads, files the code
@@ -426,7 +426,7 @@ for i in range(%d):
 // container file id, as OpenAI's containers do (the "cfile_….png" an unlinked image is cited by),
 // with the bytes of the image output; a file code names that way itself gets an id of its own.
 func TestFiguresBecomeContainerFiles(t *testing.T) {
-	testutil.PythonModules(t, "/usr/bin/python3", "matplotlib")
+	localsandbox.PythonModules(t, "/usr/bin/python3", "matplotlib")
 	for _, b := range backendsUnderTest {
 		t.Run(b, func(t *testing.T) {
 			e := newFilesEnv(t, b)

@@ -20,11 +20,12 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 	"github.com/ciproxy/ciproxy/internal/testutil"
+	"github.com/ciproxy/ciproxy/internal/testutil/localsandbox"
 )
 
 // sandboxes is the local sandbox every emulator in these tests executes through; one provider
 // serves the whole package, since tests run one at a time. Tests skip where it cannot run.
-var sandboxes = testutil.NewLocalSandbox(local.Options{PoolSize: -1})
+var sandboxes = localsandbox.New(local.Options{PoolSize: -1})
 
 func TestMain(m *testing.M) { testutil.Main(m, sandboxes.Close) }
 

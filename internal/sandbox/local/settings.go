@@ -85,4 +85,16 @@ func (o Options) Provision(ctx context.Context, tool string, log *zap.Logger) (s
 	return New(o)
 }
 
-var _ sandbox.Provisioner = Options{}
+// CheckHost implements sandbox.HostChecker: CheckIsolation with o.
+func (o Options) CheckHost(ctx context.Context) (sandbox.HostReport, error) {
+	iso, err := CheckIsolation(ctx, o)
+	if err != nil {
+		return sandbox.HostReport{}, err
+	}
+	return sandbox.HostReport{Isolation: iso.String(), Weaker: len(iso.Warnings) > 0}, nil
+}
+
+var (
+	_ sandbox.Provisioner = Options{}
+	_ sandbox.HostChecker = Options{}
+)

@@ -12,12 +12,12 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
 const sweepHelperEnv = "CIPROXY_TEST_SWEEP_HELPER"
@@ -84,7 +84,7 @@ func TestSweepAfterKill(t *testing.T) {
 	}
 	cmd.Wait()
 	// Its sandbox dies with it (the fork server's bubblewrap dies with its parent).
-	eventually(t, "the killed proxy's sandbox to exit", func() bool {
+	testutil.Eventually(t, "the killed proxy's sandbox to exit", func() bool {
 		_, err := os.Stat("/proc/" + strconv.Itoa(st.Init))
 		return os.IsNotExist(err)
 	})
@@ -108,20 +108,6 @@ func TestSweepAfterKill(t *testing.T) {
 		if got := mainText(run(t, p, h, "1 + 1")); got != "2" {
 			t.Errorf("a live provider after the sweep: %q", got)
 		}
-	}
-}
-
-// eventually polls cond until it holds, or fails the test after a minute.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	delay := time.Millisecond
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(delay)
-		delay = min(2*delay, 100*time.Millisecond)
 	}
 }
 

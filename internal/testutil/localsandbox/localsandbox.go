@@ -1,4 +1,8 @@
-package testutil
+// Package localsandbox shares one local (bubblewrap) sandbox provider between a package's tests,
+// started only by the tests that need one: on a host that cannot run it they skip, naming what is
+// missing. It is apart from internal/testutil so that the local backend's own tests can use
+// testutil without an import cycle. It is imported by _test.go files only.
+package localsandbox
 
 import (
 	"context"
@@ -10,26 +14,26 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 )
 
-// LocalSandbox is one local (bubblewrap) sandbox provider shared by a package's tests, started by
-// the first test that asks for it, so a package whose other tests need no sandbox runs on a host
-// without bubblewrap. Declare one per package and close it from TestMain:
+// Shared is one local sandbox provider shared by a package's tests, started by the first test that
+// asks for it, so a package whose other tests need no sandbox runs on a host without bubblewrap.
+// Declare one per package and close it from TestMain:
 //
-//	var sandboxes = testutil.NewLocalSandbox(local.Options{PoolSize: 2})
+//	var sandboxes = localsandbox.New(local.Options{PoolSize: 2})
 //	func TestMain(m *testing.M) { testutil.Main(m, sandboxes.Close) }
-type LocalSandbox struct {
+type Shared struct {
 	opts local.Options
 	once sync.Once
 	p    *local.Provider
 	err  error
 }
 
-// NewLocalSandbox returns a LocalSandbox that starts a provider with opts when first asked.
-func NewLocalSandbox(opts local.Options) *LocalSandbox { return &LocalSandbox{opts: opts} }
+// New returns a Shared that starts a provider with opts when first asked.
+func New(opts local.Options) *Shared { return &Shared{opts: opts} }
 
 // Provider returns the shared provider, starting it on the first call. When the host cannot run a
 // local sandbox it skips tb with local.Check's reason (which names what is missing: bubblewrap, the
 // interpreter, user namespaces), and so does every later call.
-func (s *LocalSandbox) Provider(tb testing.TB) *local.Provider {
+func (s *Shared) Provider(tb testing.TB) *local.Provider {
 	tb.Helper()
 	s.once.Do(func() {
 		if s.err = local.Check(context.Background(), s.opts); s.err != nil {
@@ -44,7 +48,7 @@ func (s *LocalSandbox) Provider(tb testing.TB) *local.Provider {
 }
 
 // Close closes the provider if a test started it.
-func (s *LocalSandbox) Close(ctx context.Context) error {
+func (s *Shared) Close(ctx context.Context) error {
 	if s.p == nil {
 		return nil
 	}
