@@ -92,7 +92,7 @@ func (s *Store) CreateContainer(ctx context.Context, c store.Container) (store.C
 	if err != nil {
 		return store.Container{}, fmt.Errorf("%w: container %s: %w", store.ErrInvalid, c.ID, err)
 	}
-	v, err := scriptCreateContainer.Run(ctx, s.rdb, []string{s.key("cntr", c.ID)}, s.prefix, s.nowMs(),
+	v, err := s.lua.createContainer.Run(ctx, s.rdb, []string{s.key("cntr", c.ID)}, s.prefix, s.nowMs(),
 		c.ID, c.Owner, s.ownerKey(c.Owner, "cntrs"), created, atMs(c.ForgetAt), atMs(c.ExpiresAt), body,
 		atMs(store.PlaceUntil(c)), sharedFlag(c)).Result()
 	if err != nil {
@@ -138,7 +138,7 @@ func (s *Store) UpdateContainer(ctx context.Context, c store.Container) (store.C
 	if err != nil {
 		return store.Container{}, fmt.Errorf("%w: encoding container %s: %w", store.ErrInvalid, c.ID, err)
 	}
-	v, err := scriptUpdateContainer.Run(ctx, s.rdb, []string{s.key("cntr", c.ID)}, s.prefix, s.nowMs(),
+	v, err := s.lua.updateContainer.Run(ctx, s.rdb, []string{s.key("cntr", c.ID)}, s.prefix, s.nowMs(),
 		c.ID, c.Owner, c.Version, atMs(c.ForgetAt), atMs(c.ExpiresAt), body,
 		atMs(store.PlaceUntil(c)), sharedFlag(c)).Result()
 	if err != nil {
@@ -170,7 +170,7 @@ func (s *Store) DeleteContainer(ctx context.Context, owner, id string) error {
 	if !store.ContainerKind.Valid(id) {
 		return notFound("container", id)
 	}
-	v, err := scriptDeleteContainer.Run(ctx, s.rdb, []string{s.key("cntr", id)}, s.prefix, s.nowMs(), id, owner).Result()
+	v, err := s.lua.deleteContainer.Run(ctx, s.rdb, []string{s.key("cntr", id)}, s.prefix, s.nowMs(), id, owner).Result()
 	if err != nil {
 		return s.fail(ctx, err)
 	}
@@ -190,7 +190,7 @@ func (s *Store) ListContainers(ctx context.Context, owner string, q store.Contai
 		return store.List[store.Container]{}, err
 	}
 	ix := s.ownerKey(owner, "cntrs")
-	if err := scriptReapContainers.Run(ctx, s.rdb, []string{ix}, s.prefix, s.nowMs()).Err(); err != nil {
+	if err := s.lua.reapContainers.Run(ctx, s.rdb, []string{ix}, s.prefix, s.nowMs()).Err(); err != nil {
 		return store.List[store.Container]{}, s.fail(ctx, err)
 	}
 	return pageIndex(ctx, s, ix, q.Page, func(ctx context.Context, ids []string) ([]store.Container, []bool, error) {
@@ -221,7 +221,7 @@ func (s *Store) ExpiringContainers(ctx context.Context, before time.Time, limit 
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	v, err := scriptExpiringContainers.Run(ctx, s.rdb, nil, s.prefix, s.nowMs(), before.UnixMilli(), max(limit, 0)).Result()
+	v, err := s.lua.expiringContainers.Run(ctx, s.rdb, nil, s.prefix, s.nowMs(), before.UnixMilli(), max(limit, 0)).Result()
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
@@ -264,7 +264,7 @@ func (s *Store) PutContainerFile(ctx context.Context, f store.ContainerFile) (st
 	if err != nil {
 		return store.ContainerFile{}, fmt.Errorf("%w: encoding container file %s: %w", store.ErrInvalid, f.ID, err)
 	}
-	v, err := scriptPutContainerFile.Run(ctx, s.rdb, []string{s.key("cntr", f.ContainerID), s.key("cfile", f.ID)}, s.prefix, s.nowMs(),
+	v, err := s.lua.putContainerFile.Run(ctx, s.rdb, []string{s.key("cntr", f.ContainerID), s.key("cfile", f.ID)}, s.prefix, s.nowMs(),
 		f.Owner, f.ContainerID, f.ID, rec).Result()
 	if err != nil {
 		return store.ContainerFile{}, s.fail(ctx, err)
@@ -368,7 +368,7 @@ func (s *Store) DeleteContainerFile(ctx context.Context, owner, containerID, id 
 	if !store.ContainerKind.Valid(containerID) || !store.ContainerFileKind.Valid(id) {
 		return notFound("container file", id)
 	}
-	v, err := scriptDeleteContainerFile.Run(ctx, s.rdb, []string{s.key("cntr", containerID), s.key("cfile", id)}, s.prefix, s.nowMs(),
+	v, err := s.lua.deleteContainerFile.Run(ctx, s.rdb, []string{s.key("cntr", containerID), s.key("cfile", id)}, s.prefix, s.nowMs(),
 		owner, containerID, id).Result()
 	if err != nil {
 		return s.fail(ctx, err)
