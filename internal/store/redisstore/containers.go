@@ -15,25 +15,17 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// containerBody is the r field of cntr:<id>: what an update may change. What it may not (id,
-// owner, creation time) and the version are fields of their own, which the scripts check.
-type containerBody struct {
-	Name         string        `json:"name,omitempty"`
-	Backend      string        `json:"backend,omitempty"`
-	Tool         string        `json:"tool,omitempty"`
-	Handle       []byte        `json:"handle,omitempty"`
-	Host         string        `json:"host,omitempty"`
-	MemoryLimit  string        `json:"memory_limit,omitempty"`
-	Status       string        `json:"status,omitempty"`
-	IdleTimeout  time.Duration `json:"idle_timeout_ns,omitempty"`
-	LastActiveAt time.Time     `json:"last_active_at,omitzero"`
-	ExpiresAt    time.Time     `json:"expires_at,omitzero"`
-	ForgetAt     time.Time     `json:"forget_at,omitzero"`
-}
-
-func bodyOf(c store.Container) containerBody {
-	return containerBody{Name: c.Name, Backend: c.Backend, Tool: c.Tool, Handle: c.Handle, Host: c.Host, MemoryLimit: c.MemoryLimit,
-		Status: c.Status, IdleTimeout: c.IdleTimeout, LastActiveAt: c.LastActiveAt, ExpiresAt: c.ExpiresAt, ForgetAt: c.ForgetAt}
+// containerRest is the r field of cntr:<id>: the record's JSON without what an update may not
+// change (id, owner, creation time) and the version, which are fields of their own that the
+// scripts check.
+func containerRest(c store.Container) ([]byte, error) {
+	id := c.ID
+	c.ID, c.Owner, c.CreatedAt, c.Version = "", "", time.Time{}, 0
+	b, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encoding container %s: %w", store.ErrInvalid, id, err)
+	}
+	return b, nil
 }
 
 // containerFields are the fields of cntr:<id> a read needs, in the order decodeContainer takes.
@@ -50,8 +42,8 @@ func decodeContainer(id, owner string, f []any, now int64) (store.Container, boo
 	if forget, _ := strconv.ParseInt(str(f[3]), 10, 64); expiredMs(forget, now) {
 		return store.Container{}, false, nil
 	}
-	var b containerBody
-	if err := json.Unmarshal([]byte(str(f[4])), &b); err != nil {
+	var c store.Container
+	if err := json.Unmarshal([]byte(str(f[4])), &c); err != nil {
 		return store.Container{}, false, fmt.Errorf("redis store: container %s: %w", id, err)
 	}
 	v, err := strconv.ParseInt(str(f[1]), 10, 64)
@@ -62,9 +54,9 @@ func decodeContainer(id, owner string, f []any, now int64) (store.Container, boo
 	if err := created.UnmarshalText([]byte(str(f[2]))); err != nil {
 		return store.Container{}, false, fmt.Errorf("redis store: container %s: created: %w", id, err)
 	}
-	return store.Container{ID: id, Owner: o, Name: b.Name, Backend: b.Backend, Tool: b.Tool, Handle: b.Handle, Host: b.Host,
-		MemoryLimit: b.MemoryLimit, Status: b.Status, IdleTimeout: b.IdleTimeout, CreatedAt: created, LastActiveAt: b.LastActiveAt,
-		ExpiresAt: b.ExpiresAt, ForgetAt: b.ForgetAt, Version: v}, true, nil
+	// The fields of their own are what counts, whatever the JSON says.
+	c.ID, c.Owner, c.CreatedAt, c.Version = id, o, created, v
+	return c, true, nil
 }
 
 func notFound(what, id string) error { return fmt.Errorf("%s %s: %w", what, id, store.ErrNotFound) }
@@ -84,9 +76,9 @@ func (s *Store) CreateContainer(ctx context.Context, c store.Container) (store.C
 		c.CreatedAt = s.now().Round(0)
 	}
 	c.Version = 1
-	body, err := json.Marshal(bodyOf(c))
+	body, err := containerRest(c)
 	if err != nil {
-		return store.Container{}, fmt.Errorf("%w: encoding container %s: %w", store.ErrInvalid, c.ID, err)
+		return store.Container{}, err
 	}
 	created, err := c.CreatedAt.MarshalText()
 	if err != nil {
@@ -134,9 +126,9 @@ func (s *Store) UpdateContainer(ctx context.Context, c store.Container) (store.C
 	if !store.ContainerKind.Valid(c.ID) {
 		return store.Container{}, notFound("container", c.ID)
 	}
-	body, err := json.Marshal(bodyOf(c))
+	body, err := containerRest(c)
 	if err != nil {
-		return store.Container{}, fmt.Errorf("%w: encoding container %s: %w", store.ErrInvalid, c.ID, err)
+		return store.Container{}, err
 	}
 	v, err := s.lua.updateContainer.Run(ctx, s.rdb, []string{s.key("cntr", c.ID)}, s.prefix, s.nowMs(),
 		c.ID, c.Owner, c.Version, atMs(c.ForgetAt), atMs(c.ExpiresAt), body,
