@@ -111,6 +111,35 @@ func inlineBody(id string, n int) string {
 	return `{"model":"gpt-test","input":[{"role":"user","content":[{"type":"input_text","text":"read it"},` + parts + `]}]}`
 }
 
+// holdAliceAndBob stores a PDF of size bytes for each of sk-alice, sk-bob and sk-carol, then
+// holds one inlining request of alice's and one of bob's at up, so that a quota sized for two is
+// full. It returns the files by key, post (a /v1/responses request as key), and release, which
+// answers the held requests and waits until they have ended with a 200.
+func (p *filesProxy) holdAliceAndBob(t *testing.T, up *heldUpstream, size int) (ids map[string]string, post func(key, body string) (int, []byte), release func()) {
+	t.Helper()
+	ids = map[string]string{}
+	for _, key := range []string{"sk-alice", "sk-bob", "sk-carol"} {
+		ids[key] = p.uploadPDF(t, key, size)
+	}
+	post = func(key, body string) (int, []byte) {
+		status, _, b := p.do(t, "POST", "/v1/responses", body, "Authorization", "Bearer "+key)
+		return status, b
+	}
+	var wg sync.WaitGroup
+	for _, key := range []string{"sk-alice", "sk-bob"} {
+		wg.Go(func() {
+			if status, b := post(key, inlineBody(ids[key], 1)); status != http.StatusOK {
+				t.Errorf("%s's held request: %d %s", key, status, b)
+			}
+		})
+		<-up.arrived
+	}
+	return ids, post, func() {
+		up.release()
+		wg.Wait()
+	}
+}
+
 // Concurrent requests of a few hundred bytes, each naming one large stored file, must not make
 // the proxy hold the file's bytes, let alone several copies of them per request: the upstream
 // body is streamed from the store. Measured as the heap in use while every request is held at
@@ -160,23 +189,7 @@ func TestPassThroughInlineCountsInFlight(t *testing.T) {
 		c.General.Quotas.MaxConcurrentRequests = 2
 		c.General.Quotas.MaxConcurrentRequestsPerKey = 1
 	})
-	ids := map[string]string{}
-	for _, key := range []string{"sk-alice", "sk-bob", "sk-carol"} {
-		ids[key] = p.uploadPDF(t, key, 4<<10)
-	}
-	post := func(key, body string) (int, []byte) {
-		status, _, b := p.do(t, "POST", "/v1/responses", body, "Authorization", "Bearer "+key)
-		return status, b
-	}
-	var wg sync.WaitGroup
-	for _, key := range []string{"sk-alice", "sk-bob"} {
-		wg.Go(func() {
-			if status, b := post(key, inlineBody(ids[key], 1)); status != http.StatusOK {
-				t.Errorf("%s's held request: %d %s", key, status, b)
-			}
-		})
-		<-up.arrived
-	}
+	ids, post, release := p.holdAliceAndBob(t, up, 4<<10)
 	status, b := post("sk-alice", inlineBody(ids["sk-alice"], 1))
 	want429(t, "alice's second inlining request", status, b, "max_concurrent_requests_per_key")
 	status, b = post("sk-carol", inlineBody(ids["sk-carol"], 1))
@@ -184,8 +197,7 @@ func TestPassThroughInlineCountsInFlight(t *testing.T) {
 	if status, b := post("sk-alice", `{"model":"gpt-test","input":[{"role":"user","content":[{"type":"input_file","file_id":"file-upstreams"}]}]}`); status != http.StatusOK {
 		t.Errorf("a pass-through request inlining nothing while the quota is full: %d %s", status, b)
 	}
-	up.release()
-	wg.Wait()
+	release()
 	if status, b := post("sk-carol", inlineBody(ids["sk-carol"], 1)); status != http.StatusOK {
 		t.Errorf("carol once the others ended: %d %s", status, b)
 	}
@@ -204,23 +216,7 @@ func TestInlineBytesInFlightBounded(t *testing.T) {
 				c.General.MaxInlineBytesInFlightPerKey = 3 << 20
 				c.General.MaxInlineBytesInFlight = 5 << 20
 			})
-			ids := map[string]string{}
-			for _, key := range []string{"sk-alice", "sk-bob", "sk-carol"} {
-				ids[key] = p.uploadPDF(t, key, 2<<20)
-			}
-			post := func(key, body string) (int, []byte) {
-				status, _, b := p.do(t, "POST", "/v1/responses", body, "Authorization", "Bearer "+key)
-				return status, b
-			}
-			var wg sync.WaitGroup
-			for _, key := range []string{"sk-alice", "sk-bob"} {
-				wg.Go(func() {
-					if status, b := post(key, inlineBody(ids[key], 1)); status != http.StatusOK {
-						t.Errorf("%s's held request: %d %s", key, status, b)
-					}
-				})
-				<-up.arrived
-			}
+			ids, post, release := p.holdAliceAndBob(t, up, 2<<20)
 			status, b := post("sk-alice", inlineBody(ids["sk-alice"], 1))
 			want429(t, "alice past her share", status, b, "max_inline_bytes_in_flight_per_key")
 			status, b = post("sk-carol", inlineBody(ids["sk-carol"], 1))
@@ -231,8 +227,7 @@ func TestInlineBytesInFlightBounded(t *testing.T) {
 			if _, _, param, code := decodeError(t, b); status != http.StatusBadRequest || param != "input" || code != "file_too_large" {
 				t.Errorf("carol naming more than her share at once: %d %s; want a 400 file_too_large", status, b)
 			}
-			up.release()
-			wg.Wait()
+			release()
 			if status, b := post("sk-carol", inlineBody(ids["sk-carol"], 1)); status != http.StatusOK {
 				t.Errorf("carol once the others ended: %d %s", status, b)
 			}

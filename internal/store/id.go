@@ -2,6 +2,7 @@ package store
 
 import (
 	"crypto/rand"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -137,3 +138,12 @@ func randomDigits(dst []byte, alphabet string) {
 		}
 	}
 }
+
+// safeIDRE is the alphabet of SafeID. The length is checked apart: a counted repetition
+// ({1,128}) compiles to 128 copies of the class, 50 kB kept by every process from its start.
+var safeIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// SafeID reports whether id is 1 to 128 letters, digits, '_' or '-': the response and call ids
+// every store accepts (see Responses). Such an id is never "", "." or "..", a separator or NUL,
+// so it can name a file as it is.
+func SafeID(id string) bool { return len(id) <= 128 && safeIDRE.MatchString(id) }

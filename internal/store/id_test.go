@@ -1,6 +1,7 @@
 package store
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -46,4 +47,23 @@ func TestIDsEncodeTheirTime(t *testing.T) {
 		t.Errorf("after Observe(%s), New = %s; want it to sort after", late, next)
 	}
 	g.Observe(FileKind, "file-nonsense") // ignored
+}
+
+// TestSafeID: a response or call id is 1 to 128 letters, digits, '_' or '-'; and the pattern
+// that checks it is cheap to hold, since every process compiles it at start.
+func TestSafeID(t *testing.T) {
+	for _, tc := range []struct {
+		id string
+		ok bool
+	}{
+		{"resp_01Ab-9", true}, {strings.Repeat("a", 128), true}, {strings.Repeat("a", 129), false},
+		{"", false}, {".", false}, {"..", false}, {"a/b", false}, {"a\x00", false}, {"a b", false}, {"é", false}, {"a\n", false},
+	} {
+		if got := SafeID(tc.id); got != tc.ok {
+			t.Errorf("SafeID(%q) = %v; want %v", tc.id, got, tc.ok)
+		}
+	}
+	if n := testing.AllocsPerRun(1, func() { regexp.MustCompile(safeIDRE.String()) }); n > 100 {
+		t.Errorf("compiling the id pattern allocates %v times; want at most 100 (a counted repetition compiles to a copy per count)", n)
+	}
 }

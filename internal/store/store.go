@@ -175,33 +175,35 @@ type ContainerQuery struct {
 	Page
 }
 
-// Container is one entry of the container registry.
+// Container is one entry of the container registry. Its JSON form is the record both stores
+// keep; the Redis store keeps ID, Owner, CreatedAt and Version in fields of their own, which its
+// scripts check, and leaves them out of the JSON (hence omitempty on fields every record has).
 type Container struct {
-	ID    string // cntr_...
-	Owner string
-	Name  string
+	ID    string `json:"id,omitempty"` // cntr_...
+	Owner string `json:"owner,omitempty"`
+	Name  string `json:"name,omitempty"`
 	// Backend and Tool say which sandbox provider runs it ("local" or "e2b", and the
 	// sandbox_tool_name).
-	Backend string
-	Tool    string
+	Backend string `json:"backend,omitempty"`
+	Tool    string `json:"tool,omitempty"`
 	// Handle is the sandbox handle as the backend encoded it; nil while the sandbox is being
 	// created. It may hold the sandbox's access token, so it never leaves the proxy.
-	Handle []byte
+	Handle []byte `json:"handle,omitempty"`
 	// Host is the replica that hosts a local sandbox ("" when any replica can reach it).
-	Host        string
-	MemoryLimit string
+	Host        string `json:"host,omitempty"`
+	MemoryLimit string `json:"memory_limit,omitempty"`
 	// Status is the caller's: "running", "expired", ... The store does not interpret it.
-	Status       string
-	IdleTimeout  time.Duration
-	CreatedAt    time.Time
-	LastActiveAt time.Time
+	Status       string        `json:"status,omitempty"`
+	IdleTimeout  time.Duration `json:"idle_timeout_ns,omitempty"`
+	CreatedAt    time.Time     `json:"created_at,omitzero"`
+	LastActiveAt time.Time     `json:"last_active_at,omitzero"`
 	// ExpiresAt is when the sandbox expires unless used again (the caller keeps it at
 	// LastActiveAt + IdleTimeout); zero: no expiry pending. ExpiringContainers lists by it.
-	ExpiresAt time.Time
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	// ForgetAt is when the store deletes the record and its files; zero means never.
-	ForgetAt time.Time
+	ForgetAt time.Time `json:"forget_at,omitzero"`
 	// Version counts the record's changes; the store sets it.
-	Version int64
+	Version int64 `json:"version,omitempty"`
 }
 
 // ContainerFiles are the files a container holds (cfile_ ids). Their bytes live in the container;

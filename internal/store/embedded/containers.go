@@ -9,43 +9,11 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// containerRecord is containers/<id>.json.
-type containerRecord struct {
-	ID           string        `json:"id"`
-	Owner        string        `json:"owner"`
-	Name         string        `json:"name,omitempty"`
-	Backend      string        `json:"backend,omitempty"`
-	Tool         string        `json:"tool,omitempty"`
-	Handle       []byte        `json:"handle,omitempty"`
-	Host         string        `json:"host,omitempty"`
-	MemoryLimit  string        `json:"memory_limit,omitempty"`
-	Status       string        `json:"status,omitempty"`
-	IdleTimeout  time.Duration `json:"idle_timeout_ns,omitempty"`
-	CreatedAt    time.Time     `json:"created_at"`
-	LastActiveAt time.Time     `json:"last_active_at,omitzero"`
-	ExpiresAt    time.Time     `json:"expires_at,omitzero"`
-	ForgetAt     time.Time     `json:"forget_at,omitzero"`
-	Version      int64         `json:"version"`
-}
-
-func (r *containerRecord) forgotten(now time.Time) bool {
-	return !r.ForgetAt.IsZero() && !now.Before(r.ForgetAt)
-}
-
-func (r *containerRecord) container() store.Container {
-	return store.Container{
-		ID: r.ID, Owner: r.Owner, Name: r.Name, Backend: r.Backend, Tool: r.Tool, Handle: slices.Clone(r.Handle),
-		Host: r.Host, MemoryLimit: r.MemoryLimit, Status: r.Status, IdleTimeout: r.IdleTimeout,
-		CreatedAt: r.CreatedAt, LastActiveAt: r.LastActiveAt, ExpiresAt: r.ExpiresAt, ForgetAt: r.ForgetAt, Version: r.Version,
-	}
-}
-
-func containerRecordOf(c store.Container) *containerRecord {
-	return &containerRecord{
-		ID: c.ID, Owner: c.Owner, Name: c.Name, Backend: c.Backend, Tool: c.Tool, Handle: slices.Clone(c.Handle),
-		Host: c.Host, MemoryLimit: c.MemoryLimit, Status: c.Status, IdleTimeout: c.IdleTimeout,
-		CreatedAt: c.CreatedAt, LastActiveAt: c.LastActiveAt, ExpiresAt: c.ExpiresAt, ForgetAt: c.ForgetAt, Version: c.Version,
-	}
+// cloned is a copy of c that shares no bytes with it (Handle is its one reference), so that the
+// records the store holds and the containers its callers hold never alias.
+func cloned(c store.Container) store.Container {
+	c.Handle = slices.Clone(c.Handle)
+	return c
 }
 
 func (s *Store) loadContainers() error {
@@ -54,7 +22,7 @@ func (s *Store) loadContainers() error {
 		return err
 	}
 	for _, id := range ids {
-		var r containerRecord
+		var r store.Container
 		if err := s.readRecord(dirContainers, id, &r); err != nil {
 			s.quarantine(dirContainers, id+".json", err)
 			continue
@@ -92,7 +60,7 @@ func (s *Store) loadContainerFiles() error {
 	return nil
 }
 
-func (s *Store) indexContainerLocked(r *containerRecord) {
+func (s *Store) indexContainerLocked(r *store.Container) {
 	s.ids.Observe(store.ContainerKind, r.ID)
 	s.containers[r.ID] = r
 	ix := s.ownerCntrs[r.Owner]
@@ -146,12 +114,12 @@ func (s *Store) dropContainerLocked(id string) error {
 }
 
 // liveContainerLocked returns owner's container id unless it is forgotten.
-func (s *Store) liveContainerLocked(owner, id string) (*containerRecord, error) {
+func (s *Store) liveContainerLocked(owner, id string) (*store.Container, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
 	r, ok := s.containers[id]
-	if !ok || r.Owner != owner || r.forgotten(s.now()) {
+	if !ok || r.Owner != owner || expired(r.ForgetAt, s.now()) {
 		return nil, fmt.Errorf("container %s: %w", id, store.ErrNotFound)
 	}
 	return r, nil
@@ -171,7 +139,7 @@ func (s *Store) CreateContainer(_ context.Context, c store.Container) (store.Con
 		c.ID = s.ids.New(store.ContainerKind)
 	}
 	if old, taken := s.containers[c.ID]; taken {
-		if !old.forgotten(s.now()) {
+		if !expired(old.ForgetAt, s.now()) {
 			return store.Container{}, fmt.Errorf("container %s: %w", c.ID, store.ErrExists)
 		}
 		if err := s.dropContainerLocked(c.ID); err != nil {
@@ -182,12 +150,12 @@ func (s *Store) CreateContainer(_ context.Context, c store.Container) (store.Con
 		c.CreatedAt = s.now()
 	}
 	c.Version = 1
-	r := containerRecordOf(c)
-	if err := s.writeRecord(dirContainers, c.ID, r, synced, time.Time{}); err != nil {
+	r := cloned(c)
+	if err := s.writeRecord(dirContainers, c.ID, &r, synced, time.Time{}); err != nil {
 		return store.Container{}, err
 	}
-	s.indexContainerLocked(r)
-	return r.container(), nil
+	s.indexContainerLocked(&r)
+	return cloned(r), nil
 }
 
 // Container implements [store.Containers.Container].
@@ -198,7 +166,7 @@ func (s *Store) Container(_ context.Context, owner, id string) (store.Container,
 	if err != nil {
 		return store.Container{}, err
 	}
-	return r.container(), nil
+	return cloned(*r), nil
 }
 
 // UpdateContainer implements [store.Containers.UpdateContainer]. The record is written without
@@ -216,13 +184,13 @@ func (s *Store) UpdateContainer(_ context.Context, c store.Container) (store.Con
 	}
 	c.CreatedAt = old.CreatedAt
 	c.Version++
-	r := containerRecordOf(c)
-	if err := s.writeRecord(dirContainers, c.ID, r, cached, time.Time{}); err != nil {
+	r := cloned(c)
+	if err := s.writeRecord(dirContainers, c.ID, &r, cached, time.Time{}); err != nil {
 		return store.Container{}, err
 	}
-	s.containers[c.ID] = r
-	s.placeLocked(r)
-	return r.container(), nil
+	s.containers[c.ID] = &r
+	s.placeLocked(&r)
+	return cloned(r), nil
 }
 
 // DeleteContainer implements [store.Containers.DeleteContainer].
@@ -252,10 +220,10 @@ func (s *Store) ListContainers(_ context.Context, owner string, q store.Containe
 	now := s.now()
 	return page(*ix, q.Page, func(id string) (store.Container, bool) {
 		r := s.containers[id]
-		if r.forgotten(now) || (q.Name != "" && r.Name != q.Name) {
+		if expired(r.ForgetAt, now) || (q.Name != "" && r.Name != q.Name) {
 			return store.Container{}, false
 		}
-		return r.container(), true
+		return cloned(*r), true
 	}), nil
 }
 
@@ -267,13 +235,13 @@ func (s *Store) ExpiringContainers(_ context.Context, before time.Time, limit in
 		return nil, err
 	}
 	now := s.now()
-	var due []*containerRecord
+	var due []*store.Container
 	for _, r := range s.containers {
-		if !r.ExpiresAt.IsZero() && !r.ExpiresAt.After(before) && !r.forgotten(now) {
+		if !r.ExpiresAt.IsZero() && !r.ExpiresAt.After(before) && !expired(r.ForgetAt, now) {
 			due = append(due, r)
 		}
 	}
-	slices.SortFunc(due, func(a, b *containerRecord) int {
+	slices.SortFunc(due, func(a, b *store.Container) int {
 		if c := a.ExpiresAt.Compare(b.ExpiresAt); c != 0 {
 			return c
 		}
@@ -284,7 +252,7 @@ func (s *Store) ExpiringContainers(_ context.Context, before time.Time, limit in
 	}
 	out := make([]store.Container, len(due))
 	for i, r := range due {
-		out[i] = r.container()
+		out[i] = cloned(*r)
 	}
 	return out, nil
 }

@@ -7,11 +7,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"time"
+
+	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// Directories below the data directory. Every name inside them is an id that passed safeName, so
+// Directories below the data directory. Every name inside them is an id that passed store.SafeID, so
 // no caller-supplied string ever becomes more than one path element.
 const (
 	dirTmp        = "tmp"        // uploads and records being written; emptied at Open
@@ -32,14 +33,6 @@ const (
 )
 
 var allDirs = []string{dirTmp, dirBlobs, dirFiles, dirContainers, dirCFiles, dirResponses, dirCalls, dirCorrupt}
-
-// safeNameRE is what an id must look like to name a file: letters, digits, '_' and '-', so never
-// "", "." or "..", a separator or NUL.
-// The length is checked apart: a counted repetition ({1,128}) compiles to 128 copies of the
-// class, 50 kB kept by every process from its start.
-var safeNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
-
-func safeName(id string) bool { return len(id) <= 128 && safeNameRE.MatchString(id) }
 
 // durability says whether a write must reach the disk before it returns (fsync of the file and of
 // its directory) or only the kernel (it then survives the process, not a power cut).
@@ -174,5 +167,5 @@ func cutJSON(name string) (string, bool) {
 		return "", false
 	}
 	id := name[:len(name)-5]
-	return id, safeName(id)
+	return id, store.SafeID(id)
 }

@@ -78,7 +78,7 @@ type Store struct {
 	closed     bool
 	files      map[string]*store.File
 	ownerFiles map[string]*ownerFiles
-	containers map[string]*containerRecord
+	containers map[string]*store.Container
 	ownerCntrs map[string]*index
 	cfiles     map[string]*store.ContainerFile
 	cntrFiles  map[string]*index // container id -> its container files
@@ -124,7 +124,7 @@ func Open(opts Options) (*Store, error) {
 		log:        opts.Logger,
 		files:      map[string]*store.File{},
 		ownerFiles: map[string]*ownerFiles{},
-		containers: map[string]*containerRecord{},
+		containers: map[string]*store.Container{},
 		ownerCntrs: map[string]*index{},
 		cfiles:     map[string]*store.ContainerFile{},
 		cntrFiles:  map[string]*index{},
@@ -269,7 +269,7 @@ func (s *Store) Sweep(ctx context.Context) error {
 		}
 	}
 	for id, c := range s.containers {
-		if c.forgotten(now) {
+		if expired(c.ForgetAt, now) {
 			errs = append(errs, s.dropContainerLocked(id))
 		}
 	}

@@ -24,7 +24,7 @@ type bucket struct {
 }
 
 // placeLocked moves the place of record r with it (see store.Quotas). s.mu is held.
-func (s *Store) placeLocked(r *containerRecord) {
+func (s *Store) placeLocked(r *store.Container) {
 	until := r.ExpiresAt
 	if !r.ForgetAt.IsZero() && r.ForgetAt.Before(until) {
 		until = r.ForgetAt
@@ -127,7 +127,7 @@ func (s *Store) CancelPlace(_ context.Context, owner, id string) error {
 	if err := s.checkOpen(); err != nil {
 		return err
 	}
-	if r, ok := s.containers[id]; ok && r.Owner == owner && !r.forgotten(s.now()) {
+	if r, ok := s.containers[id]; ok && r.Owner == owner && !expired(r.ForgetAt, s.now()) {
 		return nil // recorded: the place is the record's
 	}
 	if _, ok := s.places[owner][id]; ok {

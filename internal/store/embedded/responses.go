@@ -27,11 +27,11 @@ func mtimeFor(at time.Time) time.Time {
 // PutResponse implements [store.Responses.PutResponse]. The calls are written before the
 // response, so that a response a reader can see always has its calls.
 func (s *Store) PutResponse(ctx context.Context, r store.Response, calls []store.Call) error {
-	if !safeName(r.ID) {
+	if !store.SafeID(r.ID) {
 		return fmt.Errorf("%w: response id %q", errInvalid, r.ID)
 	}
 	for _, c := range calls {
-		if !safeName(c.ID) {
+		if !store.SafeID(c.ID) {
 			return fmt.Errorf("%w: call id %q", errInvalid, c.ID)
 		}
 	}
@@ -68,7 +68,7 @@ func (s *Store) readTimed(dir, id string, v any, expiresAt func() time.Time) err
 	if err := s.openCheck(); err != nil {
 		return err
 	}
-	if !safeName(id) {
+	if !store.SafeID(id) {
 		return fmt.Errorf("%s %q: %w", dir, id, store.ErrNotFound)
 	}
 	err := s.readRecord(dir, id, v)
@@ -101,7 +101,7 @@ func (s *Store) DeleteResponse(_ context.Context, id string) error {
 	if err := s.openCheck(); err != nil {
 		return err
 	}
-	if !safeName(id) {
+	if !store.SafeID(id) {
 		return nil
 	}
 	return s.removeRecord(dirResponses, id, cached)

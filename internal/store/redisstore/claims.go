@@ -24,7 +24,7 @@ func (s *Store) Claim(ctx context.Context, key, holder string, ttl time.Duration
 	}
 	ms := max(ttl.Milliseconds(), 1)
 	now := s.nowMs()
-	v, err := scriptClaim.Run(ctx, s.rdb, []string{s.key("claim", key)}, s.prefix, now, holder, now+ms, ms).Result()
+	v, err := s.lua.claim.Run(ctx, s.rdb, []string{s.key("claim", key)}, s.prefix, now, holder, now+ms, ms).Result()
 	if err != nil {
 		return false, s.fail(ctx, err)
 	}
@@ -37,7 +37,7 @@ func (s *Store) Release(ctx context.Context, key, holder string) error {
 	if err := s.checkOpen(); err != nil {
 		return err
 	}
-	return s.fail(ctx, scriptRelease.Run(ctx, s.rdb, []string{s.key("claim", key)}, s.prefix, s.nowMs(), holder).Err())
+	return s.fail(ctx, s.lua.release.Run(ctx, s.rdb, []string{s.key("claim", key)}, s.prefix, s.nowMs(), holder).Err())
 }
 
 // Holder implements [store.Claims.Holder]. A lease past its end by the store's clock is free,

@@ -15,25 +15,17 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// containerBody is the r field of cntr:<id>: what an update may change. What it may not (id,
-// owner, creation time) and the version are fields of their own, which the scripts check.
-type containerBody struct {
-	Name         string        `json:"name,omitempty"`
-	Backend      string        `json:"backend,omitempty"`
-	Tool         string        `json:"tool,omitempty"`
-	Handle       []byte        `json:"handle,omitempty"`
-	Host         string        `json:"host,omitempty"`
-	MemoryLimit  string        `json:"memory_limit,omitempty"`
-	Status       string        `json:"status,omitempty"`
-	IdleTimeout  time.Duration `json:"idle_timeout_ns,omitempty"`
-	LastActiveAt time.Time     `json:"last_active_at,omitzero"`
-	ExpiresAt    time.Time     `json:"expires_at,omitzero"`
-	ForgetAt     time.Time     `json:"forget_at,omitzero"`
-}
-
-func bodyOf(c store.Container) containerBody {
-	return containerBody{Name: c.Name, Backend: c.Backend, Tool: c.Tool, Handle: c.Handle, Host: c.Host, MemoryLimit: c.MemoryLimit,
-		Status: c.Status, IdleTimeout: c.IdleTimeout, LastActiveAt: c.LastActiveAt, ExpiresAt: c.ExpiresAt, ForgetAt: c.ForgetAt}
+// containerRest is the r field of cntr:<id>: the record's JSON without what an update may not
+// change (id, owner, creation time) and the version, which are fields of their own that the
+// scripts check.
+func containerRest(c store.Container) ([]byte, error) {
+	id := c.ID
+	c.ID, c.Owner, c.CreatedAt, c.Version = "", "", time.Time{}, 0
+	b, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encoding container %s: %w", store.ErrInvalid, id, err)
+	}
+	return b, nil
 }
 
 // containerFields are the fields of cntr:<id> a read needs, in the order decodeContainer takes.
@@ -50,8 +42,8 @@ func decodeContainer(id, owner string, f []any, now int64) (store.Container, boo
 	if forget, _ := strconv.ParseInt(str(f[3]), 10, 64); expiredMs(forget, now) {
 		return store.Container{}, false, nil
 	}
-	var b containerBody
-	if err := json.Unmarshal([]byte(str(f[4])), &b); err != nil {
+	var c store.Container
+	if err := json.Unmarshal([]byte(str(f[4])), &c); err != nil {
 		return store.Container{}, false, fmt.Errorf("redis store: container %s: %w", id, err)
 	}
 	v, err := strconv.ParseInt(str(f[1]), 10, 64)
@@ -62,9 +54,9 @@ func decodeContainer(id, owner string, f []any, now int64) (store.Container, boo
 	if err := created.UnmarshalText([]byte(str(f[2]))); err != nil {
 		return store.Container{}, false, fmt.Errorf("redis store: container %s: created: %w", id, err)
 	}
-	return store.Container{ID: id, Owner: o, Name: b.Name, Backend: b.Backend, Tool: b.Tool, Handle: b.Handle, Host: b.Host,
-		MemoryLimit: b.MemoryLimit, Status: b.Status, IdleTimeout: b.IdleTimeout, CreatedAt: created, LastActiveAt: b.LastActiveAt,
-		ExpiresAt: b.ExpiresAt, ForgetAt: b.ForgetAt, Version: v}, true, nil
+	// The fields of their own are what counts, whatever the JSON says.
+	c.ID, c.Owner, c.CreatedAt, c.Version = id, o, created, v
+	return c, true, nil
 }
 
 func notFound(what, id string) error { return fmt.Errorf("%s %s: %w", what, id, store.ErrNotFound) }
@@ -84,15 +76,15 @@ func (s *Store) CreateContainer(ctx context.Context, c store.Container) (store.C
 		c.CreatedAt = s.now().Round(0)
 	}
 	c.Version = 1
-	body, err := json.Marshal(bodyOf(c))
+	body, err := containerRest(c)
 	if err != nil {
-		return store.Container{}, fmt.Errorf("%w: encoding container %s: %w", store.ErrInvalid, c.ID, err)
+		return store.Container{}, err
 	}
 	created, err := c.CreatedAt.MarshalText()
 	if err != nil {
 		return store.Container{}, fmt.Errorf("%w: container %s: %w", store.ErrInvalid, c.ID, err)
 	}
-	v, err := scriptCreateContainer.Run(ctx, s.rdb, []string{s.key("cntr", c.ID)}, s.prefix, s.nowMs(),
+	v, err := s.lua.createContainer.Run(ctx, s.rdb, []string{s.key("cntr", c.ID)}, s.prefix, s.nowMs(),
 		c.ID, c.Owner, s.ownerKey(c.Owner, "cntrs"), created, atMs(c.ForgetAt), atMs(c.ExpiresAt), body,
 		atMs(store.PlaceUntil(c)), sharedFlag(c)).Result()
 	if err != nil {
@@ -134,11 +126,11 @@ func (s *Store) UpdateContainer(ctx context.Context, c store.Container) (store.C
 	if !store.ContainerKind.Valid(c.ID) {
 		return store.Container{}, notFound("container", c.ID)
 	}
-	body, err := json.Marshal(bodyOf(c))
+	body, err := containerRest(c)
 	if err != nil {
-		return store.Container{}, fmt.Errorf("%w: encoding container %s: %w", store.ErrInvalid, c.ID, err)
+		return store.Container{}, err
 	}
-	v, err := scriptUpdateContainer.Run(ctx, s.rdb, []string{s.key("cntr", c.ID)}, s.prefix, s.nowMs(),
+	v, err := s.lua.updateContainer.Run(ctx, s.rdb, []string{s.key("cntr", c.ID)}, s.prefix, s.nowMs(),
 		c.ID, c.Owner, c.Version, atMs(c.ForgetAt), atMs(c.ExpiresAt), body,
 		atMs(store.PlaceUntil(c)), sharedFlag(c)).Result()
 	if err != nil {
@@ -170,7 +162,7 @@ func (s *Store) DeleteContainer(ctx context.Context, owner, id string) error {
 	if !store.ContainerKind.Valid(id) {
 		return notFound("container", id)
 	}
-	v, err := scriptDeleteContainer.Run(ctx, s.rdb, []string{s.key("cntr", id)}, s.prefix, s.nowMs(), id, owner).Result()
+	v, err := s.lua.deleteContainer.Run(ctx, s.rdb, []string{s.key("cntr", id)}, s.prefix, s.nowMs(), id, owner).Result()
 	if err != nil {
 		return s.fail(ctx, err)
 	}
@@ -190,7 +182,7 @@ func (s *Store) ListContainers(ctx context.Context, owner string, q store.Contai
 		return store.List[store.Container]{}, err
 	}
 	ix := s.ownerKey(owner, "cntrs")
-	if err := scriptReapContainers.Run(ctx, s.rdb, []string{ix}, s.prefix, s.nowMs()).Err(); err != nil {
+	if err := s.lua.reapContainers.Run(ctx, s.rdb, []string{ix}, s.prefix, s.nowMs()).Err(); err != nil {
 		return store.List[store.Container]{}, s.fail(ctx, err)
 	}
 	return pageIndex(ctx, s, ix, q.Page, func(ctx context.Context, ids []string) ([]store.Container, []bool, error) {
@@ -221,7 +213,7 @@ func (s *Store) ExpiringContainers(ctx context.Context, before time.Time, limit 
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	v, err := scriptExpiringContainers.Run(ctx, s.rdb, nil, s.prefix, s.nowMs(), before.UnixMilli(), max(limit, 0)).Result()
+	v, err := s.lua.expiringContainers.Run(ctx, s.rdb, nil, s.prefix, s.nowMs(), before.UnixMilli(), max(limit, 0)).Result()
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
@@ -264,7 +256,7 @@ func (s *Store) PutContainerFile(ctx context.Context, f store.ContainerFile) (st
 	if err != nil {
 		return store.ContainerFile{}, fmt.Errorf("%w: encoding container file %s: %w", store.ErrInvalid, f.ID, err)
 	}
-	v, err := scriptPutContainerFile.Run(ctx, s.rdb, []string{s.key("cntr", f.ContainerID), s.key("cfile", f.ID)}, s.prefix, s.nowMs(),
+	v, err := s.lua.putContainerFile.Run(ctx, s.rdb, []string{s.key("cntr", f.ContainerID), s.key("cfile", f.ID)}, s.prefix, s.nowMs(),
 		f.Owner, f.ContainerID, f.ID, rec).Result()
 	if err != nil {
 		return store.ContainerFile{}, s.fail(ctx, err)
@@ -368,7 +360,7 @@ func (s *Store) DeleteContainerFile(ctx context.Context, owner, containerID, id 
 	if !store.ContainerKind.Valid(containerID) || !store.ContainerFileKind.Valid(id) {
 		return notFound("container file", id)
 	}
-	v, err := scriptDeleteContainerFile.Run(ctx, s.rdb, []string{s.key("cntr", containerID), s.key("cfile", id)}, s.prefix, s.nowMs(),
+	v, err := s.lua.deleteContainerFile.Run(ctx, s.rdb, []string{s.key("cntr", containerID), s.key("cfile", id)}, s.prefix, s.nowMs(),
 		owner, containerID, id).Result()
 	if err != nil {
 		return s.fail(ctx, err)

@@ -38,7 +38,7 @@ func (s *Store) Usage(ctx context.Context, owner string) (store.Usage, error) {
 	if err := s.checkOpen(); err != nil {
 		return store.Usage{}, err
 	}
-	v, err := scriptUsage.Run(ctx, s.rdb, []string{s.ownerKey(owner, "files")}, s.prefix, s.nowMs(), s.readGrace.Milliseconds()).Result()
+	v, err := s.lua.usage.Run(ctx, s.rdb, []string{s.ownerKey(owner, "files")}, s.prefix, s.nowMs(), s.readGrace.Milliseconds()).Result()
 	if err != nil {
 		return store.Usage{}, s.fail(ctx, err)
 	}
@@ -64,7 +64,7 @@ func (s *Store) BeginFile(ctx context.Context, owner string, lim store.FileLimit
 		return nil, err
 	}
 	up := &upload{s: s, owner: owner, lim: lim, blob: randomHex(16)}
-	v, err := scriptBeginUpload.Run(ctx, s.rdb, []string{up.reservations(), s.ownerKey(owner, "files")}, s.prefix, s.nowMs(), s.readGrace.Milliseconds(),
+	v, err := s.lua.beginUpload.Run(ctx, s.rdb, []string{up.reservations(), s.ownerKey(owner, "files")}, s.prefix, s.nowMs(), s.readGrace.Milliseconds(),
 		up.blob, lim.MaxUploads, lim.OwnerBytes, lim.MaxInFlight, s.nowMs()+s.uploadTTL.Milliseconds()).Result()
 	if err != nil {
 		return nil, s.fail(ctx, err)
@@ -180,7 +180,7 @@ func (u *upload) reserve(ctx context.Context, chunk []byte) error {
 	if chunk != nil {
 		args = append(args, u.chunks, chunk)
 	}
-	v, err := scriptUploadChunk.Run(ctx, s.rdb, []string{u.key(), u.reservations(), s.ownerKey(u.owner, "files")}, args...).Result()
+	v, err := s.lua.uploadChunk.Run(ctx, s.rdb, []string{u.key(), u.reservations(), s.ownerKey(u.owner, "files")}, args...).Result()
 	if err != nil {
 		return s.fail(ctx, err)
 	}
@@ -225,7 +225,7 @@ func (u *upload) Commit(ctx context.Context, f store.File) (store.File, error) {
 		chunks++
 	}
 	keys := []string{u.key(), s.key("blob", u.blob), s.key("file", f.ID), s.ownerKey(u.owner, "files"), u.reservations()}
-	v, err := scriptCommitFile.Run(ctx, s.rdb, keys, s.prefix, s.nowMs(), s.readGrace.Milliseconds(),
+	v, err := s.lua.commitFile.Run(ctx, s.rdb, keys, s.prefix, s.nowMs(), s.readGrace.Milliseconds(),
 		f.ID, u.owner, u.n, chunks, u.chunks, tail, u.lim.OwnerBytes, atMs(f.ExpiresAt), u.blob, rec).Result()
 	if err != nil {
 		return store.File{}, s.fail(ctx, err)
@@ -267,7 +267,7 @@ func (u *upload) Abort() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), u.s.rdb.Options().ReadTimeout)
 	defer cancel()
-	return u.s.fail(ctx, scriptAbortUpload.Run(ctx, u.s.rdb, []string{u.key(), u.reservations()}, u.s.prefix, u.s.nowMs(), u.blob).Err())
+	return u.s.fail(ctx, u.s.lua.abortUpload.Run(ctx, u.s.rdb, []string{u.key(), u.reservations()}, u.s.prefix, u.s.nowMs(), u.blob).Err())
 }
 
 // File implements [store.Files.File].
@@ -372,7 +372,7 @@ func (s *Store) ListFiles(ctx context.Context, owner string, q store.FileQuery) 
 		return store.List[store.File]{}, err
 	}
 	ix := s.ownerKey(owner, "files")
-	if err := scriptReapFiles.Run(ctx, s.rdb, []string{ix}, s.prefix, s.nowMs(), s.readGrace.Milliseconds()).Err(); err != nil {
+	if err := s.lua.reapFiles.Run(ctx, s.rdb, []string{ix}, s.prefix, s.nowMs(), s.readGrace.Milliseconds()).Err(); err != nil {
 		return store.List[store.File]{}, s.fail(ctx, err)
 	}
 	return pageIndex(ctx, s, ix, q.Page, func(ctx context.Context, ids []string) ([]store.File, []bool, error) {
@@ -406,7 +406,7 @@ func (s *Store) DeleteFile(ctx context.Context, owner, id string) (store.File, e
 	if !store.FileKind.Valid(id) {
 		return store.File{}, notFound("file", id)
 	}
-	v, err := scriptDeleteFile.Run(ctx, s.rdb, []string{s.key("file", id)}, s.prefix, s.nowMs(), s.readGrace.Milliseconds(), owner, id).Result()
+	v, err := s.lua.deleteFile.Run(ctx, s.rdb, []string{s.key("file", id)}, s.prefix, s.nowMs(), s.readGrace.Milliseconds(), owner, id).Result()
 	if err != nil {
 		return store.File{}, s.fail(ctx, err)
 	}

@@ -30,7 +30,7 @@ func (s *Store) ReservePlace(ctx context.Context, r store.PlaceRequest) (store.P
 		shared = "1"
 	}
 	now := s.now()
-	v, err := scriptReservePlace.Run(ctx, s.rdb, []string{s.ownerKey(r.Owner, "places")}, s.prefix, now.UnixMilli(),
+	v, err := s.lua.reservePlace.Run(ctx, s.rdb, []string{s.ownerKey(r.Owner, "places")}, s.prefix, now.UnixMilli(),
 		r.ID, max(r.MaxPerOwner, 0), max(r.MaxShared, 0), shared, atMs(now.Add(r.TTL))).Result()
 	if err != nil {
 		return store.Places{}, s.fail(ctx, err)
@@ -63,7 +63,7 @@ func (s *Store) CancelPlace(ctx context.Context, owner, id string) error {
 	if !store.ContainerKind.Valid(id) {
 		return nil
 	}
-	err := scriptCancelPlace.Run(ctx, s.rdb, []string{s.ownerKey(owner, "places"), s.key("cntr", id)}, s.prefix, s.nowMs(),
+	err := s.lua.cancelPlace.Run(ctx, s.rdb, []string{s.ownerKey(owner, "places"), s.key("cntr", id)}, s.prefix, s.nowMs(),
 		id, owner).Err()
 	return s.fail(ctx, err)
 }
@@ -73,7 +73,7 @@ func (s *Store) Places(ctx context.Context, owner string) (store.Places, error) 
 	if err := s.checkOpen(); err != nil {
 		return store.Places{}, err
 	}
-	v, err := scriptPlaces.Run(ctx, s.rdb, []string{s.ownerKey(owner, "places")}, s.prefix, s.nowMs()).Result()
+	v, err := s.lua.places.Run(ctx, s.rdb, []string{s.ownerKey(owner, "places")}, s.prefix, s.nowMs()).Result()
 	if err != nil {
 		return store.Places{}, s.fail(ctx, err)
 	}
@@ -88,7 +88,7 @@ func (s *Store) Places(ctx context.Context, owner string) (store.Places, error) 
 }
 
 // TakeToken implements [store.Quotas.TakeToken]. The bucket is bucket:<key> (key with '%' and
-// ':' percent-encoded), timed by Redis's clock (see scriptTakeToken), and it expires when it has
+// ':' percent-encoded), timed by Redis's clock (see lua/take_token.lua), and it expires when it has
 // refilled.
 func (s *Store) TakeToken(ctx context.Context, key string, b store.Bucket) (bool, time.Duration, error) {
 	if b.PerMinute <= 0 {
@@ -97,7 +97,7 @@ func (s *Store) TakeToken(ctx context.Context, key string, b store.Bucket) (bool
 	if err := s.checkOpen(); err != nil {
 		return false, 0, err
 	}
-	v, err := scriptTakeToken.Run(ctx, s.rdb, []string{s.key("bucket", escapeOwner(key))}, s.prefix, s.nowMs(),
+	v, err := s.lua.takeToken.Run(ctx, s.rdb, []string{s.key("bucket", escapeOwner(key))}, s.prefix, s.nowMs(),
 		b.PerMinute, max(b.Burst, 1)).Result()
 	if err != nil {
 		return false, 0, s.fail(ctx, err)

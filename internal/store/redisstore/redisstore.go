@@ -57,12 +57,12 @@
 //
 // # Atomicity
 //
-// Every change that touches more than one key, or must check before it writes, is one Lua script:
-// creating a container or a file (create-if-absent), UpdateContainer (the Version check),
-// reserving an upload's place and each of its chunks (the owner's quota, the bytes in flight),
-// committing an upload (id, quota and bytes decided together), claims, reserving a container's
-// place (the scripts that write a record move its place with it), taking a token. Scripts run one
-// at a time in Redis, so of several replicas racing for one thing exactly one wins.
+// Every change that touches more than one key, or must check before it writes, is one Lua script
+// (a file of lua/): creating a container or a file (create-if-absent), UpdateContainer (the
+// Version check), reserving an upload's place and each of its chunks (the owner's quota, the bytes
+// in flight), committing an upload (id, quota and bytes decided together), claims, reserving a
+// container's place (the scripts that write a record move its place with it), taking a token.
+// Scripts run one at a time in Redis, so of several replicas racing for one thing exactly one wins.
 //
 // # File bytes
 //
@@ -151,6 +151,7 @@ type Options struct {
 // Store is the Redis store. It is safe for concurrent use.
 type Store struct {
 	rdb       *redis.Client
+	lua       *scripts
 	prefix    string
 	now       func() time.Time
 	ids       *store.IDGenerator // the fallback when Redis cannot mint; also observes every id
@@ -170,8 +171,13 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	lua, err := loadScripts()
+	if err != nil {
+		return nil, err
+	}
 	s := &Store{
 		rdb:       redis.NewClient(ro),
+		lua:       lua,
 		prefix:    opts.Prefix,
 		now:       opts.Now,
 		uploadTTL: opts.UploadTTL,
@@ -363,7 +369,7 @@ func (s *Store) NewID(k store.Kind) string {
 	if s.checkOpen() == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), s.rdb.Options().ReadTimeout)
 		defer cancel()
-		ms, err := scriptMint.Run(ctx, s.rdb, []string{s.key("idclock")},
+		ms, err := s.lua.mint.Run(ctx, s.rdb, []string{s.key("idclock")},
 			s.prefix, s.nowMs(), idClockTTL.Milliseconds()).Int64()
 		if err == nil {
 			id := store.NewIDGenerator(func() time.Time { return time.UnixMilli(ms) }).New(k)

@@ -5,29 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// safeNameRE is the shape of a response or call id: 1 to 128 letters, digits, '_' or '-' (the
-// embedded store's rule, so that both accept the same ids).
-// The length is checked apart: a counted repetition ({1,128}) compiles to 128 copies of the
-// class, 50 kB kept by every process from its start.
-var safeNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
-
-func safeName(id string) bool { return len(id) <= 128 && safeNameRE.MatchString(id) }
-
 // PutResponse implements [store.Responses.PutResponse]. The calls and the response are written in
 // one transaction, so that a reader never sees a response without its calls.
 func (s *Store) PutResponse(ctx context.Context, r store.Response, calls []store.Call) error {
-	if !safeName(r.ID) {
+	if !store.SafeID(r.ID) {
 		return fmt.Errorf("%w: response id %q", store.ErrInvalid, r.ID)
 	}
 	for _, c := range calls {
-		if !safeName(c.ID) {
+		if !store.SafeID(c.ID) {
 			return fmt.Errorf("%w: call id %q", store.ErrInvalid, c.ID)
 		}
 	}
@@ -87,7 +78,7 @@ func (s *Store) Response(ctx context.Context, id string) (store.Response, error)
 		return store.Response{}, err
 	}
 	var r store.Response
-	if !safeName(id) {
+	if !store.SafeID(id) {
 		return store.Response{}, fmt.Errorf("response %q: %w", id, store.ErrNotFound)
 	}
 	if err := s.getJSON(ctx, s.key("resp", id), &r); err != nil {
@@ -105,7 +96,7 @@ func (s *Store) Call(ctx context.Context, id string) (store.Call, error) {
 		return store.Call{}, err
 	}
 	var c store.Call
-	if !safeName(id) {
+	if !store.SafeID(id) {
 		return store.Call{}, fmt.Errorf("call %q: %w", id, store.ErrNotFound)
 	}
 	if err := s.getJSON(ctx, s.key("call", id), &c); err != nil {
@@ -122,7 +113,7 @@ func (s *Store) DeleteResponse(ctx context.Context, id string) error {
 	if err := s.checkOpen(); err != nil {
 		return err
 	}
-	if !safeName(id) {
+	if !store.SafeID(id) {
 		return nil
 	}
 	return s.fail(ctx, s.rdb.Unlink(ctx, s.key("resp", id)).Err())

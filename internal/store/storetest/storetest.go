@@ -581,10 +581,11 @@ func testUploadsInFlight(t *testing.T, f Factory) {
 const abandonAfter = 2 * time.Hour
 
 // testAbandonedUpload: a store closed with an upload in flight (its process died) does not keep
-// that upload's reservation forever.
+// that upload's reservation forever: not its owner's upload slot, not its bytes against the
+// owner's quota, not its bytes among every owner's in flight.
 func testAbandonedUpload(t *testing.T, f Factory) {
 	e := newEnv(t, f)
-	lim := store.FileLimits{OwnerBytes: 100, MaxUploads: 1}
+	lim := store.FileLimits{OwnerBytes: 100, MaxUploads: 1, MaxInFlight: 100}
 	up, err := e.s.BeginFile(e.ctx, "alice", lim)
 	if err != nil {
 		t.Fatal(err)
@@ -592,10 +593,20 @@ func testAbandonedUpload(t *testing.T, f Factory) {
 	if err := e.write(up, 90); err != nil {
 		t.Fatal(err)
 	}
+	// What the upload holds, so that what follows shows it given back.
+	if _, err := e.s.BeginFile(e.ctx, "alice", lim); !errors.Is(err, store.ErrTooManyUploads) {
+		t.Fatalf("BeginFile beside an upload holding the one slot = %v; want ErrTooManyUploads", err)
+	}
+	if _, err := e.put("bob", "b", "user_data", strings.Repeat("b", 11), lim); !errors.Is(err, store.ErrInFlightFull) {
+		t.Fatalf("11 bytes beside 90 in flight, of 100 = %v; want ErrInFlightFull", err)
+	}
 	e.restart() // no Abort: the process is gone
 	e.clock.Advance(abandonAfter)
+	if _, err := e.put("bob", "whole", "user_data", strings.Repeat("b", 100), lim); err != nil {
+		t.Errorf("every byte in flight after an abandoned upload = %v", err)
+	}
 	if _, err := e.put("alice", "whole", "user_data", strings.Repeat("w", 100), lim); err != nil {
-		t.Errorf("the whole quota after an abandoned upload = %v", err)
+		t.Errorf("the one slot and the whole quota after an abandoned upload = %v", err)
 	}
 }
 
