@@ -288,14 +288,18 @@ func (r *run) startContainer(ctx context.Context) *apierror.Error {
 	f.cancel = cancel
 	go func() {
 		defer close(f.done)
-		// A conversation keeps its container while it lives: the latest one its context used
-		// (through previous_response_id or the call items sent back) that is still there.
-		ctxs := r.req.contextContainers
-		for i := len(ctxs) - 1; i >= 0 && i >= len(ctxs)-maxReuseTries; i-- {
-			if c, err := r.e.sessions.Open(cctx, ctxs[i], r.caller); err == nil {
-				f.c = c
-				return
+		// A conversation keeps its container while it lives (Plan.Container): live opens each
+		// one it asks, and the first that opens is the request's.
+		_, _ = r.req.containerFor(cctx, func(ctx context.Context, id string) (bool, error) {
+			c, err := r.e.sessions.Open(ctx, id, r.caller)
+			if err != nil {
+				return false, nil
 			}
+			f.c = c
+			return true, nil
+		})
+		if f.c != nil {
+			return
 		}
 		f.c, f.err = r.e.sessions.Create(cctx, r.tool, r.caller, sandbox.CreateOptions{MemoryLimit: r.req.container.memoryLimit, KernelIdle: r.ic.KernelIdleTimeout}, r.ic.ContainerIdleTimeout)
 		f.created = f.err == nil
@@ -365,10 +369,6 @@ func (r *run) releaseContainer(ctx context.Context) {
 		r.e.sessions.Release(rctx, f.c, idle)
 	}
 }
-
-// maxReuseTries bounds how many of the context's containers an auto container tries to reopen
-// (each try may ask the backend) before it creates one.
-const maxReuseTries = 4
 
 // errNoContainer is the container of a request without a code_interpreter tool.
 var errNoContainer = errors.New("the request has no code_interpreter tool")
