@@ -1,6 +1,7 @@
 // Package intercept runs OpenAI's code_interpreter tool on behalf of an upstream that only knows
 // function calling. A request travels one pipeline, each stage in its own file:
 //
+//	plan.go        Prepare and Serve: the request read once into a Plan, then served
 //	request.go     the client's body, parsed once into a value (tools, tool_choice, include,
 //	               input, container, files) without I/O, then resolved against the store (what a
 //	               previous_response_id or a replayed call stands for); rewrite.go builds each
@@ -20,9 +21,10 @@
 // the JSON path returns. The wire shapes and event order the package relies on are described in
 // docs/wire-openai.md.
 //
-// The router hands each request over as a Request (Handles, ServeResponses) and writes any error
-// returned before the first byte; after it, failures end the stream with the error event and
-// response.failed.
+// The router hands each request over as a Request to Prepare (plan.go), which reads it once into
+// a Plan: whether the engine serves it, and which container it uses (Plan.Container, the one rule
+// every replica follows); Serve runs the plan. The router writes any error returned before the
+// first byte; after it, failures end the stream with the error event and response.failed.
 //
 // Decisions worth knowing:
 //
