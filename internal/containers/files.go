@@ -1,6 +1,7 @@
 package containers
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -503,4 +504,77 @@ func (s *Manager) DeleteFile(ctx context.Context, owner, id, fileID string) erro
 		return fmt.Errorf("%w: deleting the container file's record: %w", sandbox.ErrUnavailable, err)
 	}
 	return nil
+}
+
+// Placement is one file to place into a container: a Files API file of the container's owner, or
+// bytes given inline.
+type Placement struct {
+	Name   string // the file's name, one safe path element (filename.Clean)
+	FileID string // the owner's Files API file; "" for inline bytes
+	Data   []byte // the inline bytes (FileID "")
+}
+
+// Place puts files into c's DataDir, each under its name made unique against the files already
+// there, records them as container files (source "user") and returns the records in the order of
+// files. A file placed in c before from the same Files API id, or the same inline bytes and name,
+// and still recorded, is not placed again: its record is returned (the store's records are read,
+// so a file placed by another replica, or before a restart, is found too). An error about one of
+// the files is a *FileError whose Index is its index in files, wrapping the reason
+// (sandbox.ErrFileTooLarge, ErrContainerFull, ErrTooManyFiles, ErrNotFound for a Files API file
+// gone meanwhile, ...).
+func (c *Container) Place(ctx context.Context, files []Placement, lim ContainerLimits) ([]store.ContainerFile, error) {
+	have, err := c.s.Files(ctx, c.owner, c.id, store.ContainerFileQuery{Page: store.Page{Order: store.Asc}})
+	if err != nil {
+		return nil, err
+	}
+	byOrigin := make(map[string]store.ContainerFile, len(have.Items))
+	for _, f := range have.Items {
+		if f.Origin != "" {
+			byOrigin[f.Origin] = f
+		}
+	}
+	out := make([]store.ContainerFile, len(files))
+	origins := make([]string, len(files))
+	var ids []string
+	var idAt []int
+	for i, p := range files {
+		origins[i] = FileOrigin(p.FileID)
+		if p.FileID == "" {
+			origins[i] = DataOrigin(p.Name, p.Data)
+		}
+		if rec, ok := byOrigin[origins[i]]; ok {
+			out[i] = rec
+			continue
+		}
+		if p.FileID != "" {
+			ids = append(ids, p.FileID)
+			idAt = append(idAt, i)
+		}
+	}
+	if len(ids) > 0 {
+		recs, err := c.PlaceFiles(ctx, ids, lim)
+		var fe *FileError
+		switch {
+		case errors.As(err, &fe) && fe.Index >= 0 && fe.Index < len(idAt):
+			return nil, &FileError{Index: idAt[fe.Index], FileID: fe.FileID, Err: fe.Err}
+		case err != nil:
+			return nil, err
+		case len(recs) != len(ids):
+			return nil, fmt.Errorf("%w: %d files placed for %d ids", sandbox.ErrUnavailable, len(recs), len(ids))
+		}
+		for j, rec := range recs {
+			out[idAt[j]] = rec
+		}
+	}
+	for i, p := range files {
+		if p.FileID != "" || out[i].ID != "" {
+			continue
+		}
+		rec, err := c.AddFile(ctx, p.Name, origins[i], bytes.NewReader(p.Data), lim)
+		if err != nil {
+			return nil, &FileError{Index: i, Err: err}
+		}
+		out[i] = rec
+	}
+	return out, nil
 }

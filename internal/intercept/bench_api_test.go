@@ -115,7 +115,7 @@ func BenchmarkRequestByAPI(b *testing.B) {
 				for b.Loop() {
 					w := httptest.NewRecorder()
 					r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-					if err := e.ServeResponses(w, r, req); err != nil || w.Code != 200 {
+					if err := serveResponses(e, w, r, req); err != nil || w.Code != 200 {
 						b.Fatalf("serve = %v, %d: %s", err, w.Code, w.Body.Bytes())
 					}
 				}
@@ -151,7 +151,7 @@ func BenchmarkStreamEventByAPI(b *testing.B) {
 			for b.Loop() {
 				w := httptest.NewRecorder()
 				r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-				if err := e.ServeResponses(w, r, req); err != nil || w.Code != 200 {
+				if err := serveResponses(e, w, r, req); err != nil || w.Code != 200 {
 					b.Fatalf("serve = %v, %d", err, w.Code)
 				}
 			}

@@ -139,7 +139,7 @@ func benchIteration(b *testing.B, stream bool, e *Engine, cfg *config.Config, ti
 		p := &cannedUpstream{bodies: [][]byte{c, c, c, c, t}, stream: stream}
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-		_ = e.ServeResponses(w, r, &Request{Config: cfg, Upstream: p, Body: reqBody, Caller: "bench"})
+		_ = serveResponses(e, w, r, &Request{Config: cfg, Upstream: p, Body: reqBody, Caller: "bench"})
 		if w.Code != 200 {
 			b.Fatalf("status %d: %s", w.Code, w.Body.Bytes())
 		}
@@ -197,7 +197,7 @@ func BenchmarkStreamEvent(b *testing.B) {
 		p := &cannedUpstream{bodies: [][]byte{answer}, stream: true}
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-		_ = e.ServeResponses(w, r, &Request{Config: cfg, Upstream: p, Body: reqBody, Caller: "bench"})
+		_ = serveResponses(e, w, r, &Request{Config: cfg, Upstream: p, Body: reqBody, Caller: "bench"})
 		if w.Code != 200 {
 			b.Fatalf("status %d", w.Code)
 		}

@@ -1,7 +1,6 @@
 package intercept
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,41 +22,16 @@ type containerManager interface {
 	Open(ctx context.Context, id, owner string) (runner, error)
 	Release(ctx context.Context, c runner, idle time.Duration)
 
-	// PlaceFiles puts files into owner's container c's /mnt/data, each under its name made
-	// unique against the files already there, records them as container files (source "user")
-	// and returns the records in the order of files. A file placed in c before from the same
-	// Files API id, or the same inline bytes and name, and still there, is not placed again: its
-	// record is returned. An error about one of the files is a *placeError naming it, wrapping
-	// the sandbox's reason (sandbox.ErrFileTooLarge, ErrContainerFull, ErrTooManyFiles,
-	// ErrNotFound for a Files API file gone meanwhile, ...).
-	PlaceFiles(ctx context.Context, c runner, owner string, files []placement, lim containers.ContainerLimits) ([]store.ContainerFile, error)
+	// PlaceFiles places files into owner's container c as containers.Container.Place does,
+	// deduplication and *containers.FileError included.
+	PlaceFiles(ctx context.Context, c runner, owner string, files []containers.Placement, lim containers.ContainerLimits) ([]store.ContainerFile, error)
 	// Execute runs code in c, then records the regular files the execution created or changed
 	// under /mnt/data as container files (source "assistant"). res and err are the run's, except
 	// that an execution whose files alone could not be collected returns its result and an
-	// error wrapping errCollect.
+	// error wrapping containers.ErrCollect.
 	Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim containers.ContainerLimits) (res sandbox.Result, written containers.Outputs, err error)
 	// ContainerFiles returns the files recorded for owner's container c.
 	ContainerFiles(ctx context.Context, c runner, owner string) ([]store.ContainerFile, error)
-}
-
-// errCollect: an execution ran, but the files it wrote could not be collected.
-var errCollect = errors.New("collecting the files an execution wrote")
-
-// placeError is PlaceFiles' error about one of its files: files[Index].
-type placeError struct {
-	Index int
-	Err   error
-}
-
-func (e *placeError) Error() string { return fmt.Sprintf("file %d: %v", e.Index, e.Err) }
-func (e *placeError) Unwrap() error { return e.Err }
-
-// placement is one file a request puts into its container before code runs: a Files API file
-// of the caller, or bytes the input carried inline.
-type placement struct {
-	Name   string // the file's name, one safe path element (filename.Clean)
-	FileID string // the caller's Files API file; "" for inline bytes
-	Data   []byte // the inline bytes (FileID "")
 }
 
 // runner is one held container.
@@ -119,67 +93,12 @@ func held(c runner) *containers.Container {
 	return nil
 }
 
-func (a sessions) PlaceFiles(ctx context.Context, c runner, owner string, files []placement, lim containers.ContainerLimits) ([]store.ContainerFile, error) {
+func (a sessions) PlaceFiles(ctx context.Context, c runner, _ string, files []containers.Placement, lim containers.ContainerLimits) ([]store.ContainerFile, error) {
 	sc := held(c)
 	if sc == nil {
 		return nil, fmt.Errorf("%w: not a sandbox container", sandbox.ErrUnavailable)
 	}
-	// What is already there, by origin: the store's records, so a file placed by another
-	// replica, or before a restart, is found too.
-	have, err := a.ContainerFiles(ctx, c, owner)
-	if err != nil {
-		return nil, err
-	}
-	byOrigin := make(map[string]store.ContainerFile, len(have))
-	for _, f := range have {
-		if f.Origin != "" {
-			byOrigin[f.Origin] = f
-		}
-	}
-	out := make([]store.ContainerFile, len(files))
-	origins := make([]string, len(files))
-	var ids []string
-	var idAt []int
-	for i, p := range files {
-		origins[i] = containers.FileOrigin(p.FileID)
-		if p.FileID == "" {
-			origins[i] = containers.DataOrigin(p.Name, p.Data)
-		}
-		if rec, ok := byOrigin[origins[i]]; ok {
-			out[i] = rec
-			continue
-		}
-		if p.FileID != "" {
-			ids = append(ids, p.FileID)
-			idAt = append(idAt, i)
-		}
-	}
-	if len(ids) > 0 {
-		recs, err := sc.PlaceFiles(ctx, ids, lim)
-		var fe *containers.FileError
-		switch {
-		case errors.As(err, &fe) && fe.Index >= 0 && fe.Index < len(idAt):
-			return nil, &placeError{Index: idAt[fe.Index], Err: fe.Err}
-		case err != nil:
-			return nil, err
-		case len(recs) != len(ids):
-			return nil, fmt.Errorf("%w: %d files placed for %d ids", sandbox.ErrUnavailable, len(recs), len(ids))
-		}
-		for j, rec := range recs {
-			out[idAt[j]] = rec
-		}
-	}
-	for i, p := range files {
-		if p.FileID != "" || out[i].ID != "" {
-			continue
-		}
-		rec, err := sc.AddFile(ctx, p.Name, origins[i], bytes.NewReader(p.Data), lim)
-		if err != nil {
-			return nil, &placeError{Index: i, Err: err}
-		}
-		out[i] = rec
-	}
-	return out, nil
+	return sc.Place(ctx, files, lim)
 }
 
 func (a sessions) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim containers.ContainerLimits) (sandbox.Result, containers.Outputs, error) {
@@ -188,11 +107,7 @@ func (a sessions) Execute(ctx context.Context, c runner, code string, opts sandb
 		res, err := c.Run(ctx, code, opts)
 		return res, containers.Outputs{}, err
 	}
-	res, out, err := sc.Execute(ctx, code, opts, lim)
-	if errors.Is(err, containers.ErrCollect) {
-		err = fmt.Errorf("%w: %w", errCollect, err)
-	}
-	return res, out, err
+	return sc.Execute(ctx, code, opts, lim)
 }
 
 func (a sessions) ContainerFiles(ctx context.Context, c runner, owner string) ([]store.ContainerFile, error) {
@@ -216,7 +131,7 @@ func (noSessions) Open(context.Context, string, string) (runner, error) {
 
 func (noSessions) Release(context.Context, runner, time.Duration) {}
 
-func (noSessions) PlaceFiles(context.Context, runner, string, []placement, containers.ContainerLimits) ([]store.ContainerFile, error) {
+func (noSessions) PlaceFiles(context.Context, runner, string, []containers.Placement, containers.ContainerLimits) ([]store.ContainerFile, error) {
 	return nil, sandbox.ErrNotFound
 }
 
@@ -288,14 +203,18 @@ func (r *run) startContainer(ctx context.Context) *apierror.Error {
 	f.cancel = cancel
 	go func() {
 		defer close(f.done)
-		// A conversation keeps its container while it lives: the latest one its context used
-		// (through previous_response_id or the call items sent back) that is still there.
-		ctxs := r.req.contextContainers
-		for i := len(ctxs) - 1; i >= 0 && i >= len(ctxs)-maxReuseTries; i-- {
-			if c, err := r.e.sessions.Open(cctx, ctxs[i], r.caller); err == nil {
-				f.c = c
-				return
+		// A conversation keeps its container while it lives (Plan.Container): live opens each
+		// one it asks, and the first that opens is the request's.
+		_, _ = r.req.containerFor(cctx, func(ctx context.Context, id string) (bool, error) {
+			c, err := r.e.sessions.Open(ctx, id, r.caller)
+			if err != nil {
+				return false, nil
 			}
+			f.c = c
+			return true, nil
+		})
+		if f.c != nil {
+			return
 		}
 		f.c, f.err = r.e.sessions.Create(cctx, r.tool, r.caller, sandbox.CreateOptions{MemoryLimit: r.req.container.memoryLimit, KernelIdle: r.ic.KernelIdleTimeout}, r.ic.ContainerIdleTimeout)
 		f.created = f.err == nil
@@ -365,10 +284,6 @@ func (r *run) releaseContainer(ctx context.Context) {
 		r.e.sessions.Release(rctx, f.c, idle)
 	}
 }
-
-// maxReuseTries bounds how many of the context's containers an auto container tries to reopen
-// (each try may ask the backend) before it creates one.
-const maxReuseTries = 4
 
 // errNoContainer is the container of a request without a code_interpreter tool.
 var errNoContainer = errors.New("the request has no code_interpreter tool")

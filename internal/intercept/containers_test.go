@@ -95,7 +95,7 @@ func TestPlaceFilesAgainFromTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sess.Release(ctx, c)
-	files := []placement{{Name: "in.csv", FileID: f.ID}, {Name: "notes.txt", Data: []byte("inline")}}
+	files := []containers.Placement{{Name: "in.csv", FileID: f.ID}, {Name: "notes.txt", Data: []byte("inline")}}
 	lim := containers.ContainerLimits{Files: 10}
 
 	first, err := adaptSessions(sess).PlaceFiles(ctx, c, "alice", files, lim)
@@ -111,7 +111,7 @@ func TestPlaceFilesAgainFromTheStore(t *testing.T) {
 			t.Errorf("placement %d again = %s %s; want %s %s", i, again[i].ID, again[i].Path, first[i].ID, first[i].Path)
 		}
 	}
-	changed := []placement{{Name: "notes.txt", Data: []byte("other bytes")}}
+	changed := []containers.Placement{{Name: "notes.txt", Data: []byte("other bytes")}}
 	other, err := adaptSessions(sess).PlaceFiles(ctx, c, "alice", changed, lim)
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 // Package intercept runs OpenAI's code_interpreter tool on behalf of an upstream that only knows
 // function calling. A request travels one pipeline, each stage in its own file:
 //
+//	plan.go        Prepare and Serve: the request read once into a Plan, then served
 //	request.go     the client's body, parsed once into a value (tools, tool_choice, include,
 //	               input, container, files) without I/O, then resolved against the store (what a
 //	               previous_response_id or a replayed call stands for); rewrite.go builds each
@@ -20,9 +21,10 @@
 // the JSON path returns. The wire shapes and event order the package relies on are described in
 // docs/wire-openai.md.
 //
-// The router hands each request over as a Request (Handles, ServeResponses) and writes any error
-// returned before the first byte; after it, failures end the stream with the error event and
-// response.failed.
+// The router hands each request over as a Request to Prepare (plan.go), which reads it once into
+// a Plan: whether the engine serves it, and which container it uses (Plan.Container, the one rule
+// every replica follows); Serve runs the plan. The router writes any error returned before the
+// first byte; after it, failures end the stream with the error event and response.failed.
 //
 // Decisions worth knowing:
 //
@@ -49,16 +51,12 @@
 package intercept
 
 import (
-	"fmt"
 	"net/http"
-	"runtime/debug"
-	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -138,131 +136,6 @@ type Request struct {
 	// as data URLs until it ends, and returns the func that releases them; its error is the answer
 	// (a 429, a 503). Nil: no bound.
 	Inline func(bytes int64) (release func(), err error)
-}
-
-// Handles reports whether the engine serves req: every request for a stateless upstream, and for
-// any other one a request whose config has interception active for its provider and whose tools
-// hold a code_interpreter tool. When it does not, the router passes the request through.
-func (e *Engine) Handles(req *Request) bool {
-	if req.Stateless {
-		return req.Config != nil
-	}
-	return applies(req.Config, req.Provider, req.Body)
-}
-
-// ServeResponses serves in, a request that Handles accepted; hr is the client's HTTP request
-// (its context bounds the whole loop; its headers go upstream, credentials removed). An error
-// means nothing was written: the request failed before its first byte (an invalid body, an
-// unknown container, an upstream's error answer, ...), and the caller writes the error (an
-// *upstream.StatusError as the upstream sent it, anything else as apierror.From makes it).
-// Failures after the first byte end the stream with the error event and response.failed, and the
-// result is nil. A panic before the first byte is re-raised for the caller's recoverer. It is
-// safe for concurrent use; each call has its own loop and translator.
-func (e *Engine) ServeResponses(w http.ResponseWriter, hr *http.Request, in *Request) (err error) {
-	ctx := hr.Context()
-	caller := in.Caller
-	ic := in.Config.Interception
-	// Code runs only where interception applies; a stateless upstream's other requests keep
-	// their tools as sent (its translation refuses a code_interpreter tool left in).
-	req, aerr := parseRequest(in.Body, ic, applies(in.Config, in.Provider, in.Body))
-	if aerr == nil {
-		aerr = req.resolve(lookup{ctx: ctx, store: e.store, caller: caller, stateless: in.Stateless})
-	}
-	if aerr != nil {
-		result := "client_error"
-		if aerr.Status >= 500 {
-			result = "error" // the store could not answer
-		}
-		e.m.requests.WithLabelValues(result).Inc()
-		return aerr
-	}
-	release, err := req.findFiles(ctx, e.files, caller, in.Inline)
-	if err != nil {
-		e.m.requests.WithLabelValues("client_error").Inc()
-		return err
-	}
-	defer release()
-	var rend renderer
-	if req.stream {
-		rend = newSSERenderer(w, e.log)
-	} else {
-		rend = &jsonRenderer{w: w}
-	}
-	r := e.newRun(ic, ic.SandboxToolName, in.Upstream, caller, upstreamHeader(hr.Header, req.stream), req, rend.emit, nil)
-	r.stateless = in.Stateless
-	r.lim = containerLimits(in.Config)
-
-	result := "completed"
-	defer func() {
-		e.m.requests.WithLabelValues(result).Inc()
-		if r.iterations > 0 {
-			e.m.iterations.Observe(float64(r.iterations))
-		}
-	}()
-	defer func() {
-		p := recover()
-		if p == nil {
-			return
-		}
-		if p == http.ErrAbortHandler {
-			panic(p)
-		}
-		result = "panic"
-		if !rend.started() {
-			panic(p) // nothing written: the router's recoverer answers 500 and logs it
-		}
-		e.log.Error("intercept: panic", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-		r.failStream(fmt.Errorf("panic: %v", p))
-		err = nil
-	}()
-	// Deferred after the recover above, so it runs first: the container is released on every
-	// path, panics included.
-	defer r.releaseContainer(ctx)
-
-	if aerr := r.startContainer(ctx); aerr != nil {
-		result = "client_error"
-		if aerr.Code == "sandbox_unavailable" {
-			result = "sandbox_unavailable"
-		}
-		return aerr
-	}
-	err = r.loop(ctx)
-	switch {
-	case err == nil:
-		result = r.tr.outcome().metric()
-		rend.done()
-		return nil
-	case apierror.Ended(ctx) != nil:
-		// The server ended the request (shutting down): the client is still there to be told.
-		result = "error"
-		if !rend.started() {
-			return apierror.Ended(ctx)
-		}
-		r.failStream(apierror.Ended(ctx))
-		return nil
-	case ctx.Err() != nil:
-		result = "canceled"
-		return ctx.Err()
-	case !rend.started():
-		result = classify(err)
-		return err
-	default:
-		result = classify(err)
-		e.log.Warn("intercepted request failed mid-stream", zap.String("outcome", result), zap.Error(err))
-		r.failStream(err)
-		return nil
-	}
-}
-
-// applies reports whether the engine intercepts a request with this body for this provider.
-func applies(cfg *config.Config, provider string, body []byte) bool {
-	if cfg == nil || !cfg.InterceptionActive() {
-		return false
-	}
-	if p := cfg.Interception.EnabledProviders; p != nil && !slices.Contains(p, provider) {
-		return false
-	}
-	return wants(body)
 }
 
 // failStream ends a stream that has started with err: the error event and response.failed.

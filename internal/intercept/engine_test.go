@@ -44,18 +44,18 @@ func TestApplies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := applies(tt.cfg(), tt.provider, tt.body); got != tt.want {
-				t.Errorf("applies = %v; want %v", got, tt.want)
+			if got := intercepted(t, New(Options{}), &Request{Config: tt.cfg(), Provider: tt.provider, Body: tt.body}); got != tt.want {
+				t.Errorf("Intercepted = %v; want %v", got, tt.want)
 			}
 		})
 	}
 }
 
-func TestHandlesLeavesOthersToPassThrough(t *testing.T) {
+func TestPrepareLeavesOthersToPassThrough(t *testing.T) {
 	e := New(Options{})
 	cfg := activeConfig()
-	if e.Handles(&Request{Config: cfg, Provider: "openai", Body: []byte(`{"model":"m","input":"hi"}`)}) {
-		t.Fatal("Handles = true for a request without code_interpreter")
+	if intercepted(t, e, &Request{Config: cfg, Provider: "openai", Body: []byte(`{"model":"m","input":"hi"}`)}) {
+		t.Fatal("Intercepted = true for a request without code_interpreter")
 	}
 }
 
@@ -224,7 +224,7 @@ func TestPanicReleasesTheSandbox(t *testing.T) {
 	r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
 	p := &panickingUpstream{first: &cannedUpstream{bodies: [][]byte{record(t, false, calls("x = 1"))}}}
 	serveLikeRouter(w, r, func() error {
-		return h.eng.ServeResponses(w, r, &Request{Config: h.cfg, Upstream: p, Body: []byte(body("")), Caller: "k"})
+		return serveResponses(h.eng, w, r, &Request{Config: h.cfg, Upstream: p, Body: []byte(body("")), Caller: "k"})
 	})
 	if p.calls != 2 {
 		t.Fatalf("upstream calls = %d; want 2", p.calls)
@@ -248,7 +248,7 @@ func testWithoutCodeInterpreter(t *testing.T, api upstreamAPI) {
 			b := `{"model":"gpt-test","input":"x","tools":[{"type":"function","name":"python","parameters":{}}],"stream":` + map[bool]string{false: "false", true: "true"}[stream] + `}`
 			w := httptest.NewRecorder()
 			r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
-			if err := h.eng.ServeResponses(w, r, h.request([]byte(b), "k")); err != nil {
+			if err := serveResponses(h.eng, w, r, h.request([]byte(b), "k")); err != nil {
 				t.Fatalf("serve = %v", err)
 			}
 			resp := w.Body.Bytes()
@@ -302,13 +302,13 @@ func TestMetricsOnASharedRegistry(t *testing.T) {
 	}
 }
 
-func TestHandlesEveryRequestForAStatelessUpstream(t *testing.T) {
+func TestPrepareTakesEveryRequestForAStatelessUpstream(t *testing.T) {
 	e := New(Options{})
 	cfg := config.Defaults() // interception not even active
-	if !e.Handles(&Request{Config: cfg, Provider: "deepseek", Body: []byte(`{"model":"m","input":"hi"}`), Stateless: true}) {
-		t.Fatal("Handles = false for a stateless upstream")
+	if !intercepted(t, e, &Request{Config: cfg, Provider: "deepseek", Body: []byte(`{"model":"m","input":"hi"}`), Stateless: true}) {
+		t.Fatal("Intercepted = false for a stateless upstream")
 	}
-	if e.Handles(&Request{Provider: "deepseek", Body: []byte(`{"model":"m","input":"hi"}`), Stateless: true}) {
-		t.Fatal("Handles = true without a config")
+	if intercepted(t, e, &Request{Provider: "deepseek", Body: []byte(`{"model":"m","input":"hi"}`), Stateless: true}) {
+		t.Fatal("Intercepted = true without a config")
 	}
 }

@@ -211,7 +211,7 @@ func (f *fakeContainers) newFileID() string {
 	return fmt.Sprintf("cfile_fake%d", f.nfiles)
 }
 
-func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, _ string, files []placement, _ containers.ContainerLimits) ([]store.ContainerFile, error) {
+func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, _ string, files []containers.Placement, _ containers.ContainerLimits) ([]store.ContainerFile, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, err := f.box(c)
@@ -233,7 +233,7 @@ func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, _ string, files
 			origin = "data:" + hex.EncodeToString(sum[:])
 		}
 		if int64(len(data)) > f.maxFile && f.maxFile > 0 {
-			return nil, &placeError{Index: len(out), Err: fmt.Errorf("%w: %s", sandbox.ErrFileTooLarge, p.Name)}
+			return nil, &containers.FileError{Index: len(out), FileID: p.FileID, Err: fmt.Errorf("%w: %s", sandbox.ErrFileTooLarge, p.Name)}
 		}
 		if rel, ok := b.origins[origin]; ok {
 			out = append(out, b.fs[rel].rec)
@@ -261,7 +261,7 @@ func (f *fakeContainers) Execute(ctx context.Context, c runner, code string, opt
 	}
 	written, err := f.collect(c)
 	if err != nil {
-		return res, containers.Outputs{}, fmt.Errorf("%w: %w", errCollect, err)
+		return res, containers.Outputs{}, fmt.Errorf("%w: %w", containers.ErrCollect, err)
 	}
 	return res, containers.Outputs{Files: written}, nil
 }

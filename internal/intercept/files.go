@@ -57,7 +57,7 @@ func (p inputPart) path() string { return p.field + "." + strconv.Itoa(p.part) }
 
 // wantedFile is one file the request puts into its container.
 type wantedFile struct {
-	placement
+	containers.Placement
 	inputPart
 	image bool // an input_image part: it stays an image upstream, and a note follows it
 }
@@ -94,7 +94,7 @@ func parseFileIDs(ids gjson.Result, param string) ([]wantedFile, *apierror.Error
 			continue
 		}
 		seen[id.String()] = true
-		out = append(out, wantedFile{placement: placement{FileID: id.String()}, inputPart: inputPart{param: param, item: -1}})
+		out = append(out, wantedFile{Placement: containers.Placement{FileID: id.String()}, inputPart: inputPart{param: param, item: -1}})
 	}
 	return out, nil
 }
@@ -123,7 +123,7 @@ func parseInputFiles(input gjson.Result, code bool) ([]wantedFile, []wantedInlin
 			inlined = append(inlined, wantedInline{inputPart: at, fileID: id.String()})
 			images++
 			if code {
-				files = append(files, wantedFile{placement: placement{FileID: id.String()}, inputPart: at, image: true})
+				files = append(files, wantedFile{Placement: containers.Placement{FileID: id.String()}, inputPart: at, image: true})
 			}
 		case "input_file":
 			if !code {
@@ -315,8 +315,8 @@ func fileError(err error, id, param string) error { return inputfiles.FileError(
 
 // uniquePlacements returns the distinct files to place, and for each wanted file the index of
 // its placement: a file id named twice (in the tool and in the input) is placed once.
-func (r *parsedRequest) uniquePlacements() ([]placement, []int) {
-	var out []placement
+func (r *parsedRequest) uniquePlacements() ([]containers.Placement, []int) {
+	var out []containers.Placement
 	at := make([]int, len(r.files))
 	byID := map[string]int{}
 	for i, w := range r.files {
@@ -328,7 +328,7 @@ func (r *parsedRequest) uniquePlacements() ([]placement, []int) {
 			byID[w.FileID] = len(out)
 		}
 		at[i] = len(out)
-		out = append(out, w.placement)
+		out = append(out, w.Placement)
 	}
 	return out, at
 }
@@ -452,7 +452,7 @@ func (r *run) placeFiles(ctx context.Context) error {
 	todo, at := r.req.uniquePlacements()
 	recs, err := r.e.sessions.PlaceFiles(ctx, box, r.caller, todo, r.lim)
 	param := r.req.files[0].param
-	var pe *placeError
+	var pe *containers.FileError
 	if errors.As(err, &pe) {
 		if i := slices.Index(at, pe.Index); i >= 0 {
 			param = r.req.files[i].param

@@ -131,7 +131,7 @@ func TestTooDeepUpstreamJSON(t *testing.T) {
 				extra = `"stream":true`
 			}
 			serveLikeRouter(w, r, func() error {
-				return h.eng.ServeResponses(w, r, &Request{Config: h.cfg, Upstream: up, Body: []byte(body(extra)), Caller: "k"})
+				return serveResponses(h.eng, w, r, &Request{Config: h.cfg, Upstream: up, Body: []byte(body(extra)), Caller: "k"})
 			})
 			if w.Code != tt.status {
 				t.Fatalf("status = %d %s; want %d", w.Code, w.Body.String(), tt.status)

@@ -164,13 +164,18 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		req := h.request(body, strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
-		// As the router: a request continuing a minted response is served here, tool or not.
-		minted, _ := h.eng.Minted(r.Context(), gjson.GetBytes(body, "previous_response_id").String())
-		if !h.eng.Handles(req) && !minted {
+		// As the router: what the engine does not serve passes through.
+		plan, err := h.eng.Prepare(r.Context(), req)
+		if err == nil && !plan.Intercepted {
 			w.WriteHeader(299) // pass-through would follow
 			return
 		}
-		serveLikeRouter(w, r, func() error { return h.eng.ServeResponses(w, r, req) })
+		serveLikeRouter(w, r, func() error {
+			if err != nil {
+				return err
+			}
+			return h.eng.Serve(w, r, plan)
+		})
 	}))
 	t.Cleanup(func() {
 		h.srv.CloseClientConnections()
@@ -386,4 +391,20 @@ func bodyIn(cid, extra string) string {
 		b += "," + extra
 	}
 	return b + "}"
+}
+
+// serveResponses serves req as a caller that routes it to the engine: prepared, then served.
+func serveResponses(e *Engine, w http.ResponseWriter, r *http.Request, req *Request) error {
+	plan, err := e.prepare(r.Context(), req, true)
+	if err != nil {
+		return err
+	}
+	return e.Serve(w, r, plan)
+}
+
+// intercepted reports whether Prepare plans to serve req.
+func intercepted(t *testing.T, e *Engine, req *Request) bool {
+	t.Helper()
+	plan, _ := e.Prepare(context.Background(), req)
+	return plan.Intercepted
 }

@@ -197,7 +197,7 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 	if ctx.Err() != nil {
 		return execution{}, ctx.Err()
 	}
-	if errors.Is(runErr, errCollect) {
+	if errors.Is(runErr, containers.ErrCollect) {
 		r.e.m.sandboxErr.WithLabelValues("files").Inc()
 		r.e.log.Warn("finding the files an execution wrote failed", zap.Error(runErr))
 		runErr = nil

@@ -126,6 +126,14 @@ type lookup struct {
 	items map[string][]byte
 	// err receives the first error of the store (resolve sets it up and returns it).
 	err *error
+	// prev is previous_response_id's record when Prepare read it already; nil: resolve reads it.
+	prev *prevRecord
+}
+
+// prevRecord is the stored response previous_response_id names, read once per request.
+type prevRecord struct {
+	sr    StoredResponse
+	known bool // the store holds it
 }
 
 // fail records the store's first error.
@@ -137,12 +145,9 @@ func (lk lookup) fail(err error) {
 
 // wants reports whether a request is one the engine intercepts: the tools list holds a
 // code_interpreter tool.
-func wants(body []byte) bool {
-	if !jsondepth.Valid(body) {
-		return false
-	}
+func wants(root gjson.Result) bool {
 	found := false
-	gjson.GetBytes(body, "tools").ForEach(func(_, t gjson.Result) bool {
+	root.Get("tools").ForEach(func(_, t gjson.Result) bool {
 		if t.Get("type").String() == "code_interpreter" {
 			found = true
 			return false
@@ -157,13 +162,19 @@ func wants(body []byte) bool {
 // the request's, and interception applies); without it a code_interpreter tool is left in tools
 // as sent. The error is client-visible.
 func parseRequest(body []byte, ic config.Interception, code bool) (*parsedRequest, *apierror.Error) {
-	fn := ic.FunctionName
-	if fn == "" {
-		fn = config.DefaultFunctionName
-	}
 	root := gjson.ParseBytes(body)
 	if !jsondepth.Valid(body) || !root.IsObject() {
 		return nil, apierror.BadRequest("The request body must be a JSON object.", "", "")
+	}
+	return parseRoot(root, body, ic, code && wants(root))
+}
+
+// parseRoot is parseRequest of a body already checked (Prepare): root is body parsed, a JSON
+// object of bounded depth, and code says that the proxy runs the request's code_interpreter tool.
+func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool) (*parsedRequest, *apierror.Error) {
+	fn := ic.FunctionName
+	if fn == "" {
+		fn = config.DefaultFunctionName
 	}
 	if bad := checkTypes(root); bad != nil {
 		return nil, bad
@@ -171,7 +182,7 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 	r := &parsedRequest{
 		raw:          body,
 		fn:           fn,
-		code:         code && wants(body),
+		code:         code,
 		stream:       root.Get("stream").Bool(),
 		store:        root.Get("store").Type != gjson.False,
 		standInIndex: -1,
@@ -375,13 +386,16 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 	if prev := prevRaw.String(); prev != "" {
 		var sr StoredResponse
 		known := false
-		if lk.store != nil {
+		switch {
+		case lk.prev != nil:
+			sr, known = lk.prev.sr, lk.prev.known
+		case lk.store != nil:
 			var err error
 			if sr, known, err = lk.store.Response(lk.ctx, prev); err != nil {
 				return storeUnavailable(err)
 			}
-			known = known && sr.Owner == lk.caller
 		}
+		known = known && sr.Owner == lk.caller
 		kept := known && sr.UpstreamID == "" && len(sr.Pending) > 0 // the proxy kept the conversation
 		switch {
 		case kept:

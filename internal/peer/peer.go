@@ -152,78 +152,41 @@ func (p *Peers) gone(ctx context.Context, host string) {
 	}
 }
 
-// Refs are what a request says about the container it will use, in the order the interceptor
-// considers them.
-type Refs struct {
-	// Container is the code_interpreter tool's explicit container id: it alone counts.
-	Container string
-	// Response is previous_response_id: its container comes first.
-	Response string
-	// Items are the containers the input's code_interpreter_call items name (container_id), and
-	// Calls the ci_ ids of those (and of item_references) whose stored record names one; the last
-	// one that is known counts.
-	Items []string
-	Calls []string
-}
-
-// Locate returns the replica that must serve owner's request that refers to refs: "" for this one
-// (the container is reachable from every replica, is hosted here, is expired or unknown, or its
-// host is gone, in which case it is expired first).
-func (p *Peers) Locate(ctx context.Context, owner string, refs Refs) (string, error) {
-	id := refs.Container
-	if id == "" && refs.Response != "" {
-		r, err := p.st.Response(ctx, refs.Response)
-		switch {
-		case err == nil && r.Owner == owner:
-			id = r.ContainerID
-		case err != nil && !errors.Is(err, store.ErrNotFound):
-			return "", err
-		}
-	}
-	for i := len(refs.Calls) - 1; id == "" && i >= 0; i-- {
-		c, err := p.st.Call(ctx, refs.Calls[i])
-		switch {
-		case err == nil && c.Owner == owner:
-			id = c.ContainerID
-		case err != nil && !errors.Is(err, store.ErrNotFound):
-			return "", err
-		}
-	}
-	if id == "" && len(refs.Items) > 0 {
-		id = refs.Items[len(refs.Items)-1]
-	}
-	if id == "" || !store.ContainerKind.Valid(id) {
-		return "", nil
-	}
-	return p.ContainerHost(ctx, owner, id)
-}
-
-// ContainerHost returns the replica that must serve owner's container id: "" for this one.
-func (p *Peers) ContainerHost(ctx context.Context, owner, id string) (string, error) {
+// Host returns where owner's container id is served: host "" for this replica (the container
+// is reachable from every replica, or hosted here). live is false when the container cannot be
+// used anywhere: id is not a container id, or names one that is unknown, another owner's, or
+// expired, or whose host is gone (it is expired first). Which container a request uses is the
+// caller's to decide (intercept.Plan.Container asks live of each one it considers).
+func (p *Peers) Host(ctx context.Context, owner, id string) (host string, live bool, err error) {
 	if !store.ContainerKind.Valid(id) {
-		return "", nil
+		return "", false, nil
 	}
 	rec, err := p.st.Container(ctx, owner, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return "", nil
+		return "", false, nil
 	case err != nil:
-		return "", err
+		return "", false, err
 	}
-	return p.route(ctx, rec)
-}
-
-// route is where rec is served: "" for here.
-func (p *Peers) route(ctx context.Context, rec store.Container) (string, error) {
-	if rec.Host == "" || rec.Host == p.self || rec.Status == statusExpired {
-		return "", nil
+	if rec.Status == statusExpired {
+		return "", false, nil
+	}
+	if rec.Host == "" || rec.Host == p.self {
+		return "", true, nil
 	}
 	alive, err := p.Alive(ctx, rec.Host)
 	if err != nil || alive {
-		return rec.Host, err
+		return rec.Host, err == nil, err
 	}
 	p.expireGone(ctx, rec)
-	return "", nil
+	return "", false, nil
+}
+
+// ContainerHost returns the replica that must serve owner's container id: "" for this one (also
+// when the container cannot be used anywhere: it is answered here).
+func (p *Peers) ContainerHost(ctx context.Context, owner, id string) (string, error) {
+	host, _, err := p.Host(ctx, owner, id)
+	return host, err
 }
 
 // expireGone expires a container whose host is gone.

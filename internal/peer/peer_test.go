@@ -168,10 +168,10 @@ func TestLeases(t *testing.T) {
 	}
 }
 
-// TestLocate: a request for a container hosted by a live replica goes there; one for a container
-// reachable from anywhere, hosted here, unknown, another owner's, or expired stays; one whose host
-// is gone stays, and the container is expired first.
-func TestLocate(t *testing.T) {
+// TestHost: a container hosted by a live replica is served there; one reachable from anywhere or
+// hosted here is served here; one unknown, another owner's, expired, or not a container id is live
+// nowhere; one whose host is gone is live nowhere, and is expired first.
+func TestHost(t *testing.T) {
 	st := newStore(t, nil)
 	ctx := context.Background()
 	exp := &expirer{st: st}
@@ -189,48 +189,38 @@ func TestLocate(t *testing.T) {
 	if _, err := st.UpdateContainer(ctx, expired); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.PutResponse(ctx, store.Response{ID: "resp_1", Owner: "alice", ContainerID: onThere.ID},
-		[]store.Call{{ID: "ci_1", Owner: "alice", ContainerID: onThere.ID}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.PutResponse(ctx, store.Response{ID: "resp_bob", Owner: "bob", ContainerID: onThere.ID}, nil); err != nil {
-		t.Fatal(err)
-	}
 
 	cases := []struct {
-		name  string
-		owner string
-		refs  Refs
-		want  string
+		name     string
+		owner    string
+		id       string
+		wantHost string
+		wantLive bool
 	}{
-		{"explicit, on a live peer", "alice", Refs{Container: onThere.ID}, there.Self()},
-		{"explicit wins over the rest", "alice", Refs{Container: onHere.ID, Response: "resp_1"}, ""},
-		{"explicit, hosted here", "alice", Refs{Container: onHere.ID}, ""},
-		{"explicit, reachable from anywhere", "alice", Refs{Container: anywhere.ID}, ""},
-		{"explicit, another owner's", "bob", Refs{Container: onThere.ID}, ""},
-		{"explicit, expired", "alice", Refs{Container: expired.ID}, ""},
-		{"explicit, unknown", "alice", Refs{Container: "cntr_" + strings.Repeat("0", 48)}, ""},
-		{"not a container id", "alice", Refs{Container: "../x"}, ""},
-		{"previous response's", "alice", Refs{Response: "resp_1"}, there.Self()},
-		{"another owner's previous response", "alice", Refs{Response: "resp_bob"}, ""},
-		{"a replayed call's", "alice", Refs{Calls: []string{"ci_unknown", "ci_1"}}, there.Self()},
-		{"an input item's container_id", "alice", Refs{Items: []string{onHere.ID, onThere.ID}}, there.Self()},
-		{"the response before the items", "alice", Refs{Response: "resp_1", Items: []string{onHere.ID}}, there.Self()},
-		{"nothing", "alice", Refs{}, ""},
+		{"on a live peer", "alice", onThere.ID, there.Self(), true},
+		{"hosted here", "alice", onHere.ID, "", true},
+		{"reachable from anywhere", "alice", anywhere.ID, "", true},
+		{"another owner's", "bob", onThere.ID, "", false},
+		{"expired", "alice", expired.ID, "", false},
+		{"unknown", "alice", "cntr_" + strings.Repeat("0", 48), "", false},
+		{"not a container id", "alice", "../x", "", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := here.Locate(ctx, tc.owner, tc.refs)
-			if err != nil || got != tc.want {
-				t.Errorf("Locate = %q, %v; want %q", got, err, tc.want)
+			host, live, err := here.Host(ctx, tc.owner, tc.id)
+			if err != nil || host != tc.wantHost || live != tc.wantLive {
+				t.Errorf("Host = %q, %v, %v; want %q, %v", host, live, err, tc.wantHost, tc.wantLive)
+			}
+			if got, err := here.ContainerHost(ctx, tc.owner, tc.id); err != nil || got != tc.wantHost {
+				t.Errorf("ContainerHost = %q, %v; want %q", got, err, tc.wantHost)
 			}
 		})
 	}
 	if len(exp.expired()) != 0 {
 		t.Fatalf("expired %v before any host was gone", exp.expired())
 	}
-	if got, err := here.Locate(ctx, "alice", Refs{Container: onGone.ID}); err != nil || got != "" {
-		t.Errorf("Locate of a gone host's container = %q, %v; want here", got, err)
+	if host, live, err := here.Host(ctx, "alice", onGone.ID); err != nil || host != "" || live {
+		t.Errorf("Host of a gone host's container = %q, %v, %v; want here, not live", host, live, err)
 	}
 	if ids := exp.expired(); len(ids) != 1 || ids[0] != onGone.ID {
 		t.Errorf("expired %v; want the gone host's container", ids)

@@ -6,10 +6,10 @@ import (
 	"net/http"
 	"regexp"
 
-	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/peer"
 )
 
@@ -18,10 +18,10 @@ import (
 // through, so that the client sees no difference. The check happens where the request is already
 // understood, so the body is read once:
 //
-//   - POST /v1/responses, in the responses handler, after the body is resolved and only when the
-//     interceptor takes the request: the container it will use (the tool's explicit cntr_ id, else
-//     previous_response_id's, else the last one the input's code_interpreter_call items name) is
-//     looked up in the store (peer.Peers.Locate).
+//   - POST /v1/responses, in the responses handler, once the interceptor has prepared the
+//     request and only when it takes it: the container its plan uses (intercept.Plan.Container:
+//     the tool's explicit cntr_ id, else the latest live one of the conversation), each candidate
+//     looked up in the store (peer.Peers.Host).
 //   - /v1/containers/{id} and everything under it, by the forwardContainers middleware, from the
 //     path alone, before the body is read (uploads stream through).
 //
@@ -74,24 +74,36 @@ func (s *server) answerProbe(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(peer.HeaderPeer, peer.ProbeAnswer(cfg.General.ContainerSecret, s.replicas.Self(), nonce))
 }
 
-// forwardResponses forwards an intercepted POST /v1/responses to the replica that hosts its
-// container, if that is another one. It reports whether it did (the answer is then written, or
-// the error is to be written).
-func (s *server) forwardResponses(w http.ResponseWriter, r *http.Request, req *resolved, caller string) (bool, error) {
+// forwardResponses forwards an intercepted POST /v1/responses to the replica that hosts the
+// container its plan uses, if that is another one. It reports whether it did (the answer is then
+// written, or the error is to be written).
+func (s *server) forwardResponses(w http.ResponseWriter, r *http.Request, req *resolved, plan *intercept.Plan) (bool, error) {
 	if s.replicas == nil || forwarded(r.Context()) {
 		return false, nil
 	}
-	refs := refsOf(req.body)
+	caller := plan.Request.Caller
 	for range 2 {
-		host, err := s.replicas.Locate(r.Context(), caller, refs)
-		if err != nil || host == "" {
+		// The plan's rule picks the container, asking where each one it considers is live; the
+		// replica served there picks the same one.
+		host, at := "", ""
+		id, err := plan.Container(r.Context(), func(ctx context.Context, id string) (bool, error) {
+			h, live, err := s.replicas.Host(ctx, caller, id)
+			if live {
+				host, at = h, id
+			}
+			return live, err
+		})
+		if err == nil && id != "" && at != id {
+			host, _, err = s.replicas.Host(r.Context(), caller, id) // the tool's explicit id
+		}
+		if err != nil || id == "" || host == "" {
 			return false, err
 		}
 		err = s.replicas.Forward(w, r, host, req.cfg.General.ContainerSecret, RequestID(r.Context()), req.body)
 		if !errors.Is(err, peer.ErrGone) {
 			return true, forwardError(err)
 		}
-		// Its lease is ended now: Locate expires the container, and the request is served here.
+		// Its lease is ended now: Host expires the container, and the request is served here.
 	}
 	return false, nil
 }
@@ -141,41 +153,4 @@ func forwardError(err error) error {
 			Message: "The server that holds this container cannot be reached right now; please try again shortly.", Err: err}
 	}
 	return err
-}
-
-// refsOf reads what an intercepted request says about the container it will use (see
-// peer.Refs). The body is valid JSON: resolve checked it.
-func refsOf(body []byte) peer.Refs {
-	var refs peer.Refs
-	root := gjson.ParseBytes(body)
-	root.Get("tools").ForEach(func(_, t gjson.Result) bool {
-		if t.Get("type").String() != "code_interpreter" {
-			return true
-		}
-		if c := t.Get("container"); c.Type == gjson.String {
-			refs.Container = c.String()
-		}
-		return false // the first code_interpreter tool is the one the interceptor uses
-	})
-	if p := root.Get("previous_response_id"); p.Type == gjson.String {
-		refs.Response = p.String()
-	}
-	root.Get("input").ForEach(func(_, it gjson.Result) bool {
-		id := it.Get("id").String()
-		switch it.Get("type").String() {
-		case "code_interpreter_call":
-			if c := it.Get("container_id"); c.Type == gjson.String && c.String() != "" {
-				refs.Items = append(refs.Items, c.String())
-			}
-			if id != "" {
-				refs.Calls = append(refs.Calls, id)
-			}
-		case "item_reference":
-			if len(id) > 3 && id[:3] == "ci_" {
-				refs.Calls = append(refs.Calls, id)
-			}
-		}
-		return true
-	})
-	return refs
 }

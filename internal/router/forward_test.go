@@ -27,11 +27,17 @@ import (
 
 // namedInterceptor takes every request and answers with its replica's name and the caller; input
 // "stream" is answered as three server-sent events.
-type namedInterceptor struct{ name string }
+type namedInterceptor struct {
+	name string
+	eng  *intercept.Engine // plans the requests; nil: plans name no container
+}
 
-func (n namedInterceptor) Handles(*intercept.Request) bool { return true }
+func (n namedInterceptor) Prepare(ctx context.Context, req *intercept.Request) (*intercept.Plan, error) {
+	return planned(ctx, n.eng, req, true, n.Minted)
+}
 
-func (n namedInterceptor) ServeResponses(w http.ResponseWriter, r *http.Request, req *intercept.Request) error {
+func (n namedInterceptor) Serve(w http.ResponseWriter, r *http.Request, plan *intercept.Plan) error {
+	req := plan.Request
 	if strings.Contains(string(req.Body), `"input":"stream"`) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range 3 {
@@ -86,7 +92,7 @@ func newReplica(t *testing.T, st store.Store, name string, expire func(context.C
 		Store:       snapshot.Fixed(&snapshot.Snapshot{Config: cfg}),
 		Client:      upstream.NewClient(upstream.ClientOptions{Logger: log}),
 		Balancer:    upstream.NewBalancer(),
-		Interceptor: namedInterceptor{name},
+		Interceptor: namedInterceptor{name: name, eng: intercept.New(intercept.Options{Store: intercept.OnStore(st, 0, nil)})},
 		Replicas:    p,
 		Logger:      log,
 	})
@@ -148,7 +154,7 @@ func TestForwarding(t *testing.T) {
 	}
 	onB := hosted(b.peers.Self())
 	onA := hosted(a.peers.Self())
-	if err := st.PutResponse(ctx, store.Response{ID: "resp_prev", Owner: caller, ContainerID: onB}, nil); err != nil {
+	if err := st.PutResponse(ctx, store.Response{ID: "resp_prev", Owner: caller, UpstreamID: "resp_upstream", ContainerID: onB}, nil); err != nil {
 		t.Fatal(err)
 	}
 	tool := func(container string) string {
@@ -161,6 +167,8 @@ func TestForwarding(t *testing.T) {
 		{"explicit container on a", `{"model":"gpt-test","input":"x",` + tool(onA) + `}`, `"served_by":"a"`},
 		{"previous response's container", `{"model":"gpt-test","input":"x","previous_response_id":"resp_prev","tools":[{"type":"code_interpreter","container":{"type":"auto"}}]}`, `"served_by":"b"`},
 		{"a replayed call's container", `{"model":"gpt-test","input":[{"type":"code_interpreter_call","id":"ci_1","container_id":"` + onB + `","code":"1"}],"tools":[{"type":"code_interpreter"}]}`, `"served_by":"b"`},
+		{"the conversation's latest container", `{"model":"gpt-test","previous_response_id":"resp_prev","input":[{"type":"code_interpreter_call","id":"ci_2","container_id":"` + onA + `","code":"1"}],"tools":[{"type":"code_interpreter"}]}`, `"served_by":"a"`},
+		{"the latest live one", `{"model":"gpt-test","previous_response_id":"resp_prev","input":[{"type":"code_interpreter_call","id":"ci_3","container_id":"cntr_` + strings.Repeat("0", 48) + `","code":"1"}],"tools":[{"type":"code_interpreter"}]}`, `"served_by":"b"`},
 		{"no container named", `{"model":"gpt-test","input":"x","tools":[{"type":"code_interpreter"}]}`, `"served_by":"a"`},
 	}
 	for _, tc := range cases {

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -122,14 +121,12 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 	target := s.client.Target(deps)
 	chat := deps[0].API == config.APIChatCompletions
 	prev := gjson.GetBytes(req.body, "previous_response_id").String()
-	continuesMinted := s.continuesMinted(r.Context(), prev)
-	if prev != "" && !continuesMinted {
-		// An upstream's own id, sent upstream as it is: only its owner may continue it.
-		if err := s.checkPrevious(r.Context(), prev); err != nil {
-			return err
-		}
-	}
 	if s.interceptor == nil {
+		if prev != "" {
+			if err := s.checkPrevious(r.Context(), prev); err != nil {
+				return err
+			}
+		}
 		if chat {
 			return apierror.BadRequest("The model '"+req.model+"' speaks only Chat Completions, and this server does not translate /v1/responses; use /v1/chat/completions.", "model", "unsupported_model")
 		}
@@ -148,30 +145,29 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 		opts.MaxCodeSize = req.cfg.Interception.MaxCodeSize // the translation keeps no more of a call than is run
 		ir.Upstream, ir.Stateless = upstream.NewChatAPI(target, opts), true
 	}
-	if s.interceptor.Handles(ir) || continuesMinted {
-		if forwarded, err := s.forwardResponses(w, r, req, ir.Caller); forwarded || err != nil {
-			return err // the replica that hosts the container admits and serves it
-		}
-		done, err := s.inflight.admit(r.Context())
-		if err != nil {
+	plan, perr := s.interceptor.Prepare(r.Context(), ir)
+	if prev != "" && !plan.Minted {
+		// An upstream's own id, sent upstream as it is: only its owner may continue it. A
+		// response the interceptor minted is its own to check.
+		if err := s.checkPrevious(r.Context(), prev); err != nil {
 			return err
 		}
-		defer done()
-		return quotaError(s.interceptor.ServeResponses(w, r, ir))
 	}
-	return s.passResponses(w, r, target, req.body)
-}
-
-// continuesMinted reports whether previous_response_id prev is a response the interceptor
-// minted: the upstream never heard of that id, so the interceptor serves the request even without
-// the code_interpreter tool (it sends the upstream its own id). A store that cannot answer counts
-// as no (the owner check that follows then fails with it).
-func (s *server) continuesMinted(ctx context.Context, prev string) bool {
-	if prev == "" || s.interceptor == nil {
-		return false
+	if !plan.Intercepted {
+		return s.passResponses(w, r, target, req.body)
 	}
-	minted, err := s.interceptor.Minted(ctx, prev)
-	return err == nil && minted
+	if perr != nil {
+		return perr
+	}
+	if forwarded, err := s.forwardResponses(w, r, req, plan); forwarded || err != nil {
+		return err // the replica that hosts the container admits and serves it
+	}
+	done, err := s.inflight.admit(r.Context())
+	if err != nil {
+		return err
+	}
+	defer done()
+	return quotaError(s.interceptor.Serve(w, r, plan))
 }
 
 // passResponses passes a POST /v1/responses through to target, a Responses upstream, streamed or

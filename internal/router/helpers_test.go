@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -11,11 +12,13 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
@@ -178,4 +181,25 @@ func decodeError(t *testing.T, body []byte) (msg, typ, param, code string) {
 		return *p
 	}
 	return *e.Error.Message, *e.Error.Type, str(e.Error.Param), str(e.Error.Code)
+}
+
+// planned is a fake interceptor's Prepare: the plan of eng (nil: a plan that names no container),
+// made under an active interception config so that it knows the container the request uses,
+// intercepted when handles says so or when minted claims previous_response_id.
+func planned(ctx context.Context, eng *intercept.Engine, req *intercept.Request, handles bool, minted func(context.Context, string) (bool, error)) (*intercept.Plan, error) {
+	plan, err := &intercept.Plan{Request: req}, error(nil)
+	if eng != nil {
+		c, cfg := *req, *req.Config
+		cfg.Interception = config.Defaults().Interception
+		cfg.Callbacks = []string{"code_interpreter_interception"}
+		c.Config = &cfg
+		plan, err = eng.Prepare(ctx, &c)
+		plan.Request = req
+	}
+	plan.Minted = false
+	if prev := gjson.GetBytes(req.Body, "previous_response_id").String(); prev != "" {
+		plan.Minted, _ = minted(ctx, prev)
+	}
+	plan.Intercepted = handles || plan.Minted
+	return plan, err
 }

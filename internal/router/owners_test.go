@@ -23,8 +23,8 @@ import (
 // does, and answers them as namedInterceptor.
 type toolInterceptor struct{ namedInterceptor }
 
-func (toolInterceptor) Handles(r *intercept.Request) bool {
-	return strings.Contains(string(r.Body), `"code_interpreter"`)
+func (ti toolInterceptor) Prepare(ctx context.Context, r *intercept.Request) (*intercept.Plan, error) {
+	return planned(ctx, ti.eng, r, strings.Contains(string(r.Body), `"code_interpreter"`), ti.Minted)
 }
 
 // ownerStores are the stores the owner records are tested on: the embedded one and Redis.

@@ -17,7 +17,9 @@ type panicking struct {
 	partial bool
 }
 
-func (panicking) Handles(*intercept.Request) bool                                      { return true }
+func (p panicking) Prepare(ctx context.Context, req *intercept.Request) (*intercept.Plan, error) {
+	return planned(ctx, nil, req, true, p.Minted)
+}
 func (panicking) Minted(context.Context, string) (bool, error)                         { return false, nil }
 func (panicking) ServeStored(http.ResponseWriter, *http.Request, string, string) error { return nil }
 func (panicking) ServeInputItems(http.ResponseWriter, *http.Request, string, string) error {
@@ -25,7 +27,7 @@ func (panicking) ServeInputItems(http.ResponseWriter, *http.Request, string, str
 }
 func (panicking) ServeCancel(http.ResponseWriter, *http.Request, string, string) error { return nil }
 
-func (p panicking) ServeResponses(w http.ResponseWriter, _ *http.Request, _ *intercept.Request) error {
+func (p panicking) Serve(w http.ResponseWriter, _ *http.Request, _ *intercept.Plan) error {
 	if p.partial {
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, "event: response.created\ndata: {}\n\n")

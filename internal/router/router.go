@@ -26,17 +26,19 @@ import (
 // are called concurrently, from the request's goroutine.
 //
 // Every POST /v1/responses, once authenticated, its body read and its model resolved, is offered
-// to Handles; a request it accepts goes to ServeResponses, any other passes through. An error from
-// ServeResponses means nothing was written, and handle writes it (the one error path); once the
-// response has started, failures are the interceptor's to end in its own stream.
+// to Prepare, which reads and resolves it once; a request its Plan says is Intercepted is
+// forwarded to the replica that holds the container the plan names (Plan.Container), or served
+// here by Serve; any other passes through. An error from Prepare or Serve means nothing was
+// written, and handle writes it (the one error path); once the response has started, failures are
+// the interceptor's to end in its own stream.
 //
 // GET and DELETE /v1/responses/{id} go to ServeStored, and GET /v1/responses/{id}/input_items to
 // ServeInputItems, when Minted reports that the id is one the interceptor minted (the upstream
 // has never heard of it); every other id passes through. An error from Minted (its store cannot
 // answer) and their errors are written the same way.
 type Interceptor interface {
-	Handles(req *intercept.Request) bool
-	ServeResponses(w http.ResponseWriter, r *http.Request, req *intercept.Request) error
+	Prepare(ctx context.Context, req *intercept.Request) (*intercept.Plan, error)
+	Serve(w http.ResponseWriter, r *http.Request, plan *intercept.Plan) error
 	Minted(ctx context.Context, id string) (bool, error)
 	ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error
 	ServeInputItems(w http.ResponseWriter, r *http.Request, id, caller string) error

@@ -392,7 +392,7 @@ func TestReadiness(t *testing.T) {
 	}
 }
 
-// interceptCall is what one Handles call received.
+// interceptCall is what one Prepare call received.
 type interceptCall struct {
 	cfg      *config.Config
 	target   upstream.ResponsesAPI
@@ -403,24 +403,26 @@ type interceptCall struct {
 
 // recordingInterceptor claims requests whose input is "intercept me" (answering them), "fail me"
 // (failing with a client error) or "upstream error" (failing with an upstream's 429), and
-// records what Handles was given.
+// records what Prepare was given.
 type recordingInterceptor struct {
 	mu    sync.Mutex
 	calls []interceptCall
 }
 
-func (ri *recordingInterceptor) Handles(req *intercept.Request) bool {
+func (ri *recordingInterceptor) Prepare(ctx context.Context, req *intercept.Request) (*intercept.Plan, error) {
 	ri.mu.Lock()
 	ri.calls = append(ri.calls, interceptCall{req.Config, req.Upstream, req.Provider, string(req.Body), req.Caller})
 	ri.mu.Unlock()
+	handles := false
 	switch gjson.GetBytes(req.Body, "input").Str {
 	case "intercept me", "fail me", "upstream error":
-		return true
+		handles = true
 	}
-	return false
+	return planned(ctx, nil, req, handles, ri.Minted)
 }
 
-func (ri *recordingInterceptor) ServeResponses(w http.ResponseWriter, r *http.Request, req *intercept.Request) error {
+func (ri *recordingInterceptor) Serve(w http.ResponseWriter, r *http.Request, plan *intercept.Plan) error {
+	req := plan.Request
 	switch gjson.GetBytes(req.Body, "input").Str {
 	case "fail me":
 		return apierror.BadRequest("Refused by the interceptor.", "input", "refused")
