@@ -312,6 +312,13 @@ func testReplicas(t *testing.T, tool string) {
 
 	// Leak accounting. Every container expires after replicaIdle and is reaped by its janitor; the
 	// e2b sandboxes whose records Redis lost are orphans, swept by one replica.
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, p := range c.reps {
+				dumpSandboxState(t, p)
+			}
+		}
+	})
 	testutil.Eventually(t, "every e2b sandbox deleted", func() bool { return emu.Live() == 0 })
 	for _, p := range c.reps {
 		testutil.Eventually(t, "replica "+p.Addr+" holds no sandbox", func() bool {
@@ -503,4 +510,24 @@ func isFileKey(k string) bool {
 		}
 	}
 	return strings.HasPrefix(k, "ciproxy:owner:") && strings.Contains(k, ":files")
+}
+
+// dumpSandboxState logs what a replica says of its sandboxes (its sandbox metrics, and its log's
+// warnings and errors and the lines that name a container), for a leak check that failed.
+func dumpSandboxState(t *testing.T, p *proxy) {
+	t.Helper()
+	var b strings.Builder
+	if a := send(t.Context(), p, http.MethodGet, "/metrics", "", nil); a.status == http.StatusOK {
+		for _, line := range strings.Split(string(a.body), "\n") {
+			if strings.HasPrefix(line, "ciproxy_sandbox") {
+				b.WriteString(line + "\n")
+			}
+		}
+	}
+	for _, line := range strings.Split(p.log.String(), "\n") {
+		if strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`) || strings.Contains(line, `"container":`) {
+			b.WriteString(line + "\n")
+		}
+	}
+	t.Logf("replica %s:\n%s", p.Addr, b.String())
 }
