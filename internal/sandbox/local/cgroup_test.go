@@ -1,15 +1,20 @@
 package local
 
 import (
+	"context"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
 // hostShape is a host's cgroup filesystems, for fakeCgroupFS.
@@ -623,5 +628,133 @@ func TestOpenCgroupHost(t *testing.T) {
 				t.Errorf("chargeDir %q, charges %v; want %q", got, h.charges(), want)
 			}
 		})
+	}
+}
+
+// cgroup2Env, set to 1, says the host is meant to give the v2 mode (the guest of make
+// test-cgroup2): a provider that falls back to another mode there is a failure, not a skip.
+const cgroup2Env = "CIPROXY_TEST_CGROUP2"
+
+// TestCgroupFilesWritten: on this host's own cgroups, the limits a sandbox's cgroups hold, read
+// back from the kernel, its processes in them, and cgroup.kill (or SIGKILL to each) ending them.
+func TestCgroupFilesWritten(t *testing.T) {
+	p := newTestProvider(t, Options{PoolSize: -1, MemoryLimit: 300 << 20, MaxProcesses: 20, CPULimit: 0.5})
+	if os.Getenv(cgroup2Env) == "1" && p.Isolation().Mode != string(modeCgroup2) {
+		t.Fatalf("%s=1 but the provider is in mode %s (%s)", cgroup2Env, p.Isolation().Mode, p.Isolation().Cgroups)
+	}
+	requireCgroups(t, p)
+	t.Logf("this host: %s", p.Isolation())
+	h := create(t, p, sandbox.CreateOptions{})
+	b, err := p.lookup(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg, kernel := b.cg, osCgroupFS{}
+	want := map[string]string{}
+	if dir := cg.v2Dir(""); dir != "" {
+		for _, c := range p.cg.v2Controllers {
+			switch c {
+			case "memory":
+				want[dir+"/memory.max"] = strconv.Itoa(300 << 20)
+				if kernel.Exists(dir + "/memory.swap.max") {
+					want[dir+"/memory.swap.max"] = "0"
+				} else {
+					t.Logf("no memory.swap.max: this kernel has no swap accounting")
+				}
+				want[cg.v2Dir(v2Box)+"/memory.oom.group"] = "1"
+				want[cg.v2Dir(v2Copy)+"/memory.oom.group"] = "0"
+				want[dir+"/cgroup.subtree_control"] = "memory"
+			case "pids":
+				want[dir+"/pids.max"] = "22"
+			case "cpu":
+				want[dir+"/cpu.max"] = "50000 100000"
+			}
+		}
+	}
+	if d := p.cg.v1["memory"]; d != "" {
+		want[filepath.Join(d, cg.name, "memory.limit_in_bytes")] = strconv.Itoa(300 << 20)
+		if file := filepath.Join(d, cg.name, "memory.memsw.limit_in_bytes"); kernel.Exists(file) {
+			want[file] = strconv.Itoa(300 << 20)
+		}
+	}
+	if d := p.cg.v1["pids"]; d != "" {
+		want[filepath.Join(d, cg.name, "pids.max")] = "22"
+	}
+	if d := p.cg.v1["cpu"]; d != "" {
+		want[filepath.Join(d, cg.name, "cpu.cfs_period_us")] = "100000"
+		want[filepath.Join(d, cg.name, "cpu.cfs_quota_us")] = "50000"
+	}
+	// Run once: between cells the box is frozen (once the execution is over, a moment after Run
+	// returned).
+	run(t, p, h, "1")
+	if box := cg.v2Dir(v2Box); box != "" {
+		want[box+"/cgroup.freeze"] = "1"
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if s, _ := kernel.ReadFile(box + "/cgroup.events"); strings.Contains(s, "frozen 1") {
+				break
+			}
+		}
+	}
+	for file, v := range want {
+		got, err := kernel.ReadFile(file)
+		if err != nil || got != v {
+			t.Errorf("%s holds %q (%v); want %q", file, got, err, v)
+		}
+	}
+	if len(want) == 0 {
+		t.Error("no limit file to read back")
+	}
+	// The sandbox's processes, a double-forked one included, are in its cgroups.
+	run(t, p, h, "import os\nif os.fork() == 0:\n    if os.fork() == 0:\n        import time\n        time.sleep(600)\n    os._exit(0)\nos.wait()")
+	procs := func() []string {
+		var out []string
+		for _, d := range cg.procsDirs() {
+			s, _ := kernel.ReadFile(d + "/cgroup.procs")
+			out = append(out, strings.Fields(s)...)
+		}
+		return out
+	}
+	if n := len(procs()); n < 2*len(cg.procsDirs()) {
+		t.Errorf("the sandbox's cgroups list %d processes; want its init, kernel and sleeper in each", n)
+	}
+	cg.kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(procs()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if left := procs(); len(left) > 0 {
+		t.Errorf("after kill the sandbox's cgroups still hold %v", left)
+	}
+	if _, err := p.Run(context.Background(), h, "1", sandbox.RunOptions{Timeout: 10 * time.Second}); err == nil {
+		t.Error("the killed sandbox still runs code")
+	}
+}
+
+// TestCPULimit: with cpu_limit 0.25 two busy processes get a quarter of a CPU between them.
+func TestCPULimit(t *testing.T) {
+	p := newTestProvider(t, Options{PoolSize: -1, CPULimit: 0.25})
+	requireCgroups(t, p)
+	if !slices.Contains(p.cg.v2Controllers, "cpu") && p.cg.v1["cpu"] == "" {
+		t.Skip("no cpu controller on this host")
+	}
+	h := create(t, p, sandbox.CreateOptions{})
+	var got struct{ Wall, CPU float64 }
+	probeJSON(t, p, h, `import json, os, time
+start = time.monotonic()
+pids = []
+for i in range(2):
+    pid = os.fork()
+    if pid == 0:
+        while time.monotonic() - start < 3:
+            pass
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    os.waitpid(pid, 0)
+t = os.times()
+print(json.dumps({"wall": time.monotonic() - start, "cpu": t.children_user + t.children_system}))`, &got)
+	t.Logf("two busy processes used %.2f s of CPU in %.2f s", got.CPU, got.Wall)
+	if limit := 0.25*got.Wall + 0.3; got.CPU > limit {
+		t.Errorf("%.2f s of CPU in %.2f s; want at most %.2f (a quarter of a CPU)", got.CPU, got.Wall, limit)
 	}
 }
