@@ -273,8 +273,9 @@ const proxyLeaf = "ciproxy-proxy"
 
 // delegatedV2 creates the provider's parent in the unified hierarchy below own and enables for its
 // children what controllers it can. The v2 rule that a cgroup with processes cannot hand
-// controllers to children means the proxy itself must first leave its own cgroup for a leaf
-// beside the sandboxes' parents (what a service with Delegate=yes is expected to do).
+// controllers to children means the processes in own, the proxy and whatever runs beside it,
+// must first leave it for a leaf beside the sandboxes' parents (what a service with
+// Delegate=yes is expected to do).
 func delegatedV2(fsys cgroupFS, own, name string) (string, []string) {
 	dir := filepath.Join(own, name)
 	if err := fsys.Mkdir(dir); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -303,7 +304,9 @@ func delegatedV2(fsys cgroupFS, own, name string) (string, []string) {
 		return fsys.WriteFile(filepath.Join(d, "cgroup.subtree_control"), b.String())
 	}
 	if err := enable(own); err != nil {
-		// EBUSY: own has processes (this one). Move the whole proxy into a leaf and try again.
+		// EBUSY: own has processes: this one, and any the unit or container started beside it
+		// (a shell or an init that runs the proxy, a health check). Move them all into a leaf and
+		// try again; one forked meanwhile makes it EBUSY again, so a few times.
 		leaf := filepath.Join(own, proxyLeaf)
 		if err := fsys.Mkdir(leaf); err != nil && !errors.Is(err, fs.ErrExist) {
 			return dir, nil
@@ -311,8 +314,19 @@ func delegatedV2(fsys cgroupFS, own, name string) (string, []string) {
 		if err := fsys.WriteFile(filepath.Join(leaf, "cgroup.procs"), "0"); err != nil {
 			return dir, nil
 		}
-		if err := enable(own); err != nil {
-			return dir, nil
+		for try := 0; ; try++ {
+			procs, _ := fsys.ReadFile(filepath.Join(own, "cgroup.procs"))
+			for _, pid := range strings.Fields(procs) {
+				// A process that exited meanwhile is ESRCH; one that cannot move shows below.
+				fsys.WriteFile(filepath.Join(leaf, "cgroup.procs"), pid)
+			}
+			err := enable(own)
+			if err == nil {
+				break
+			}
+			if try == 2 {
+				return dir, nil
+			}
 		}
 	}
 	if err := enable(dir); err != nil {

@@ -466,6 +466,7 @@ func TestDelegatedV2(t *testing.T) {
 		name    string
 		h       fakeHierarchy
 		inLeaf  bool             // the proxy is already in its leaf (an earlier provider moved it)
+		beside  []string         // other processes in the unit's cgroup
 		fail    map[string]error // op → error
 		dir     string           // what delegatedV2 returns
 		ctrls   []string         // and with which controllers
@@ -478,6 +479,25 @@ func TestDelegatedV2(t *testing.T) {
 			dir:  parent, ctrls: allV2,
 			ops: []string{"mkdir " + parent, enable, "mkdir " + leaf, "write " + leaf + "/cgroup.procs=0", enable,
 				"write " + parent + "/cgroup.subtree_control=+memory +pids +cpu "},
+		},
+		{
+			name:   "a shell that started the proxy and a health check beside it: they move too",
+			h:      fakeHierarchy{v2: true, controllers: allV2},
+			beside: []string{"1", "77"},
+			dir:    parent, ctrls: allV2,
+			ops: []string{"mkdir " + parent, enable, "mkdir " + leaf, "write " + leaf + "/cgroup.procs=0",
+				"write " + leaf + "/cgroup.procs=1", "write " + leaf + "/cgroup.procs=77", enable,
+				"write " + parent + "/cgroup.subtree_control=+memory +pids +cpu "},
+		},
+		{
+			name:   "a process beside the proxy that cannot be moved",
+			h:      fakeHierarchy{v2: true, controllers: allV2},
+			beside: []string{"1"},
+			fail:   map[string]error{"write " + leaf + "/cgroup.procs=1": syscall.EACCES},
+			dir:    parent,
+			ops: []string{"mkdir " + parent, enable, "mkdir " + leaf, "write " + leaf + "/cgroup.procs=0",
+				"write " + leaf + "/cgroup.procs=1", enable, "write " + leaf + "/cgroup.procs=1", enable,
+				"write " + leaf + "/cgroup.procs=1", enable},
 		},
 		{
 			name:   "the proxy already in its leaf",
@@ -546,8 +566,10 @@ func TestDelegatedV2(t *testing.T) {
 				}
 				into = leaf
 			}
-			if err := f.WriteFile(into+"/cgroup.procs", "0"); err != nil {
-				t.Fatal(err)
+			for _, pid := range append([]string{"0"}, tc.beside...) {
+				if err := f.WriteFile(into+"/cgroup.procs", pid); err != nil {
+					t.Fatal(err)
+				}
 			}
 			f.takeOps()
 			for op, err := range tc.fail {
@@ -564,8 +586,9 @@ func TestDelegatedV2(t *testing.T) {
 				t.Errorf("the provider's directory exists: %v; want %v", got, !tc.removed)
 			}
 			if len(tc.ctrls) > 0 {
-				if got := f.value(t, leaf+"/cgroup.procs"); got != "4242" {
-					t.Errorf("the proxy's leaf holds %q; want the proxy", got)
+				want := strings.Join(append([]string{"4242"}, tc.beside...), "\n")
+				if got := f.value(t, leaf+"/cgroup.procs"); got != want {
+					t.Errorf("the proxy's leaf holds %q; want %q", got, want)
 				}
 			}
 		})

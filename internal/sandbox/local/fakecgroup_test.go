@@ -23,7 +23,7 @@ type fakeCgroupFS struct {
 	mu      sync.Mutex
 	cgroups map[string]*fakeCgroup // by directory
 	self    int                    // the pid that "0" written to cgroup.procs moves
-	fail    map[string]error       // "write <path>", "mkdir <dir>", ... → the error that op returns
+	fail    map[string]error       // "write <path>[=<value>]", "mkdir <dir>", ... → the error that op returns
 	ops     []string               // "mkdir <dir>", "write <path>=<value>", in order
 }
 
@@ -183,6 +183,9 @@ func (f *fakeCgroupFS) WriteFile(path, value string) error {
 	defer f.mu.Unlock()
 	f.ops = append(f.ops, "write "+path+"="+value)
 	if err := f.injected("write", path); err != nil {
+		return err
+	}
+	if err := f.injected("write", path+"="+value); err != nil {
 		return err
 	}
 	c, name, err := f.file(path)
