@@ -5,6 +5,8 @@
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C.UTF-8
 # The tests fail, rather than skip, where the provider does not get the v2 mode.
 export CIPROXY_TEST_CGROUP2=1
+# Emulated, a kernel takes about a minute to start (imports, matplotlib's font cache).
+export CIPROXY_TEST_START_TIMEOUT=5m
 bb=/mnt/host/busybox
 mount -t proc proc /proc
 mount -t sysfs sys /sys
