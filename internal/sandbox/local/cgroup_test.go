@@ -781,3 +781,25 @@ print(json.dumps({"wall": time.monotonic() - start, "cpu": t.children_user + t.c
 		t.Errorf("%.2f s of CPU in %.2f s; want at most %.2f (a quarter of a CPU)", got.CPU, got.Wall, limit)
 	}
 }
+
+// TestIsolationCPUWarning: a mode with cgroups but no cpu controller says that CPU is unbounded.
+func TestIsolationCPUWarning(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		shape hostShape
+		warns bool
+	}{
+		{"v2 with cpu", hostShape{v2: true, ctrl2: allV2}, false},
+		{"v2 without cpu", hostShape{v2: true, ctrl2: []string{"memory", "pids"}}, true},
+		{"v1 with cpu", hostShape{v1: allV1}, false},
+		{"v1 without cpu", hostShape{v1: []string{"memory", "pids", "freezer"}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, h := fakeHostOf(t, tc.shape)
+			iso := (&Provider{cg: h, uids: sharedUID()}).Isolation()
+			if got := strings.Contains(strings.Join(iso.Warnings, " "), "no cpu controller"); got != tc.warns {
+				t.Errorf("%s: warns of no cpu controller: %v; want %v", iso, got, tc.warns)
+			}
+		})
+	}
+}
