@@ -33,9 +33,10 @@ cd /
 echo "guest: $(uname -r); cgroup2 at /sys/fs/cgroup: $(cat /sys/fs/cgroup/cgroup.controllers); swap accounting: $(test -e /sys/fs/cgroup/system.slice/memory.swap.max && echo yes || echo no)"
 echo "guest: /proc/self/cgroup $(cat /proc/self/cgroup)"
 tests=$(cat /mnt/host/tests)
+skip=$(cat /mnt/host/skip)
 start=$(date +%s)
 {
-	/mnt/host/local.test -test.v -test.count=1 -test.timeout=40m -test.run "$tests" 2>&1
+	/mnt/host/local.test -test.v -test.count=1 -test.timeout=40m -test.run "$tests" -test.skip "$skip" 2>&1
 	echo $? >/mnt/host/rc.tmp
 } | tee /mnt/host/out.txt
 echo "guest: the tests took $(($(date +%s) - start)) s and exited with status $(cat /mnt/host/rc.tmp)"
