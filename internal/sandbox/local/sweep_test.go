@@ -172,7 +172,7 @@ func TestCgroupsRemoved(t *testing.T) {
 		if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE); err != nil {
 			t.Fatal(err)
 		}
-		if err := Check(context.Background(), Options{WorkDir: dir}); err != nil {
+		if _, err := checkWith(context.Background(), Options{WorkDir: dir}, testKnobs(knobs{})); err != nil {
 			t.Fatal(err)
 		}
 		buf := make([]byte, 64<<10)
