@@ -2,7 +2,7 @@
 CONFIG ?= config.example.yaml
 GO ?= go
 
-.PHONY: run test vet bench fuzz deps build chaos
+.PHONY: run test vet bench fuzz deps build chaos test-cgroup2
 
 build:
 	$(GO) build -o bin/proxy ./cmd/proxy
@@ -37,3 +37,9 @@ fuzz:
 chaos:
 	scripts/deps.sh
 	CIPROXY_CHAOS_N=1000 $(GO) test -race -run '^TestChaos$$' -count=1 -timeout 40m -v ./cmd/proxy/
+
+# The local sandbox's cgroup tests on a real cgroup v2 kernel: Debian's kernel under QEMU (software
+# emulation), a debootstrapped root, a delegated subtree as systemd's Delegate=yes gives one. As
+# root; the kernel and root are built once into ~/.cache/ciproxy/cgroup2. See test/cgroup2/run.sh.
+test-cgroup2:
+	GO=$(GO) test/cgroup2/run.sh

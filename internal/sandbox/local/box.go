@@ -23,6 +23,14 @@ import (
 // startTimeout bounds a kernel's start, imports included.
 const startTimeout = 60 * time.Second
 
+// startWait is how long a kernel or the zygote may take to start: startTimeout unless a test says.
+func (p *Provider) startWait() time.Duration {
+	if p.knobs.startTimeout > 0 {
+		return p.knobs.startTimeout
+	}
+	return startTimeout
+}
+
 var (
 	readyLine = []byte(`{"type": "ready"}` + "\n")
 	endLine   = []byte(`{"type": "end_of_execution"}` + "\n")
@@ -162,7 +170,7 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 		return nil, fmt.Errorf("local sandbox: %w", err)
 	}
 	cleanup = append(cleanup, func() { b.setup.Close() })
-	deadline := time.Now().Add(startTimeout)
+	deadline := time.Now().Add(p.startWait())
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
@@ -239,7 +247,7 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 		close(b.done)
 		p.forget(b)
 	}()
-	t := time.NewTimer(startTimeout)
+	t := time.NewTimer(p.startWait())
 	defer t.Stop()
 	select {
 	case <-b.ready:
@@ -252,7 +260,7 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 		return nil, ctx.Err()
 	case <-t.C:
 		p.destroy(b)
-		return nil, fmt.Errorf("local sandbox: kernel not ready after %s", startTimeout)
+		return nil, fmt.Errorf("local sandbox: kernel not ready after %s", p.startWait())
 	}
 }
 
@@ -612,7 +620,7 @@ func (p *Provider) RestartKernel(ctx context.Context, h sandbox.Handle) error {
 		b.kill("the kernel could not be restarted")
 		return fmt.Errorf("%w: local sandbox %s: restarting the kernel: %w", sandbox.ErrNotFound, h.ID, err)
 	}
-	t := time.NewTimer(startTimeout)
+	t := time.NewTimer(p.startWait())
 	defer t.Stop()
 	select {
 	case <-b.restarted:
@@ -624,7 +632,7 @@ func (p *Provider) RestartKernel(ctx context.Context, h sandbox.Handle) error {
 		return ctx.Err()
 	case <-t.C:
 		b.kill("the kernel did not restart")
-		return fmt.Errorf("%w: local sandbox %s: the kernel was not ready %s after its restart", sandbox.ErrNotFound, h.ID, startTimeout)
+		return fmt.Errorf("%w: local sandbox %s: the kernel was not ready %s after its restart", sandbox.ErrNotFound, h.ID, p.startWait())
 	}
 }
 

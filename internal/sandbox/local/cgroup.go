@@ -39,8 +39,37 @@ type cgroupSettings struct {
 	cpus      float64 // CPUs of time per period, 0 for none
 }
 
+// cgroupFS is what this file does to cgroup filesystems. osCgroupFS does it to the kernel's; a
+// test puts a fake with cgroupfs's rules in its place (a plain directory has none of them: mkdir
+// does not fill it with control files, a write to a missing file creates it, nothing is ever
+// EBUSY).
+type cgroupFS interface {
+	Mkdir(dir string) error
+	Remove(dir string) error
+	WriteFile(path, value string) error
+	ReadFile(path string) (string, error) // the content without surrounding white space
+	Exists(path string) bool
+}
+
+type osCgroupFS struct{}
+
+func (osCgroupFS) Mkdir(dir string) error  { return os.Mkdir(dir, 0o755) }
+func (osCgroupFS) Remove(dir string) error { return os.Remove(dir) }
+func (osCgroupFS) WriteFile(path, value string) error {
+	return os.WriteFile(path, []byte(value), 0)
+}
+func (osCgroupFS) ReadFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	return strings.TrimSpace(string(b)), err
+}
+func (osCgroupFS) Exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
 // cgroupHost is where this provider's sandbox cgroups go, hierarchy by hierarchy.
 type cgroupHost struct {
+	fs cgroupFS
 	// v2 is the provider's parent directory in the unified hierarchy, "" when there is none;
 	// v2Controllers are the controllers its children get (of memory, pids, cpu).
 	v2            string
@@ -203,9 +232,14 @@ func newCgroupHost(name string) *cgroupHost {
 	if err != nil {
 		return nil
 	}
-	h := &cgroupHost{v1: map[string]string{}}
+	return openCgroupHost(osCgroupFS{}, name, v2, v1)
+}
+
+// openCgroupHost is newCgroupHost on fsys, given this process's own cgroups.
+func openCgroupHost(fsys cgroupFS, name, v2 string, v1 []cgroupMount) *cgroupHost {
+	h := &cgroupHost{fs: fsys, v1: map[string]string{}}
 	if v2 != "" {
-		h.v2, h.v2Controllers = delegatedV2(v2, name)
+		h.v2, h.v2Controllers = delegatedV2(fsys, v2, name)
 	}
 	for _, m := range v1 {
 		// Only a hierarchy that serves a controller gets a directory: one made and never
@@ -220,7 +254,7 @@ func newCgroupHost(name string) *cgroupHost {
 			continue
 		}
 		dir := filepath.Join(m.dir, name)
-		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := fsys.Mkdir(dir); err != nil && !errors.Is(err, fs.ErrExist) {
 			continue
 		}
 		for _, c := range serves {
@@ -239,20 +273,22 @@ const proxyLeaf = "ciproxy-proxy"
 
 // delegatedV2 creates the provider's parent in the unified hierarchy below own and enables for its
 // children what controllers it can. The v2 rule that a cgroup with processes cannot hand
-// controllers to children means the proxy itself must first leave its own cgroup for a leaf
-// beside the sandboxes' parents (what a service with Delegate=yes is expected to do).
-func delegatedV2(own, name string) (string, []string) {
+// controllers to children means the processes in own, the proxy and whatever runs beside it,
+// must first leave it for a leaf beside the sandboxes' parents (what a service with
+// Delegate=yes is expected to do).
+func delegatedV2(fsys cgroupFS, own, name string) (string, []string) {
 	dir := filepath.Join(own, name)
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := fsys.Mkdir(dir); err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", nil
 	}
-	if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err != nil {
+	if !fsys.Exists(filepath.Join(dir, "cgroup.kill")) {
 		// Before Linux 5.14 there is no cgroup.kill: not worth a hierarchy of its own.
-		os.Remove(dir)
+		fsys.Remove(dir)
 		return "", nil
 	}
+	controllers, _ := fsys.ReadFile(filepath.Join(own, "cgroup.controllers"))
 	var want []string
-	for _, c := range strings.Fields(readString(filepath.Join(own, "cgroup.controllers"))) {
+	for _, c := range strings.Fields(controllers) {
 		if c == "memory" || c == "pids" || c == "cpu" {
 			want = append(want, c)
 		}
@@ -265,25 +301,39 @@ func delegatedV2(own, name string) (string, []string) {
 		for _, c := range want {
 			b.WriteString("+" + c + " ")
 		}
-		return os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte(b.String()), 0)
+		return fsys.WriteFile(filepath.Join(d, "cgroup.subtree_control"), b.String())
 	}
 	if err := enable(own); err != nil {
-		// EBUSY: own has processes (this one). Move the whole proxy into a leaf and try again.
+		// EBUSY: own has processes: this one, and any the unit or container started beside it
+		// (a shell or an init that runs the proxy, a health check). Move them all into a leaf and
+		// try again; one forked meanwhile makes it EBUSY again, so a few times.
 		leaf := filepath.Join(own, proxyLeaf)
-		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := fsys.Mkdir(leaf); err != nil && !errors.Is(err, fs.ErrExist) {
 			return dir, nil
 		}
-		if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte("0"), 0); err != nil {
+		if err := fsys.WriteFile(filepath.Join(leaf, "cgroup.procs"), "0"); err != nil {
 			return dir, nil
 		}
-		if err := enable(own); err != nil {
-			return dir, nil
+		for try := 0; ; try++ {
+			procs, _ := fsys.ReadFile(filepath.Join(own, "cgroup.procs"))
+			for _, pid := range strings.Fields(procs) {
+				// A process that exited meanwhile is ESRCH; one that cannot move shows below.
+				fsys.WriteFile(filepath.Join(leaf, "cgroup.procs"), pid)
+			}
+			err := enable(own)
+			if err == nil {
+				break
+			}
+			if try == 2 {
+				return dir, nil
+			}
 		}
 	}
 	if err := enable(dir); err != nil {
 		return dir, nil
 	}
-	return dir, strings.Fields(readString(filepath.Join(dir, "cgroup.subtree_control")))
+	enabled, _ := fsys.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	return dir, strings.Fields(enabled)
 }
 
 // cgroupRoots are this process's own cgroups in every hierarchy a provider may use, whether or
@@ -305,21 +355,13 @@ func cgroupRoots() []string {
 	return out
 }
 
-func readString(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
-}
-
 // close removes the provider's parent cgroups (they must be empty by then).
 func (h *cgroupHost) close() {
 	if h == nil {
 		return
 	}
 	for _, d := range h.dirs() {
-		removeCgroup(d)
+		removeCgroup(h.fs, d)
 	}
 }
 
@@ -392,7 +434,7 @@ func (h *cgroupHost) create(name string, s cgroupSettings) (*sandboxCgroup, erro
 	cg := &sandboxCgroup{host: h, name: name}
 	for _, parent := range h.dirs() {
 		dir := filepath.Join(parent, name)
-		if err := os.Mkdir(dir, 0o755); err != nil {
+		if err := h.fs.Mkdir(dir); err != nil {
 			cg.remove()
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}
@@ -407,9 +449,12 @@ func (h *cgroupHost) create(name string, s cgroupSettings) (*sandboxCgroup, erro
 			switch c {
 			case "memory":
 				if s.memory > 0 {
-					writes = append(writes,
-						[2]string{filepath.Join(dir, "memory.max"), strconv.FormatInt(s.memory, 10)},
-						[2]string{filepath.Join(dir, "memory.swap.max"), "0"})
+					writes = append(writes, [2]string{filepath.Join(dir, "memory.max"), strconv.FormatInt(s.memory, 10)})
+					// A kernel without swap accounting (built or booted so) has no
+					// memory.swap.max, as v1 then has no memsw file.
+					if swap := filepath.Join(dir, "memory.swap.max"); h.fs.Exists(swap) {
+						writes = append(writes, [2]string{swap, "0"})
+					}
 				}
 			case "pids":
 				if s.processes > 0 {
@@ -425,7 +470,7 @@ func (h *cgroupHost) create(name string, s cgroupSettings) (*sandboxCgroup, erro
 	if d := h.v1["memory"]; d != "" && s.memory > 0 {
 		dir := filepath.Join(d, name)
 		writes = append(writes, [2]string{filepath.Join(dir, "memory.limit_in_bytes"), strconv.FormatInt(s.memory, 10)})
-		if _, err := os.Stat(filepath.Join(dir, "memory.memsw.limit_in_bytes")); err == nil {
+		if h.fs.Exists(filepath.Join(dir, "memory.memsw.limit_in_bytes")) {
 			writes = append(writes, [2]string{filepath.Join(dir, "memory.memsw.limit_in_bytes"), strconv.FormatInt(s.memory, 10)})
 		}
 	}
@@ -438,7 +483,7 @@ func (h *cgroupHost) create(name string, s cgroupSettings) (*sandboxCgroup, erro
 			[2]string{filepath.Join(d, name, "cpu.cfs_quota_us"), strconv.Itoa(cpuQuota(s.cpus))})
 	}
 	for _, w := range writes {
-		if err := os.WriteFile(w[0], []byte(w[1]), 0); err != nil {
+		if err := h.fs.WriteFile(w[0], w[1]); err != nil {
 			cg.remove()
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}
@@ -456,14 +501,15 @@ func (cg *sandboxCgroup) makeLeaves() error {
 	if dir == "" {
 		return nil
 	}
+	fsys := cg.host.fs
 	memory := slices.Contains(cg.host.v2Controllers, "memory")
 	if memory {
-		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+memory"), 0); err != nil {
+		if err := fsys.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), "+memory"); err != nil {
 			return err
 		}
 	}
 	for _, leaf := range []string{v2Box, v2Copy} {
-		if err := os.Mkdir(filepath.Join(dir, leaf), 0o755); err != nil {
+		if err := fsys.Mkdir(filepath.Join(dir, leaf)); err != nil {
 			return err
 		}
 		cg.mu.Lock()
@@ -471,7 +517,7 @@ func (cg *sandboxCgroup) makeLeaves() error {
 		cg.mu.Unlock()
 	}
 	if memory {
-		return os.WriteFile(filepath.Join(cg.v2Dir(v2Box), "memory.oom.group"), []byte("1"), 0)
+		return fsys.WriteFile(filepath.Join(cg.v2Dir(v2Box), "memory.oom.group"), "1")
 	}
 	return nil
 }
@@ -484,7 +530,7 @@ func cpuQuota(cpus float64) int { return max(1000, int(cpus*cpuPeriod)) }
 // children are born there.
 func (cg *sandboxCgroup) place(pid int) error {
 	for _, dir := range cg.procsDirs() {
-		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		if err := cg.host.fs.WriteFile(filepath.Join(dir, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
 			return fmt.Errorf("cgroup: placing the sandbox: %w", err)
 		}
 	}
@@ -499,27 +545,29 @@ func (cg *sandboxCgroup) freeze(on bool) error {
 		if on {
 			v = "1"
 		}
-		return os.WriteFile(filepath.Join(cg.v2Dir(v2Box), "cgroup.freeze"), []byte(v), 0)
+		return cg.host.fs.WriteFile(filepath.Join(cg.v2Dir(v2Box), "cgroup.freeze"), v)
 	}
 	if d := cg.host.v1["freezer"]; d != "" {
 		v := "THAWED"
 		if on {
 			v = "FROZEN"
 		}
-		return os.WriteFile(filepath.Join(d, cg.name, "freezer.state"), []byte(v), 0)
+		return cg.host.fs.WriteFile(filepath.Join(d, cg.name, "freezer.state"), v)
 	}
 	return errors.ErrUnsupported
 }
 
 // kill sends SIGKILL to every process in the sandbox's cgroup.
 func (cg *sandboxCgroup) kill() {
+	fsys := cg.host.fs
 	if cg.host.v2 != "" {
-		if os.WriteFile(filepath.Join(cg.host.v2, cg.name, "cgroup.kill"), []byte("1"), 0) == nil {
+		if fsys.WriteFile(filepath.Join(cg.host.v2, cg.name, "cgroup.kill"), "1") == nil {
 			return
 		}
 	}
 	for _, dir := range cg.procsDirs() {
-		for _, f := range strings.Fields(readString(filepath.Join(dir, "cgroup.procs"))) {
+		procs, _ := fsys.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		for _, f := range strings.Fields(procs) {
 			if pid, err := strconv.Atoi(f); err == nil {
 				syscall.Kill(pid, syscall.SIGKILL)
 			}
@@ -527,7 +575,7 @@ func (cg *sandboxCgroup) kill() {
 	}
 	// A v1-frozen process handles its SIGKILL only once thawed.
 	if d := cg.host.v1["freezer"]; d != "" && cg.host.v2 == "" {
-		os.WriteFile(filepath.Join(d, cg.name, "freezer.state"), []byte("THAWED"), 0)
+		fsys.WriteFile(filepath.Join(d, cg.name, "freezer.state"), "THAWED")
 	}
 }
 
@@ -542,7 +590,8 @@ func (cg *sandboxCgroup) oomKills() int64 {
 	default:
 		return 0
 	}
-	for _, line := range strings.Split(readString(file), "\n") {
+	events, _ := cg.host.fs.ReadFile(file)
+	for _, line := range strings.Split(events, "\n") {
 		if f := strings.Fields(line); len(f) == 2 && f[0] == "oom_kill" {
 			n, _ := strconv.ParseInt(f[1], 10, 64)
 			return n
@@ -562,7 +611,8 @@ func (cg *sandboxCgroup) memoryPeak() int64 {
 	default:
 		return 0
 	}
-	n, _ := strconv.ParseInt(readString(file), 10, 64)
+	peak, _ := cg.host.fs.ReadFile(file)
+	n, _ := strconv.ParseInt(peak, 10, 64)
 	return n
 }
 
@@ -574,14 +624,14 @@ func (cg *sandboxCgroup) remove() {
 	cg.made = nil
 	cg.mu.Unlock()
 	for _, dir := range slices.Backward(made) {
-		removeCgroup(dir)
+		removeCgroup(cg.host.fs, dir)
 	}
 }
 
-func removeCgroup(dir string) {
+func removeCgroup(fsys cgroupFS, dir string) {
 	delay := time.Millisecond
 	for range 10 {
-		err := os.Remove(dir)
+		err := fsys.Remove(dir)
 		if err == nil || errors.Is(err, fs.ErrNotExist) || !errors.Is(err, syscall.EBUSY) {
 			return
 		}

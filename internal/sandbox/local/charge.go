@@ -82,7 +82,7 @@ func (p *Provider) chargedCopy(ctx context.Context, b *box, dst *os.File, src io
 	go func() {
 		err := os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("1000"), 0)
 		if err == nil {
-			err = os.WriteFile(filepath.Join(memcg, "cgroup.procs"), []byte(pid), 0)
+			err = b.cg.host.fs.WriteFile(filepath.Join(memcg, "cgroup.procs"), pid)
 		}
 		placed <- err
 	}()

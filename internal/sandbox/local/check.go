@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -50,6 +51,10 @@ func (p *Provider) Isolation() Isolation {
 	case modeCgroup1:
 		if p.cg.v1["cpu"] == "" {
 			iso.Warnings = append(iso.Warnings, "no cpu controller: a sandbox may use every CPU while its code runs")
+		}
+	case modeCgroup2:
+		if !slices.Contains(p.cg.v2Controllers, "cpu") {
+			iso.Warnings = append(iso.Warnings, "no cpu controller delegated: a sandbox may use every CPU while its code runs")
 		}
 	}
 	if iso.Mode != string(modeRlimit) && (!p.cg.charges() || p.copier == "") {

@@ -217,8 +217,9 @@ type Provider struct {
 
 // knobs are switches for tests and benchmarks only.
 type knobs struct {
-	noSeccomp bool // kernels and the zygote run without their filters
-	noCgroups bool // as on a host without writable cgroups
+	noSeccomp    bool          // kernels and the zygote run without their filters
+	noCgroups    bool          // as on a host without writable cgroups
+	startTimeout time.Duration // instead of startTimeout (an emulated machine starts slowly)
 }
 
 var _ sandbox.Provider = (*Provider)(nil)

@@ -33,7 +33,9 @@ var (
 
 func sharedProvider(t testing.TB) *Provider {
 	t.Helper()
-	sharedOnce.Do(func() { sharedP, sharedErr = New(Options{Tool: "local-test", PoolSize: DefaultPoolSize}) })
+	sharedOnce.Do(func() {
+		sharedP, sharedErr = newProvider(Options{Tool: "local-test", PoolSize: DefaultPoolSize}, testKnobs(knobs{}))
+	})
 	if sharedErr != nil {
 		t.Fatal(sharedErr)
 	}
@@ -45,7 +47,7 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(sweepHelperEnv); dir != "" {
 		sweepHelper(dir) // never returns
 	}
-	if err := Check(ctx, Options{}); err != nil {
+	if _, err := checkWith(ctx, Options{}, testKnobs(knobs{})); err != nil {
 		fmt.Fprintln(os.Stderr, "local sandbox tests need a working bubblewrap:", err)
 		os.Exit(1)
 	}
@@ -65,9 +67,20 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// startTimeoutEnv, a Go duration, is how long the tests' providers wait for a kernel or the
+// zygote to start (an emulated machine, make test-cgroup2's, takes about a minute).
+const startTimeoutEnv = "CIPROXY_TEST_START_TIMEOUT"
+
+func testKnobs(k knobs) knobs {
+	if d, err := time.ParseDuration(os.Getenv(startTimeoutEnv)); err == nil {
+		k.startTimeout = d
+	}
+	return k
+}
+
 func newTestProvider(t testing.TB, opts Options) *Provider {
 	t.Helper()
-	p, err := New(opts)
+	p, err := newProvider(opts, testKnobs(knobs{}))
 	if err != nil {
 		t.Fatal(err)
 	}

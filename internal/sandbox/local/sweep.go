@@ -113,7 +113,7 @@ func removeCgroupTree(dir string) bool {
 			removeCgroupTree(filepath.Join(dir, e.Name()))
 		}
 	}
-	removeCgroup(dir)
+	removeCgroup(osCgroupFS{}, dir)
 	_, err = os.Stat(dir)
 	return errors.Is(err, fs.ErrNotExist)
 }

@@ -34,7 +34,7 @@ type helperState struct {
 // sweepHelper runs as a separate process: a provider in dir with one sandbox holding a file,
 // reported on stdout, then it waits to be killed.
 func sweepHelper(dir string) {
-	p, err := New(Options{WorkDir: dir, PoolSize: -1})
+	p, err := newProvider(Options{WorkDir: dir, PoolSize: -1}, testKnobs(knobs{}))
 	if err != nil {
 		fmt.Println(err)
 		os.Exit(1)
@@ -130,7 +130,7 @@ func noCgroupsOf(t *testing.T, id string) {
 // start); a sweep removes what a dead provider left in every hierarchy.
 func TestCgroupsRemoved(t *testing.T) {
 	t.Run("close", func(t *testing.T) {
-		p, err := New(Options{WorkDir: t.TempDir(), PoolSize: 1})
+		p, err := newProvider(Options{WorkDir: t.TempDir(), PoolSize: 1}, testKnobs(knobs{}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +158,7 @@ func TestCgroupsRemoved(t *testing.T) {
 		if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE); err != nil {
 			t.Fatal(err)
 		}
-		if err := Check(context.Background(), Options{WorkDir: dir}); err != nil {
+		if _, err := checkWith(context.Background(), Options{WorkDir: dir}, testKnobs(knobs{})); err != nil {
 			t.Fatal(err)
 		}
 		buf := make([]byte, 64<<10)

@@ -188,7 +188,7 @@ func (p *Provider) startZygote(ctx context.Context) (*zygote, error) {
 	}()
 	ready := make(chan error, 1)
 	go func() {
-		conn.SetReadDeadline(time.Now().Add(startTimeout))
+		conn.SetReadDeadline(time.Now().Add(p.startWait()))
 		buf := make([]byte, 4096)
 		n, _, _, _, err := conn.ReadMsgUnix(buf, nil)
 		conn.SetReadDeadline(time.Time{})

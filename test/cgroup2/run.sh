@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Runs the local sandbox's cgroup tests on a real cgroup v2 kernel: Debian's kernel, booted under
+# QEMU with software emulation (no KVM needed), on a Debian root that has what the sandbox needs.
+# The guest mounts cgroup2 alone (no v1 hierarchy) and hands the tests a delegated subtree as
+# systemd's Delegate=yes does; it runs the compiled tests of internal/sandbox/local and this
+# script exits with their status.
+#
+#   test/cgroup2/run.sh                      the cgroup tests (CGROUP2_TESTS, a -test.run pattern;
+#                                            CGROUP2_SKIP, a -test.skip pattern)
+#   CGROUP2_TESTS=. test/cgroup2/run.sh      every test of the package
+#   CGROUP2_RACE=1 test/cgroup2/run.sh       built with the race detector (several times slower)
+#
+# The kernel and the root filesystem are built once and kept in CIPROXY_CACHE (default
+# ~/.cache/ciproxy/cgroup2); delete that directory to rebuild them. Needs root (debootstrap) and
+# Debian's apt; installs qemu-system-x86, debootstrap and busybox-static when missing.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+
+cache=${CIPROXY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ciproxy}/cgroup2
+tests=${CGROUP2_TESTS:-'^(TestCgroupFilesWritten|TestCPULimit|TestLimits|TestProbeMemoryAggregate|TestProbeSocketFlood|TestProbeLeftoverCPU|TestRestartKernel|TestFilesCharged|TestIsolationMode|TestTimeout|TestCgroupsRemoved|TestSweepAfterKill)$'}
+# The subtests without cgroups (the SIGSTOP fallback) are make test's: emulated, stopping a
+# sandbox process by process is slow enough that a spinning process runs past their bound.
+skip=${CGROUP2_SKIP-/SIGSTOP_fallback}
+suite=bookworm
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+go=${GO:-go}
+log() { echo "cgroup2: $*" >&2; }
+
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+[[ -x /bin/busybox ]] && file -L /bin/busybox 2>/dev/null | grep -q static || need+=(busybox-static)
+command -v cpio >/dev/null || need+=(cpio)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v file >/dev/null || need+=(file)
+command -v depmod >/dev/null || need+=(kmod)
+if ((${#need[@]})); then
+	log "installing ${need[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+mkdir -p "$cache"
+
+# The kernel: the package linux-image-amd64 depends on, unpacked (not installed).
+if [[ ! -f $cache/kernel/ok ]]; then
+	log "fetching Debian's kernel"
+	rm -rf "$cache/kernel" && mkdir -p "$cache/kernel/deb"
+	pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+	[[ -n $pkg ]] || { apt-get update -qq; pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'); }
+	(cd "$cache/kernel/deb" && apt-get download -q -o APT::Sandbox::User=root "$pkg" >/dev/null)
+	dpkg-deb -x "$cache"/kernel/deb/*.deb "$cache/kernel/root"
+	# The package leaves modules.dep to its postinst.
+	depmod -b "$cache/kernel/root" "$(ls "$cache/kernel/root/lib/modules")"
+	rm -rf "$cache/kernel/deb"
+	touch "$cache/kernel/ok"
+fi
+kroot=$cache/kernel/root
+vmlinuz=$(ls "$kroot"/boot/vmlinuz-* | head -1)
+kver=${vmlinuz##*/vmlinuz-}
+
+# The initramfs: busybox and the modules that reach the root disk and the shared directory.
+if [[ ! -f $cache/initrd.img ]]; then
+	log "building the initramfs for $kver"
+	ird=$(mktemp -d)
+	mkdir -p "$ird"/{bin,dev,proc,sys,newroot,lib/modules}
+	cp /bin/busybox "$ird/bin/busybox"
+	moddir=$kroot/lib/modules/$kver
+	# Each wanted module after the modules it depends on, as modules.dep lists them.
+	order=()
+	add() {
+		local path=$1 dep
+		[[ " ${order[*]-} " == *" $path "* ]] && return
+		for dep in $(awk -F': ' -v m="$path" '$1 == m {print $2}' "$moddir/modules.dep"); do add "$dep"; done
+		order+=("$path")
+	}
+	for m in virtio_pci virtio_blk crc32c_generic ext4 9pnet_virtio 9p; do
+		path=$(awk -F: -v m="$m" '{n = $1; sub(/.*\//, "", n); sub(/\.ko(\.[a-z]+)?$/, "", n); gsub(/-/, "_", n)} n == m {print $1; exit}' "$moddir/modules.dep")
+		[[ -n $path ]] && add "$path" # absent: built into the kernel
+	done
+	: >"$ird/modules"
+	for path in "${order[@]}"; do
+		name=${path##*/}
+		case $name in
+		*.xz) xz -dc "$moddir/$path" >"$ird/lib/modules/${name%.xz}" ;;
+		*.zst) zstd -qdc "$moddir/$path" >"$ird/lib/modules/${name%.zst}" ;;
+		*) cp "$moddir/$path" "$ird/lib/modules/$name" ;;
+		esac
+		name=${name%.xz} && name=${name%.zst}
+		echo "/lib/modules/$name" >>"$ird/modules"
+	done
+	install -m 755 "$repo/test/cgroup2/initramfs-init" "$ird/init"
+	(cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1) >"$cache/initrd.img.new"
+	mv "$cache/initrd.img.new" "$cache/initrd.img"
+	rm -rf "$ird"
+fi
+
+# The root filesystem: a minimal Debian with what the sandbox runs (the packages scripts/deps.sh
+# installs for it), as an ext4 image that every
+# run opens as a throwaway snapshot.
+if [[ ! -f $cache/root.img ]]; then
+	log "debootstrapping $suite (minbase) with bubblewrap and Python"
+	rootdir=$(mktemp -d)
+	debootstrap --variant=minbase --include=bubblewrap,python3,python3-numpy,python3-pandas,python3-matplotlib,ca-certificates \
+		"$suite" "$rootdir" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
+		{ tail -20 "$cache/debootstrap.log" >&2; exit 1; }
+	rm -rf "$rootdir"/var/cache/apt/archives/*.deb "$rootdir"/var/lib/apt/lists/*
+	mkdir -p "$rootdir/mnt/host"
+	truncate -s 2G "$cache/root.img.new"
+	mkfs.ext4 -q -F -L ciproxy-root -d "$rootdir" "$cache/root.img.new"
+	mv "$cache/root.img.new" "$cache/root.img"
+	rm -rf "$rootdir"
+fi
+
+# The tests, and what the guest runs, in a directory the guest mounts (9p).
+share=$(mktemp -d)
+trap 'rm -rf "$share"' EXIT
+race=()
+[[ ${CGROUP2_RACE:-} == 1 ]] && race=(-race)
+log "building the tests of internal/sandbox/local ${race[*]-}"
+if ((${#race[@]})); then
+	"$go" test -c "${race[@]}" -o "$share/local.test" ./internal/sandbox/local/
+else
+	CGO_ENABLED=0 "$go" test -c -o "$share/local.test" ./internal/sandbox/local/
+fi
+cp /bin/busybox "$share/busybox"
+install -m 755 "$repo/test/cgroup2/guest.sh" "$share/guest.sh"
+printf '%s\n' "$tests" >"$share/tests"
+printf '%s\n' "$skip" >"$share/skip"
+
+log "booting $kver under qemu (tcg)"
+start=$SECONDS
+timeout "${CGROUP2_TIMEOUT:-45m}" qemu-system-x86_64 \
+	-accel tcg,thread=multi -cpu max -smp 2 -m "${CGROUP2_MEMORY:-4096}" \
+	-nographic -no-reboot -monitor none -serial stdio -nic none \
+	-kernel "$vmlinuz" -initrd "$cache/initrd.img" \
+	-append "console=ttyS0 quiet loglevel=1 panic=-1 init=/mnt/host/guest.sh" \
+	-drive file="$cache/root.img",format=raw,if=virtio,snapshot=on \
+	-virtfs local,path="$share",mount_tag=host,security_model=none,id=host \
+	</dev/null || log "qemu exited with status $?"
+log "guest ran for $((SECONDS - start)) s"
+rc=$(cat "$share/rc" 2>/dev/null || echo missing)
+if [[ $rc != 0 ]]; then
+	log "FAIL: the tests exited with status $rc"
+	exit 1
+fi
+log "ok"
