@@ -105,7 +105,7 @@ func New(opts Options) *Engine {
 		e.now = time.Now
 	}
 	if opts.Containers != nil {
-		e.sessions = adaptSessions(opts.Containers)
+		e.sessions = manager{opts.Containers}
 	} else {
 		e.sessions = noSessions{}
 	}

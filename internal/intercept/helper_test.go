@@ -382,7 +382,7 @@ func (h *harness) container(caller string) string {
 	if err != nil {
 		h.t.Fatalf("Create: %v", err)
 	}
-	h.eng.sessions.Release(ctx, c, 10*time.Minute)
+	c.Release(ctx)
 	return c.ID()
 }
 

@@ -215,7 +215,7 @@ func TestLimitOutputBudget(t *testing.T) {
 // quotaContainers refuses every create with a container quota.
 type quotaContainers struct{ *fakeContainers }
 
-func (quotaContainers) Create(context.Context, string, string, sandbox.CreateOptions, time.Duration) (runner, error) {
+func (quotaContainers) Create(context.Context, string, string, sandbox.CreateOptions, time.Duration) (heldContainer, error) {
 	return nil, &containers.QuotaError{Limit: "max_containers_per_key", Message: "Rate limit reached for containers per API key (max_containers_per_key)."}
 }
 

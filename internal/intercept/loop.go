@@ -205,7 +205,7 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 	start := r.e.now()
 	// What the code writes in /mnt/data becomes container files, which the model is told of so
 	// it can link them, and the citations know.
-	res, written, runErr := r.e.sessions.Execute(ctx, box, c.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout}, r.lim)
+	res, written, runErr := box.Execute(ctx, c.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout}, r.lim)
 	if ctx.Err() != nil {
 		return execution{}, ctx.Err()
 	}
