@@ -149,9 +149,7 @@ func (r *run) maxIterations() int {
 func (r *run) complete(ctx context.Context, turns, pending [][]byte) error {
 	ev := r.tr.completed()
 	sr := store.Response{ID: r.id, Owner: r.caller, UpstreamID: r.tr.upstreamID(), ExpiresAt: r.e.now().Add(storedTTL)}
-	for _, it := range pending {
-		sr.Pending = append(sr.Pending, it)
-	}
+	sr.Pending = rawItems(pending)
 	if c, ok := r.cont.ready(); ok {
 		sr.ContainerID = c.ID()
 		r.cont.stored = true
@@ -169,9 +167,7 @@ func (r *run) complete(ctx context.Context, turns, pending [][]byte) error {
 		// kept only when the client asked for storage, as OpenAI keeps it.
 		sr.UpstreamID, sr.Pending = "", nil
 		if r.req.store {
-			for _, it := range r.req.conversation(turns, r.tr.turn(), pending) {
-				sr.Pending = append(sr.Pending, it)
-			}
+			sr.Pending = rawItems(r.req.conversation(turns, r.tr.turn(), pending))
 		}
 	}
 	for i := range r.stored {

@@ -35,6 +35,18 @@ func readResponse(ctx context.Context, rs store.Responses, id string) (r store.R
 	return r, true, nil
 }
 
+// rawItems returns items as a stored response keeps them (nil for none).
+func rawItems(items [][]byte) []json.RawMessage {
+	if len(items) == 0 {
+		return nil
+	}
+	out := make([]json.RawMessage, len(items))
+	for i, it := range items {
+		out[i] = it
+	}
+	return out
+}
+
 // readCall is readResponse for the record of a code_interpreter_call item ("ci_...").
 func readCall(ctx context.Context, rs store.Responses, id string) (c store.Call, found bool, err error) {
 	c, err = rs.Call(ctx, id)

@@ -105,9 +105,18 @@ func validJSON(raw json.RawMessage) bool { return raw == nil || json.Valid(raw) 
 func copyResponse(r store.Response) store.Response {
 	r.Body, r.Input = bytes.Clone(r.Body), bytes.Clone(r.Input)
 	if r.Pending != nil {
+		// One buffer for every item: a kept conversation is many small ones.
+		n := 0
+		for _, it := range r.Pending {
+			n += len(it)
+		}
+		buf := make([]byte, 0, n)
 		p := make([]json.RawMessage, len(r.Pending))
 		for i, it := range r.Pending {
-			p[i] = bytes.Clone(it)
+			if it != nil {
+				buf = append(buf, it...)
+				p[i] = buf[len(buf)-len(it) : len(buf) : len(buf)]
+			}
 		}
 		r.Pending = p
 	}
