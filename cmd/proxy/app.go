@@ -187,7 +187,7 @@ func wire(ctx context.Context, f flags, cfg *config.Config, log *zap.Logger) (_ 
 
 	engine := intercept.New(intercept.Options{
 		Containers: a.containers,
-		Store:      intercept.OnStore(a.store, 0, nil),
+		Store:      a.store,
 		Files:      a.store,
 		Logger:     log,
 		Metrics:    reg,

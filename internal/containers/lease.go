@@ -140,6 +140,12 @@ func (s *Manager) Release(ctx context.Context, c *Container) { s.release(ctx, c,
 // timeout: for a container whose id never reached anyone, which nobody could use again.
 func (s *Manager) Discard(ctx context.Context, c *Container) { s.release(ctx, c, true) }
 
+// Release is Manager.Release of c, for a holder that has the container and not its manager.
+func (c *Container) Release(ctx context.Context) { c.s.Release(ctx, c) }
+
+// Discard is Manager.Discard of c.
+func (c *Container) Discard(ctx context.Context) { c.s.Discard(ctx, c) }
+
 func (s *Manager) release(ctx context.Context, c *Container, discard bool) {
 	if c == nil {
 		return

@@ -15,6 +15,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
@@ -87,7 +88,7 @@ func benchEngineOn(b *testing.B, st store.Store) (*Engine, *config.Config, func(
 	cfg.Interception.SandboxToolName = "instant"
 	cfg.Interception.ExecutionTimeout = time.Minute
 	cfg.Interception.ContainerIdleTimeout = time.Minute
-	e := New(Options{Containers: sess})
+	e := New(Options{Containers: sess, Store: storetest.NewMemResponses(nil)})
 	return e, cfg, func() { _ = sess.Close(context.Background()) }
 }
 

@@ -15,146 +15,80 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// containerManager is what the loop needs of containers.Manager: containers by owner, created,
-// opened and released, and the files of a held container. Tests that run no code fake it.
+// containerManager is what the loop needs of containers.Manager: containers by owner, created
+// and opened, and the files recorded for one. Tests that run no code fake it.
 type containerManager interface {
-	Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, idle time.Duration) (runner, error)
-	Open(ctx context.Context, id, owner string) (runner, error)
-	Release(ctx context.Context, c runner, idle time.Duration)
-
-	// PlaceFiles places files into owner's container c as containers.Container.Place does,
-	// deduplication and *containers.FileError included.
-	PlaceFiles(ctx context.Context, c runner, owner string, files []containers.Placement, lim containers.ContainerLimits) ([]store.ContainerFile, error)
-	// Execute runs code in c, then records the regular files the execution created or changed
-	// under /mnt/data as container files (source "assistant"). res and err are the run's, except
-	// that an execution whose files alone could not be collected returns its result and an
-	// error wrapping containers.ErrCollect.
-	Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim containers.ContainerLimits) (res sandbox.Result, written containers.Outputs, err error)
-	// ContainerFiles returns the files recorded for owner's container c.
-	ContainerFiles(ctx context.Context, c runner, owner string) ([]store.ContainerFile, error)
+	Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, idle time.Duration) (heldContainer, error)
+	Open(ctx context.Context, id, owner string) (heldContainer, error)
+	// Files lists the files recorded for owner's container id, as containers.Manager.Files.
+	Files(ctx context.Context, owner, id string, q store.ContainerFileQuery) (store.List[store.ContainerFile], error)
 }
 
-// runner is one held container.
-type runner interface {
+// heldContainer is what the loop does with the container it holds; *containers.Container
+// implements it.
+type heldContainer interface {
 	ID() string
-	Run(ctx context.Context, code string, opts sandbox.RunOptions) (sandbox.Result, error)
+	// Place places files as containers.Container.Place does, deduplication and
+	// *containers.FileError included.
+	Place(ctx context.Context, files []containers.Placement, lim containers.ContainerLimits) ([]store.ContainerFile, error)
+	// Execute runs code, then records the files it created or changed under /mnt/data, as
+	// containers.Container.Execute does (an execution whose files alone could not be collected
+	// returns its result and an error wrapping containers.ErrCollect).
+	Execute(ctx context.Context, code string, opts sandbox.RunOptions, lim containers.ContainerLimits) (sandbox.Result, containers.Outputs, error)
+	// Release ends the request's use of the container; Discard also deletes it once nobody else
+	// holds it (its id never reached anyone).
+	Release(ctx context.Context)
+	Discard(ctx context.Context)
 }
 
-// sessions adapts *containers.Manager to containerManager.
-type sessions struct {
-	s *containers.Manager
-}
+var _ heldContainer = (*containers.Container)(nil)
 
-func adaptSessions(s *containers.Manager) sessions { return sessions{s: s} }
+// manager is *containers.Manager as a containerManager: Create and Open return the interface.
+type manager struct{ *containers.Manager }
 
-// created is a container this engine's request created: released with idle 0 (its id never
-// reached anyone), it is discarded, whatever idle timeout it was created with. Any other
-// container keeps the idle timeout it was created with (a container made through the Containers
-// API keeps its own expires_after).
-type created struct{ *containers.Container }
-
-func (a sessions) Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, idle time.Duration) (runner, error) {
-	c, err := a.s.Create(ctx, tool, owner, opts, idle)
-	if err != nil {
-		return nil, err
-	}
-	return created{c}, nil
-}
-
-func (a sessions) Open(ctx context.Context, id, owner string) (runner, error) {
-	c, err := a.s.Open(ctx, id, owner)
+func (m manager) Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, idle time.Duration) (heldContainer, error) {
+	c, err := m.Manager.Create(ctx, tool, owner, opts, idle)
 	if err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-func (a sessions) Release(ctx context.Context, c runner, idle time.Duration) {
-	switch c := c.(type) {
-	case created:
-		if idle <= 0 {
-			a.s.Discard(ctx, c.Container)
-			return
-		}
-		a.s.Release(ctx, c.Container)
-	case *containers.Container:
-		a.s.Release(ctx, c)
-	}
-}
-
-// held returns the sandbox container behind a runner this adapter returned.
-func held(c runner) *containers.Container {
-	switch c := c.(type) {
-	case created:
-		return c.Container
-	case *containers.Container:
-		return c
-	}
-	return nil
-}
-
-func (a sessions) PlaceFiles(ctx context.Context, c runner, _ string, files []containers.Placement, lim containers.ContainerLimits) ([]store.ContainerFile, error) {
-	sc := held(c)
-	if sc == nil {
-		return nil, fmt.Errorf("%w: not a sandbox container", sandbox.ErrUnavailable)
-	}
-	return sc.Place(ctx, files, lim)
-}
-
-func (a sessions) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, lim containers.ContainerLimits) (sandbox.Result, containers.Outputs, error) {
-	sc := held(c)
-	if sc == nil {
-		res, err := c.Run(ctx, code, opts)
-		return res, containers.Outputs{}, err
-	}
-	return sc.Execute(ctx, code, opts, lim)
-}
-
-func (a sessions) ContainerFiles(ctx context.Context, c runner, owner string) ([]store.ContainerFile, error) {
-	l, err := a.s.Files(ctx, owner, c.ID(), store.ContainerFileQuery{Page: store.Page{Order: store.Asc}})
+func (m manager) Open(ctx context.Context, id, owner string) (heldContainer, error) {
+	c, err := m.Manager.Open(ctx, id, owner)
 	if err != nil {
 		return nil, err
 	}
-	return l.Items, nil
+	return c, nil
 }
 
-// noSessions is the containers of an Engine without Sessions: nothing can be created.
+// noSessions is the containers of an Engine without Containers: nothing can be created.
 type noSessions struct{}
 
-func (noSessions) Create(context.Context, string, string, sandbox.CreateOptions, time.Duration) (runner, error) {
+func (noSessions) Create(context.Context, string, string, sandbox.CreateOptions, time.Duration) (heldContainer, error) {
 	return nil, fmt.Errorf("%w: no sandbox sessions configured", sandbox.ErrUnavailable)
 }
 
-func (noSessions) Open(context.Context, string, string) (runner, error) {
+func (noSessions) Open(context.Context, string, string) (heldContainer, error) {
 	return nil, sandbox.ErrNotFound
 }
 
-func (noSessions) Release(context.Context, runner, time.Duration) {}
-
-func (noSessions) PlaceFiles(context.Context, runner, string, []containers.Placement, containers.ContainerLimits) ([]store.ContainerFile, error) {
-	return nil, sandbox.ErrNotFound
-}
-
-func (noSessions) Execute(context.Context, runner, string, sandbox.RunOptions, containers.ContainerLimits) (sandbox.Result, containers.Outputs, error) {
-	return sandbox.Result{}, containers.Outputs{}, sandbox.ErrNotFound
-}
-
-func (noSessions) ContainerFiles(context.Context, runner, string) ([]store.ContainerFile, error) {
-	return nil, nil
+func (noSessions) Files(context.Context, string, string, store.ContainerFileQuery) (store.List[store.ContainerFile], error) {
+	return store.List[store.ContainerFile]{}, nil
 }
 
 // containerFuture is the request's container, opened or being created.
 type containerFuture struct {
 	done    chan struct{}
 	cancel  context.CancelFunc
-	c       runner
+	c       heldContainer
 	err     error
 	created bool // this request created the sandbox (it is not the client's already)
 	stored  bool // its id reached the response store
 }
 
 // get waits for the container.
-func (f *containerFuture) get(ctx context.Context) (runner, error) {
+func (f *containerFuture) get(ctx context.Context) (heldContainer, error) {
 	select {
 	case <-f.done:
 		return f.c, f.err
@@ -164,7 +98,7 @@ func (f *containerFuture) get(ctx context.Context) (runner, error) {
 }
 
 // ready returns the container if it is open already, without waiting.
-func (f *containerFuture) ready() (runner, bool) {
+func (f *containerFuture) ready() (heldContainer, bool) {
 	select {
 	case <-f.done:
 		return f.c, f.err == nil && f.c != nil
@@ -251,7 +185,8 @@ func (r *run) handFiles(ctx context.Context) error {
 		r.tr.setAllFiles(nil)
 		return nil
 	}
-	files, err := r.e.sessions.ContainerFiles(ctx, c, r.caller)
+	l, err := r.e.sessions.Files(ctx, r.caller, c.ID(), store.ContainerFileQuery{Page: store.Page{Order: store.Asc}})
+	files := l.Items
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -277,12 +212,20 @@ func (r *run) releaseContainer(ctx context.Context) {
 	if f.c != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		idle := r.ic.ContainerIdleTimeout
-		if f.created && !f.stored && !r.tr.startedCalls() {
-			idle = 0
-		}
-		r.e.sessions.Release(rctx, f.c, idle)
+		release(rctx, f.c, f.created, f.stored || r.tr.startedCalls(), r.ic.ContainerIdleTimeout)
 	}
+}
+
+// release ends a request's use of c. A container the request created is discarded when its id
+// reached nobody, or when it was made to live no longer than the request (idle 0, the
+// request's container_idle_timeout). Any other keeps the idle timeout it was created with (one
+// made through the Containers API keeps its own expires_after, whatever the request's idle).
+func release(ctx context.Context, c heldContainer, created, reached bool, idle time.Duration) {
+	if created && (!reached || idle <= 0) {
+		c.Discard(ctx)
+		return
+	}
+	c.Release(ctx)
 }
 
 // errNoContainer is the container of a request without a code_interpreter tool.

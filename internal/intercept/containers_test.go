@@ -12,11 +12,11 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
-// The adapter's releases: a container the request created and whose id reached nobody is
+// The engine's releases: a container the request created and whose id reached nobody is
 // discarded; any other keeps the idle timeout it was created with, whatever the request's
 // configuration says (a container made through the Containers API is not deleted by a request
 // that ran with container_idle_timeout 0).
-func TestSessionsAdapterRelease(t *testing.T) {
+func TestRelease(t *testing.T) {
 	p := sandboxes.Provider(t)
 	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: p, Backend: "local", HostBound: true})
 	if err != nil {
@@ -24,14 +24,14 @@ func TestSessionsAdapterRelease(t *testing.T) {
 	}
 	sess := newSessions(t, reg)
 	defer sess.Close(context.Background())
-	a := adaptSessions(sess)
+	a := manager{sess}
 	ctx := context.Background()
 
 	made, err := a.Create(ctx, "local", "alice", sandbox.CreateOptions{}, 20*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Release(ctx, made, 0) // created, never shown
+	release(ctx, made, true, false, 20*time.Minute) // created, never shown
 	if _, err := sess.Open(ctx, made.ID(), "alice"); !errors.Is(err, containers.ErrExpired) {
 		t.Errorf("Open() of a discarded container: error = %v; want ErrExpired", err)
 	}
@@ -45,7 +45,7 @@ func TestSessionsAdapterRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Release(ctx, used, 0) // a request with container_idle_timeout 0 used it by id
+	release(ctx, used, false, true, 0) // a request with container_idle_timeout 0 used it by id
 	again, err := sess.Open(ctx, api.ID(), "alice")
 	if err != nil {
 		t.Fatalf("Open() of the API's container after a request released it with idle 0: error = %v; want it alive", err)
@@ -56,7 +56,7 @@ func TestSessionsAdapterRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Release(ctx, kept, 20*time.Minute) // created and shown
+	release(ctx, kept, true, true, 20*time.Minute) // created and shown
 	if c, err := sess.Open(ctx, kept.ID(), "alice"); err != nil {
 		t.Errorf("Open() of a released container error = %v", err)
 	} else {
@@ -65,8 +65,8 @@ func TestSessionsAdapterRelease(t *testing.T) {
 }
 
 // A file placed again in the same container is found by its record's origin, not by the memory
-// of the process that placed it: another replica, or this one after a restart (a new adapter
-// over the same store), returns the same record and writes nothing.
+// of the process that placed it: another replica, or this one after a restart (the container
+// opened again over the same store), returns the same record and writes nothing.
 func TestPlaceFilesAgainFromTheStore(t *testing.T) {
 	p := sandboxes.Provider(t)
 	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: p, Backend: "local", HostBound: true})
@@ -98,11 +98,11 @@ func TestPlaceFilesAgainFromTheStore(t *testing.T) {
 	files := []containers.Placement{{Name: "in.csv", FileID: f.ID}, {Name: "notes.txt", Data: []byte("inline")}}
 	lim := containers.ContainerLimits{Files: 10}
 
-	first, err := adaptSessions(sess).PlaceFiles(ctx, c, "alice", files, lim)
+	first, err := c.Place(ctx, files, lim)
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := adaptSessions(sess).PlaceFiles(ctx, c, "alice", files, lim) // a new process's adapter
+	again, err := c.Place(ctx, files, lim)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestPlaceFilesAgainFromTheStore(t *testing.T) {
 		}
 	}
 	changed := []containers.Placement{{Name: "notes.txt", Data: []byte("other bytes")}}
-	other, err := adaptSessions(sess).PlaceFiles(ctx, c, "alice", changed, lim)
+	other, err := c.Place(ctx, changed, lim)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,8 @@
 //	               in the container before the first upstream call
 //	loop.go        the agentic loop, which with resolve is the only I/O: the upstream, through
 //	               the Responses seam (upstream.ResponsesAPI); the container (containers.go,
-//	               execution.go); the response store (store.go)
+//	               execution.go); the state store's Responses (stored.go, which also
+//	               answers GET and DELETE for the responses kept)
 //	translate.go   the pure translator: upstream events in, client events out, each call
 //	               ending with a typed outcome; response.go assembles the client's Response,
 //	               errors.go the error details, usage.go the summed usage, wire.go the
@@ -59,6 +60,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/containers"
+	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -73,9 +75,10 @@ type Options struct {
 	Metrics prometheus.Registerer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
-	// Store maps the response ids the engine mints to what continuing them needs; nil: a
-	// MemoryStore with its default TTL.
-	Store Store
+	// Store keeps what continuing the responses the engine mints needs, each for a day, and what
+	// their clients received (the state store: on local disk, or shared by the replicas).
+	// Required.
+	Store store.Responses
 	// Files are the Files API's files, which container.file_ids and input_file parts name;
 	// nil: none exist.
 	Files FileStore
@@ -88,7 +91,7 @@ type Engine struct {
 	log      *zap.Logger
 	m        *metrics
 	now      func() time.Time
-	store    Store
+	store    store.Responses
 	files    FileStore
 }
 
@@ -101,11 +104,8 @@ func New(opts Options) *Engine {
 	if e.now == nil {
 		e.now = time.Now
 	}
-	if e.store == nil {
-		e.store = NewMemoryStore(0, e.now)
-	}
 	if opts.Containers != nil {
-		e.sessions = adaptSessions(opts.Containers)
+		e.sessions = manager{opts.Containers}
 	} else {
 		e.sessions = noSessions{}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
@@ -44,7 +45,7 @@ func TestApplies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := intercepted(t, New(Options{}), &Request{Config: tt.cfg(), Provider: tt.provider, Body: tt.body}); got != tt.want {
+			if got := intercepted(t, New(Options{Store: storetest.NewMemResponses(nil)}), &Request{Config: tt.cfg(), Provider: tt.provider, Body: tt.body}); got != tt.want {
 				t.Errorf("Intercepted = %v; want %v", got, tt.want)
 			}
 		})
@@ -52,7 +53,7 @@ func TestApplies(t *testing.T) {
 }
 
 func TestPrepareLeavesOthersToPassThrough(t *testing.T) {
-	e := New(Options{})
+	e := New(Options{Store: storetest.NewMemResponses(nil)})
 	cfg := activeConfig()
 	if intercepted(t, e, &Request{Config: cfg, Provider: "openai", Body: []byte(`{"model":"m","input":"hi"}`)}) {
 		t.Fatal("Intercepted = true for a request without code_interpreter")
@@ -279,7 +280,7 @@ func testWithoutCodeInterpreter(t *testing.T, api upstreamAPI) {
 // registry serves, not on unregistered ones.
 func TestMetricsOnASharedRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	first, second := New(Options{Metrics: reg}), New(Options{Metrics: reg})
+	first, second := New(Options{Store: storetest.NewMemResponses(nil), Metrics: reg}), New(Options{Store: storetest.NewMemResponses(nil), Metrics: reg})
 	second.m.requests.WithLabelValues("completed").Inc()
 	second.m.executions.WithLabelValues("failed").Inc()
 	mfs, err := reg.Gather()
@@ -303,7 +304,7 @@ func TestMetricsOnASharedRegistry(t *testing.T) {
 }
 
 func TestPrepareTakesEveryRequestForAStatelessUpstream(t *testing.T) {
-	e := New(Options{})
+	e := New(Options{Store: storetest.NewMemResponses(nil)})
 	cfg := config.Defaults() // interception not even active
 	if !intercepted(t, e, &Request{Config: cfg, Provider: "deepseek", Body: []byte(`{"model":"m","input":"hi"}`), Stateless: true}) {
 		t.Fatal("Intercepted = false for a stateless upstream")

@@ -1,7 +1,6 @@
 package intercept
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -66,31 +65,5 @@ func TestCIItem(t *testing.T) {
 				t.Errorf("ciItem = %s; want %s", got, tt.want)
 			}
 		})
-	}
-}
-
-func TestMemoryStoreExpires(t *testing.T) {
-	now := time.Unix(1000, 0)
-	s := NewMemoryStore(time.Minute, func() time.Time { return now })
-	ctx := context.Background()
-	_ = s.Put(ctx, "resp_1", StoredResponse{Owner: "a", UpstreamID: "up_1"}, map[string]StoredCall{"ci_1": {Owner: "a", CallID: "call_1"}})
-	if r, ok, _ := s.Response(ctx, "resp_1"); !ok || r.UpstreamID != "up_1" {
-		t.Fatalf("Response = %v, %v", r, ok)
-	}
-	if c, ok, _ := s.Call(ctx, "ci_1"); !ok || c.CallID != "call_1" {
-		t.Fatalf("Call = %v, %v", c, ok)
-	}
-	now = now.Add(time.Minute)
-	if _, ok, _ := s.Response(ctx, "resp_1"); ok {
-		t.Error("Response found after its TTL")
-	}
-	if _, ok, _ := s.Call(ctx, "ci_1"); ok {
-		t.Error("Call found after its TTL")
-	}
-	for i := range 256 {
-		_ = s.Put(ctx, fmt.Sprint("r", i), StoredResponse{}, nil)
-	}
-	if r, c := s.Len(); r != 256 || c != 0 {
-		t.Errorf("after a sweep: %d responses, %d calls; want 256, 0", r, c)
 	}
 }

@@ -18,8 +18,8 @@ import (
 )
 
 // fakeContainers is a containerManager without a sandbox, for the tests whose subject is the
-// engine, not the code: containers are held by owner, opened only by it, deleted at a release with
-// idle 0, and code "runs" by calling run. It keeps containers.Manager's contract as the engine
+// engine, not the code: containers are held by owner, opened only by it, deleted when discarded,
+// and code "runs" by calling run. It keeps containers.Manager's contract as the engine
 // relies on it:
 // an unknown tool is sandbox.ErrUnavailable, another owner's or an unknown id sandbox.ErrNotFound.
 type fakeContainers struct {
@@ -55,7 +55,7 @@ func newFakeContainers(tool string) *fakeContainers {
 	return &fakeContainers{tool: tool, boxes: map[string]*fakeBox{}, stored: map[string]string{}}
 }
 
-func (f *fakeContainers) Create(ctx context.Context, tool, owner string, _ sandbox.CreateOptions, _ time.Duration) (runner, error) {
+func (f *fakeContainers) Create(ctx context.Context, tool, owner string, _ sandbox.CreateOptions, _ time.Duration) (heldContainer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -70,7 +70,7 @@ func (f *fakeContainers) Create(ctx context.Context, tool, owner string, _ sandb
 	return b, nil
 }
 
-func (f *fakeContainers) Open(_ context.Context, id, owner string) (runner, error) {
+func (f *fakeContainers) Open(_ context.Context, id, owner string) (heldContainer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, ok := f.boxes[id]
@@ -80,13 +80,14 @@ func (f *fakeContainers) Open(_ context.Context, id, owner string) (runner, erro
 	return b, nil
 }
 
-func (f *fakeContainers) Release(_ context.Context, c runner, idle time.Duration) {
-	if idle > 0 {
-		return
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.boxes, c.ID())
+// Release keeps the box for later requests.
+func (b *fakeBox) Release(context.Context) {}
+
+// Discard deletes the box.
+func (b *fakeBox) Discard(context.Context) {
+	b.f.mu.Lock()
+	defer b.f.mu.Unlock()
+	delete(b.f.boxes, b.id)
 }
 
 // setRun makes run answer the executions from now on.
@@ -119,7 +120,8 @@ func (f *fakeContainers) Codes() []string {
 
 func (b *fakeBox) ID() string { return b.id }
 
-func (b *fakeBox) Run(ctx context.Context, code string, _ sandbox.RunOptions) (sandbox.Result, error) {
+// run runs code: it records it, writes the files f.writes says, and answers with f.run.
+func (b *fakeBox) run(ctx context.Context, code string) (sandbox.Result, error) {
 	f := b.f
 	f.mu.Lock()
 	f.codes = append(f.codes, code)
@@ -142,7 +144,10 @@ func (b *fakeBox) Run(ctx context.Context, code string, _ sandbox.RunOptions) (s
 	return run(ctx, code)
 }
 
-var _ containerManager = (*fakeContainers)(nil)
+var (
+	_ containerManager = (*fakeContainers)(nil)
+	_ heldContainer    = (*fakeBox)(nil)
+)
 
 // The fake's files: each box keeps a /mnt/data in memory, placed files are recorded as the
 // Sessions' contract says (names made unique, a file placed again from the same origin not
@@ -193,7 +198,7 @@ func (f *fakeContainers) placements() int {
 	return f.placed
 }
 
-func (f *fakeContainers) box(c runner) (*fakeBox, error) {
+func (f *fakeContainers) box(c heldContainer) (*fakeBox, error) {
 	b, ok := f.boxes[c.ID()]
 	if !ok {
 		return nil, fmt.Errorf("%w: container %s", sandbox.ErrNotFound, c.ID())
@@ -211,7 +216,8 @@ func (f *fakeContainers) newFileID() string {
 	return fmt.Sprintf("cfile_fake%d", f.nfiles)
 }
 
-func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, _ string, files []containers.Placement, _ containers.ContainerLimits) ([]store.ContainerFile, error) {
+func (c *fakeBox) Place(_ context.Context, files []containers.Placement, _ containers.ContainerLimits) ([]store.ContainerFile, error) {
+	f := c.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, err := f.box(c)
@@ -254,8 +260,9 @@ func (f *fakeContainers) PlaceFiles(_ context.Context, c runner, _ string, files
 	return out, nil
 }
 
-func (f *fakeContainers) Execute(ctx context.Context, c runner, code string, opts sandbox.RunOptions, _ containers.ContainerLimits) (sandbox.Result, containers.Outputs, error) {
-	res, err := c.Run(ctx, code, opts)
+func (c *fakeBox) Execute(ctx context.Context, code string, _ sandbox.RunOptions, _ containers.ContainerLimits) (sandbox.Result, containers.Outputs, error) {
+	f := c.f
+	res, err := c.run(ctx, code)
 	if err != nil {
 		return res, containers.Outputs{}, err
 	}
@@ -267,7 +274,7 @@ func (f *fakeContainers) Execute(ctx context.Context, c runner, code string, opt
 }
 
 // collect finds what changed in c's /mnt/data since the last collection or placement.
-func (f *fakeContainers) collect(c runner) ([]store.ContainerFile, error) {
+func (f *fakeContainers) collect(c heldContainer) ([]store.ContainerFile, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, err := f.box(c)
@@ -291,12 +298,12 @@ func (f *fakeContainers) collect(c runner) ([]store.ContainerFile, error) {
 	return out, nil
 }
 
-func (f *fakeContainers) ContainerFiles(_ context.Context, c runner, _ string) ([]store.ContainerFile, error) {
+func (f *fakeContainers) Files(_ context.Context, _, id string, _ store.ContainerFileQuery) (store.List[store.ContainerFile], error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	b, err := f.box(c)
-	if err != nil {
-		return nil, err
+	b, ok := f.boxes[id]
+	if !ok {
+		return store.List[store.ContainerFile]{}, fmt.Errorf("%w: container %s", sandbox.ErrNotFound, id)
 	}
 	var out []store.ContainerFile
 	for rel, ff := range b.fs {
@@ -305,5 +312,5 @@ func (f *fakeContainers) ContainerFiles(_ context.Context, c runner, _ string) (
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
-	return out, nil
+	return store.List[store.ContainerFile]{Items: out}, nil
 }

@@ -450,7 +450,7 @@ func (r *run) placeFiles(ctx context.Context) error {
 		return sandboxUnavailable(err)
 	}
 	todo, at := r.req.uniquePlacements()
-	recs, err := r.e.sessions.PlaceFiles(ctx, box, r.caller, todo, r.lim)
+	recs, err := box.Place(ctx, todo, r.lim)
 	param := r.req.files[0].param
 	var pe *containers.FileError
 	if errors.As(err, &pe) {

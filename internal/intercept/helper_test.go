@@ -25,6 +25,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/testutil/localsandbox"
 	"github.com/ciproxy/ciproxy/internal/upstream"
@@ -49,7 +50,7 @@ type harness struct {
 	state *embedded.Store     // their store, which holds the Files API's files too
 	fake  *fakeContainers     // the fake containers; nil with real sessions
 	srv   *httptest.Server
-	store *MemoryStore
+	store store.Responses // the responses the engine keeps: in state with real sessions
 	reg   *prometheus.Registry
 	local bool            // withLocal: code runs in the local sandbox
 	e2b   *e2btest.Server // set by withE2B: the sandbox tool is e2b, emulated
@@ -136,7 +137,6 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	if h.api.chat {
 		h.cfg.Models[0].API = config.APIChatCompletions
 	}
-	h.store = NewMemoryStore(time.Hour, nil)
 	switch {
 	case h.local || h.e2b != nil:
 		entry := sandbox.RegistryEntry{Name: "local", Provider: sandboxes.Provider(t), Backend: "local", HostBound: true}
@@ -152,10 +152,12 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 			t.Fatal(err)
 		}
 		h.state = newState(t)
+		h.store = h.state
 		h.sess = sessionsOn(t, reg, h.state)
 		h.eng = New(Options{Containers: h.sess, Store: h.store, Files: h.state, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
 	default:
 		h.fake = newFakeContainers("local")
+		h.store = storetest.NewMemResponses(nil)
 		h.eng = New(Options{Store: h.store, Metrics: h.reg, Logger: zaptest.NewLogger(t)})
 		h.eng.sessions = h.fake
 	}
@@ -380,7 +382,7 @@ func (h *harness) container(caller string) string {
 	if err != nil {
 		h.t.Fatalf("Create: %v", err)
 	}
-	h.eng.sessions.Release(ctx, c, 10*time.Minute)
+	c.Release(ctx)
 	return c.ID()
 }
 

@@ -63,6 +63,8 @@ func TestLimitCallsPerTurn(t *testing.T) {
 func TestManyCallsBoundRecords(t *testing.T) {
 	const many, turns, perTurn = 3000, 3, 4
 	h := newHarness(t, withConfig(func(c *config.Config) { c.Interception.MaxCallsPerTurn = perTurn }))
+	st := &countingStore{Responses: h.eng.store}
+	h.eng.store = st
 	codes := make([]string, many)
 	for i := range codes {
 		codes[i] = "x = 1"
@@ -78,7 +80,7 @@ func TestManyCallsBoundRecords(t *testing.T) {
 	if got := len(h.fake.Codes()); got != perTurn*turns {
 		t.Errorf("ran %d calls; want %d", got, perTurn*turns)
 	}
-	if _, recs := h.store.Len(); recs > perTurn*turns {
+	if recs := st.calls.Load(); recs > perTurn*turns {
 		t.Errorf("%d call records for one response; want at most %d (max_calls_per_turn a turn)", recs, perTurn*turns)
 	}
 }
@@ -213,7 +215,7 @@ func TestLimitOutputBudget(t *testing.T) {
 // quotaContainers refuses every create with a container quota.
 type quotaContainers struct{ *fakeContainers }
 
-func (quotaContainers) Create(context.Context, string, string, sandbox.CreateOptions, time.Duration) (runner, error) {
+func (quotaContainers) Create(context.Context, string, string, sandbox.CreateOptions, time.Duration) (heldContainer, error) {
 	return nil, &containers.QuotaError{Limit: "max_containers_per_key", Message: "Rate limit reached for containers per API key (max_containers_per_key)."}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -38,9 +39,9 @@ type run struct {
 	stateless   bool                       // the upstream keeps nothing: the stored response keeps the conversation
 	executions  int
 	iterations  int
-	outputUsed  int64 // bytes of execution output so far (limits.go)
-	outputSpent bool  // the output budget is spent: no more code runs
-	stored      map[string]StoredCall
+	outputUsed  int64        // bytes of execution output so far (limits.go)
+	outputSpent bool         // the output budget is spent: no more code runs
+	stored      []store.Call // the calls that ran, kept with the response
 }
 
 // newRun prepares the loop of one parsed request; events go to emit. mint makes the ids of
@@ -54,7 +55,7 @@ func (e *Engine) newRun(ic config.Interception, tool string, api upstream.Respon
 	tr.maxArgs = ic.MaxCodeSize
 	return &run{
 		e: e, ic: ic, tool: tool, api: api, caller: caller, hdr: hdr, req: req, id: id,
-		tr: tr, emit: emit, encrypted: req.encryptedFirst, stored: map[string]StoredCall{},
+		tr: tr, emit: emit, encrypted: req.encryptedFirst,
 	}
 }
 
@@ -114,7 +115,7 @@ func (r *run) loop(ctx context.Context) error {
 				// Only calls that went to the container are recorded: at most max_calls_per_turn
 				// a turn, however many the model made. A replayed item without a record is rebuilt
 				// from what the client sends (translateInputItem).
-				r.stored[c.ciID] = StoredCall{Owner: r.caller, ContainerID: r.tr.container, CallID: c.callID, Code: c.code, Output: ex.model}
+				r.stored = append(r.stored, store.Call{ID: c.ciID, Owner: r.caller, ContainerID: r.tr.container, CallID: c.callID, Code: c.code, Output: ex.model})
 			}
 		}
 		if stop || r.tr.clientCalls() {
@@ -147,7 +148,8 @@ func (r *run) maxIterations() int {
 // the upstream has not seen yet.
 func (r *run) complete(ctx context.Context, turns, pending [][]byte) error {
 	ev := r.tr.completed()
-	sr := StoredResponse{Owner: r.caller, UpstreamID: r.tr.upstreamID(), Pending: pending}
+	sr := store.Response{ID: r.id, Owner: r.caller, UpstreamID: r.tr.upstreamID(), ExpiresAt: r.e.now().Add(storedTTL)}
+	sr.Pending = rawItems(pending)
 	if c, ok := r.cont.ready(); ok {
 		sr.ContainerID = c.ID()
 		r.cont.stored = true
@@ -165,10 +167,16 @@ func (r *run) complete(ctx context.Context, turns, pending [][]byte) error {
 		// kept only when the client asked for storage, as OpenAI keeps it.
 		sr.UpstreamID, sr.Pending = "", nil
 		if r.req.store {
-			sr.Pending = r.req.conversation(turns, r.tr.turn(), pending)
+			sr.Pending = rawItems(r.req.conversation(turns, r.tr.turn(), pending))
 		}
 	}
-	if err := r.e.store.Put(ctx, r.id, sr, r.stored); err != nil {
+	for i := range r.stored {
+		if r.stored[i].ContainerID == "" {
+			r.stored[i].ContainerID = sr.ContainerID
+		}
+		r.stored[i].ExpiresAt = sr.ExpiresAt
+	}
+	if err := r.e.store.PutResponse(ctx, sr, r.stored); err != nil {
 		// The client must not get a response id that cannot be continued.
 		r.cont.stored = false
 		return fmt.Errorf("intercept: storing the response: %w", err)
@@ -193,7 +201,7 @@ func (r *run) execute(ctx context.Context, c standIn) (execution, error) {
 	start := r.e.now()
 	// What the code writes in /mnt/data becomes container files, which the model is told of so
 	// it can link them, and the citations know.
-	res, written, runErr := r.e.sessions.Execute(ctx, box, c.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout}, r.lim)
+	res, written, runErr := box.Execute(ctx, c.code, sandbox.RunOptions{Timeout: r.ic.ExecutionTimeout}, r.lim)
 	if ctx.Err() != nil {
 		return execution{}, ctx.Err()
 	}

@@ -58,7 +58,7 @@ func (e *Engine) prepare(ctx context.Context, in *Request, routed bool) (*Plan, 
 	var prev *prevRecord
 	prevErr := error(nil)
 	if id := root.Get("previous_response_id").String(); id != "" {
-		sr, known, err := e.store.Response(ctx, id)
+		sr, known, err := readResponse(ctx, e.store, id)
 		prev, prevErr = &prevRecord{sr: sr, known: known}, err
 		p.Minted = err == nil && known
 	}

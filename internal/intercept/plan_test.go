@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
+
+	"github.com/ciproxy/ciproxy/internal/store"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 )
 
 // TestPlanContainer: the one rule for the container a request uses, on one replica and several:
@@ -16,12 +20,12 @@ func TestPlanContainer(t *testing.T) {
 		a, b, c, d, e = "cntr_a", "cntr_b", "cntr_c", "cntr_d", "cntr_e"
 	)
 	ctx := context.Background()
-	st := NewMemoryStore(0, nil)
-	if err := st.Put(ctx, "resp_prev", StoredResponse{Owner: "alice", UpstreamID: "up_1", ContainerID: a},
-		map[string]StoredCall{"ci_known": {Owner: "alice", ContainerID: b, CallID: "call_1"}}); err != nil {
+	st := storetest.NewMemResponses(nil)
+	if err := st.PutResponse(ctx, store.Response{ID: "resp_prev", Owner: "alice", UpstreamID: "up_1", ContainerID: a},
+		[]store.Call{{ID: "ci_known", Owner: "alice", ContainerID: b, CallID: "call_1"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Put(ctx, "resp_bob", StoredResponse{Owner: "bob", UpstreamID: "up_2", ContainerID: e}, nil); err != nil {
+	if err := st.PutResponse(ctx, store.Response{ID: "resp_bob", Owner: "bob", UpstreamID: "up_2", ContainerID: e}, nil); err != nil {
 		t.Fatal(err)
 	}
 	call := func(id, container string) string {
@@ -72,33 +76,38 @@ func TestPlanContainer(t *testing.T) {
 	})
 }
 
-// countingStore counts the reads of stored responses.
+// countingStore counts the reads of stored responses and the call records written.
 type countingStore struct {
-	Store
-	responses int
+	store.Responses
+	responses, calls atomic.Int64
 }
 
-func (s *countingStore) Response(ctx context.Context, id string) (StoredResponse, bool, error) {
-	s.responses++
-	return s.Store.Response(ctx, id)
+func (s *countingStore) Response(ctx context.Context, id string) (store.Response, error) {
+	s.responses.Add(1)
+	return s.Responses.Response(ctx, id)
+}
+
+func (s *countingStore) PutResponse(ctx context.Context, r store.Response, calls []store.Call) error {
+	s.calls.Add(int64(len(calls)))
+	return s.Responses.PutResponse(ctx, r, calls)
 }
 
 // TestPrepareReadsThePreviousResponseOnce: deciding, parsing and resolving read
 // previous_response_id's record once.
 func TestPrepareReadsThePreviousResponseOnce(t *testing.T) {
 	ctx := context.Background()
-	st := &countingStore{Store: NewMemoryStore(0, nil)}
-	if err := st.Put(ctx, "resp_prev", StoredResponse{Owner: "alice", UpstreamID: "up_1", ContainerID: "cntr_a"}, nil); err != nil {
+	st := &countingStore{Responses: storetest.NewMemResponses(nil)}
+	if err := st.PutResponse(ctx, store.Response{ID: "resp_prev", Owner: "alice", UpstreamID: "up_1", ContainerID: "cntr_a"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, body := range []string{
 		`{"model":"m","input":"x","previous_response_id":"resp_prev","tools":[{"type":"code_interpreter"}]}`,
 		`{"model":"m","input":"x","previous_response_id":"resp_prev"}`,
 	} {
-		st.responses = 0
+		st.responses.Store(0)
 		plan, err := New(Options{Store: st}).Prepare(ctx, &Request{Config: activeConfig(), Body: []byte(body), Caller: "alice"})
-		if err != nil || !plan.Intercepted || !plan.Minted || st.responses != 1 {
-			t.Errorf("%s: Prepare = %+v, %v after %d reads; want intercepted, minted, one read", body, plan, err, st.responses)
+		if n := st.responses.Load(); err != nil || !plan.Intercepted || !plan.Minted || n != 1 {
+			t.Errorf("%s: Prepare = %+v, %v after %d reads; want intercepted, minted, one read", body, plan, err, n)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 const (
@@ -116,7 +117,7 @@ type containerSpec struct {
 // minted, which only their owner may use.
 type lookup struct {
 	ctx    context.Context
-	store  Store
+	store  store.Responses
 	caller string
 	// stateless: the upstream keeps no responses (Request.Stateless), so a previous_response_id
 	// must be one whose conversation the proxy kept.
@@ -132,7 +133,7 @@ type lookup struct {
 
 // prevRecord is the stored response previous_response_id names, read once per request.
 type prevRecord struct {
-	sr    StoredResponse
+	sr    store.Response
 	known bool // the store holds it
 }
 
@@ -384,14 +385,14 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 	var pending [][]byte
 	prevRaw := gjson.GetBytes(r.raw, "previous_response_id")
 	if prev := prevRaw.String(); prev != "" {
-		var sr StoredResponse
+		var sr store.Response
 		known := false
 		switch {
 		case lk.prev != nil:
 			sr, known = lk.prev.sr, lk.prev.known
 		case lk.store != nil:
 			var err error
-			if sr, known, err = lk.store.Response(lk.ctx, prev); err != nil {
+			if sr, known, err = readResponse(lk.ctx, lk.store, prev); err != nil {
 				return storeUnavailable(err)
 			}
 		}
@@ -408,7 +409,9 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 		}
 		if known {
 			r.useContainer(sr.ContainerID)
-			pending = sr.Pending
+			for _, it := range sr.Pending {
+				pending = append(pending, it)
+			}
 		}
 	} else if lk.stateless && prevRaw.Exists() {
 		r.base, _ = sjson.DeleteBytes(r.base, "previous_response_id") // null or "": not sent
@@ -465,7 +468,7 @@ func storeUnavailable(err error) *apierror.Error {
 }
 
 // itemsByID indexes the items of a kept conversation by id.
-func itemsByID(items [][]byte) map[string][]byte {
+func itemsByID(items []json.RawMessage) map[string][]byte {
 	m := make(map[string][]byte, len(items))
 	for _, it := range items {
 		if id := gjson.GetBytes(it, "id").String(); id != "" {
@@ -542,14 +545,14 @@ func translateInputItem(it gjson.Result, fn string, lk lookup) ([][]byte, string
 	return [][]byte{[]byte(it.Raw)}, ""
 }
 
-func storedCall(lk lookup, id string) (StoredCall, bool) {
+func storedCall(lk lookup, id string) (store.Call, bool) {
 	if lk.store == nil || id == "" {
-		return StoredCall{}, false
+		return store.Call{}, false
 	}
-	sc, ok, err := lk.store.Call(lk.ctx, id)
+	sc, ok, err := readCall(lk.ctx, lk.store, id)
 	lk.fail(err)
 	if !ok || sc.Owner != lk.caller {
-		return StoredCall{}, false
+		return store.Call{}, false
 	}
 	return sc, true
 }

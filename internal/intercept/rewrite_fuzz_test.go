@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 )
 
 // FuzzRewrite feeds any body to the request rewriter. It must not panic and must not modify its
@@ -47,7 +48,7 @@ func FuzzRewrite(f *testing.F) {
 			}
 			return
 		}
-		req.resolve(lookup{ctx: context.Background(), store: NewMemoryStore(0, nil)})
+		req.resolve(lookup{ctx: context.Background(), store: storetest.NewMemResponses(nil)})
 		for _, cs := range []callSpec{{first: true}, {turns: turn}, {none: true, turns: turn}, {encrypted: true, turns: turn}} {
 			out, err := req.body(cs)
 			if err != nil {

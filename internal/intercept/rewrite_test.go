@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -35,7 +36,7 @@ func TestRewriteGolden(t *testing.T) {
 			if aerr != nil {
 				t.Fatalf("parseRequest: %v", aerr)
 			}
-			req.resolve(lookup{ctx: context.Background(), store: NewMemoryStore(0, nil)})
+			req.resolve(lookup{ctx: context.Background(), store: storetest.NewMemResponses(nil)})
 			turn := callPair("python", "call_1", "1+1", "2")
 			for suffix, cs := range map[string]callSpec{".first.json": {first: true}, ".later.json": {turns: turn}} {
 				got, err := req.body(cs)

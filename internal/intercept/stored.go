@@ -3,22 +3,68 @@ package intercept
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/listquery"
+	"github.com/ciproxy/ciproxy/internal/store"
 )
+
+// storedTTL is how long the store keeps a response the engine minted and its calls: a
+// conversation continues for a day.
+const storedTTL = 24 * time.Hour
+
+// readResponse returns the record of a response id this proxy minted, whoever its owner; found is
+// false, with a nil error, when there is none (never minted here, or expired). An error means the
+// store could not answer (errors.Is(err, store.ErrUnavailable) when it cannot be reached): the
+// caller fails with it rather than go on as if the record did not exist.
+func readResponse(ctx context.Context, rs store.Responses, id string) (r store.Response, found bool, err error) {
+	r, err = rs.Response(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return store.Response{}, false, nil
+	case err != nil:
+		return store.Response{}, false, err
+	}
+	return r, true, nil
+}
+
+// rawItems returns items as a stored response keeps them (nil for none).
+func rawItems(items [][]byte) []json.RawMessage {
+	if len(items) == 0 {
+		return nil
+	}
+	out := make([]json.RawMessage, len(items))
+	for i, it := range items {
+		out[i] = it
+	}
+	return out
+}
+
+// readCall is readResponse for the record of a code_interpreter_call item ("ci_...").
+func readCall(ctx context.Context, rs store.Responses, id string) (c store.Call, found bool, err error) {
+	c, err = rs.Call(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return store.Call{}, false, nil
+	case err != nil:
+		return store.Call{}, false, err
+	}
+	return c, true, nil
+}
 
 // Minted reports whether id is a response id this proxy minted and still remembers, whoever its
 // owner: GET and DELETE /v1/responses/{id} for it are ServeStored's, since the upstream has never
 // heard of it. Any other id passes through to the upstream. An error means the store could not
 // answer, so nobody can tell.
 func (e *Engine) Minted(ctx context.Context, id string) (bool, error) {
-	_, ok, err := e.store.Response(ctx, id)
+	_, ok, err := readResponse(ctx, e.store, id)
 	return ok, err
 }
 
@@ -31,7 +77,7 @@ func (e *Engine) Minted(ctx context.Context, id string) (bool, error) {
 // writes it.
 func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller string) error {
 	notFound := apierror.NotFound("Response with id '"+id+"' not found.", "")
-	sr, ok, err := e.store.Response(r.Context(), id)
+	sr, ok, err := readResponse(r.Context(), e.store, id)
 	if err != nil {
 		return err
 	}
@@ -53,7 +99,11 @@ func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller 
 		if sr.Body == nil {
 			return notFound // not stored, or deleted already
 		}
-		if err := e.store.Delete(r.Context(), id); err != nil {
+		// What the response held goes; its id stays known, with its owner only, until it
+		// expires, so that later requests naming it are answered as for a deleted response rather
+		// than passed to an upstream that never heard of it. Its calls stay for stateless replay.
+		forgotten := store.Response{ID: id, Owner: sr.Owner, CreatedAt: sr.CreatedAt, ExpiresAt: sr.ExpiresAt}
+		if err := e.store.PutResponse(r.Context(), forgotten, nil); err != nil {
 			return err
 		}
 		writeJSON(w, marshal(deletedResponse{ID: id, Object: "response", Deleted: true}))
@@ -69,7 +119,7 @@ func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller 
 // synchronous one. A response minted for another caller, one not kept, or one
 // deleted, is a 404, as for GET. An error means nothing was written; the caller writes it.
 func (e *Engine) ServeCancel(w http.ResponseWriter, r *http.Request, id, caller string) error {
-	sr, ok, err := e.store.Response(r.Context(), id)
+	sr, ok, err := readResponse(r.Context(), e.store, id)
 	if err != nil {
 		return err
 	}
@@ -95,7 +145,7 @@ func writeJSON(w http.ResponseWriter, body []byte) {
 // message.input_image.image_url. A response another caller minted, or one stored without its
 // input (store false), is a 404. An error means nothing was written; the caller writes it.
 func (e *Engine) ServeInputItems(w http.ResponseWriter, r *http.Request, id, caller string) error {
-	sr, ok, err := e.store.Response(r.Context(), id)
+	sr, ok, err := readResponse(r.Context(), e.store, id)
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 )
 
 var containerIDs = regexp.MustCompile(`cntr_[A-Za-z0-9_\-]+`)
@@ -39,7 +40,7 @@ func TestTranslateGolden(t *testing.T) {
 	}
 	sess := newSessions(t, reg)
 	defer sess.Close(context.Background())
-	e := New(Options{Containers: sess})
+	e := New(Options{Containers: sess, Store: storetest.NewMemResponses(nil)})
 	ic := config.Defaults().Interception
 	ic.ExecutionTimeout = 20 * time.Second
 	ic.ContainerIdleTimeout = time.Minute

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/intercept"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
@@ -23,7 +24,9 @@ func chatProxy(t *testing.T) (*proxy, *upstreamtest.Server) {
 	cfg := testConfig(up.URL(), func(c *config.Config) {
 		c.Models[0].Provider, c.Models[0].API = "hosted_vllm", config.APIChatCompletions
 	})
-	p := newProxy(t, cfg, func(o *Options) { o.Interceptor = intercept.New(intercept.Options{}) })
+	p := newProxy(t, cfg, func(o *Options) {
+		o.Interceptor = intercept.New(intercept.Options{Store: storetest.NewMemResponses(nil)})
+	})
 	return p, up
 }
 
@@ -138,7 +141,9 @@ func TestChatCompletionsPassThrough(t *testing.T) {
 				_, _ = io.WriteString(w, answer)
 			})
 			cfg := testConfig(up.URL+"/v1", func(c *config.Config) { c.Models[0].API = api })
-			p := newProxy(t, cfg, func(o *Options) { o.Interceptor = intercept.New(intercept.Options{}) })
+			p := newProxy(t, cfg, func(o *Options) {
+				o.Interceptor = intercept.New(intercept.Options{Store: storetest.NewMemResponses(nil)})
+			})
 			body := `{"model":"gpt-test", "messages":[{"role":"user","content":"hi"}],"top_k":3}`
 			status, _, got := p.do(t, http.MethodPost, "/v1/chat/completions", body)
 			if status != http.StatusOK || string(got) != answer {
@@ -167,7 +172,7 @@ func TestResponsesFailoverStaysOnOneAPI(t *testing.T) {
 		c.Models = append(c.Models, d)
 	})
 	p := newProxy(t, cfg, func(o *Options) {
-		o.Interceptor = intercept.New(intercept.Options{})
+		o.Interceptor = intercept.New(intercept.Options{Store: storetest.NewMemResponses(nil)})
 		o.Balancer = upstream.NewBalancer()
 	})
 	native, translated := 0, 0
@@ -208,7 +213,9 @@ func TestContinueWithoutCodeInterpreter(t *testing.T) {
 	cfg := testConfig(up.URL(), func(c *config.Config) {
 		c.Interception.Enabled, c.Callbacks = true, []string{"code_interpreter_interception"}
 	})
-	p := newProxy(t, cfg, func(o *Options) { o.Interceptor = intercept.New(intercept.Options{}) })
+	p := newProxy(t, cfg, func(o *Options) {
+		o.Interceptor = intercept.New(intercept.Options{Store: storetest.NewMemResponses(nil)})
+	})
 	auth := []string{"Authorization", "Bearer alice"}
 
 	up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("No code needed.")}})

@@ -125,7 +125,7 @@ func (b *containerBackend) start(t *testing.T, cfg *config.Config, dir string, c
 		o.Store = snapshot.Fixed(&snapshot.Snapshot{Config: cfg, Sandboxes: b.reg})
 		o.Files, o.Containers, o.Now = st, sess, clock.Now
 		// The engine as cmd/proxy wires it; it takes requests only when cfg turns interception on.
-		o.Interceptor = intercept.New(intercept.Options{Containers: sess, Files: st})
+		o.Interceptor = intercept.New(intercept.Options{Containers: sess, Files: st, Store: st})
 	})
 	t.Cleanup(p.stop)
 	return p

@@ -92,7 +92,7 @@ func newReplica(t *testing.T, st store.Store, name string, expire func(context.C
 		Store:       snapshot.Fixed(&snapshot.Snapshot{Config: cfg}),
 		Client:      upstream.NewClient(upstream.ClientOptions{Logger: log}),
 		Balancer:    upstream.NewBalancer(),
-		Interceptor: namedInterceptor{name: name, eng: intercept.New(intercept.Options{Store: intercept.OnStore(st, 0, nil)})},
+		Interceptor: namedInterceptor{name: name, eng: intercept.New(intercept.Options{Store: st})},
 		Replicas:    p,
 		Logger:      log,
 	})

@@ -43,7 +43,7 @@ func TestPassThroughInlinesTheCallersFiles(t *testing.T) {
 			p := newProxy(t, testConfig(up.URL+"/v1"), func(o *Options) {
 				o.Files = st
 				if withEngine {
-					o.Interceptor = intercept.New(intercept.Options{Files: st})
+					o.Interceptor = intercept.New(intercept.Options{Files: st, Store: st})
 				}
 			})
 			fp := &filesProxy{proxy: p, store: st}

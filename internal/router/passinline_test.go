@@ -85,7 +85,7 @@ func inlineProxy(t *testing.T, up *heldUpstream, engine bool, mutate ...func(*co
 	p := newProxy(t, cfg, func(o *Options) {
 		o.Files = st
 		if engine {
-			o.Interceptor = intercept.New(intercept.Options{Files: st})
+			o.Interceptor = intercept.New(intercept.Options{Files: st, Store: st})
 		}
 	})
 	t.Cleanup(up.release) // before the proxy closes, which waits for the requests held

@@ -25,6 +25,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 	"github.com/ciproxy/ciproxy/internal/snapshot"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
+	"github.com/ciproxy/ciproxy/internal/store/storetest"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -122,7 +123,7 @@ func newConfiguredProxy(t *testing.T, yaml func(base string) string, sandboxed b
 		_ = sess.Close(context.Background())
 		_ = st.Close()
 	})
-	eng := intercept.New(intercept.Options{Containers: sess, Logger: log})
+	eng := intercept.New(intercept.Options{Containers: sess, Store: storetest.NewMemResponses(nil), Logger: log})
 	p := newProxy(t, cfg, func(o *Options) {
 		o.Store = store
 		o.Interceptor = eng
@@ -308,7 +309,10 @@ func TestClientKeysScopeFilesAndResponses(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	p := newProxy(t, cfg, func(o *Options) { o.Files = st; o.Interceptor = intercept.New(intercept.Options{}) })
+	p := newProxy(t, cfg, func(o *Options) {
+		o.Files = st
+		o.Interceptor = intercept.New(intercept.Options{Store: storetest.NewMemResponses(nil)})
+	})
 	fp := &filesProxy{proxy: p, store: st}
 	ctx := context.Background()
 	alice, bob, master := client(fp, aliceKey), client(fp, bobKey), client(fp, quotaMK)

@@ -1,6 +1,7 @@
 // Package storetest is the conformance suite of store.Store: every implementation (the embedded
 // one, a shared one) passes Run. MemFiles is a read-only Files store in memory for the unit tests
-// of code that reads files by id; end-to-end tests use the real stores.
+// of code that reads files by id, and MemResponses a store.Responses in memory (which passes
+// RunResponses) for those of code that keeps responses; end-to-end tests use the real stores.
 package storetest
 
 import (
@@ -93,7 +94,10 @@ func Run(t *testing.T, f Factory) {
 	t.Run("ContainerPages", func(t *testing.T) { testContainerPages(t, f) })
 	t.Run("ContainerFiles", func(t *testing.T) { testContainerFiles(t, f) })
 	t.Run("ContainerExpiry", func(t *testing.T) { testContainerExpiry(t, f) })
-	t.Run("Responses", func(t *testing.T) { testResponses(t, f) })
+	t.Run("Responses", func(t *testing.T) {
+		e := newEnv(t, f)
+		testResponses(t, e.clock, e.s)
+	})
 	t.Run("Claims", func(t *testing.T) { testClaims(t, f) })
 	t.Run("Places", func(t *testing.T) { testPlaces(t, f) })
 	t.Run("PlaceRace", func(t *testing.T) { testPlaceRace(t, f) })
@@ -1024,9 +1028,20 @@ func testContainerExpiry(t *testing.T, f Factory) {
 	}
 }
 
-func testResponses(t *testing.T, f Factory) {
-	e := newEnv(t, f)
-	now := e.clock.Now()
+// ResponsesFactory makes a store.Responses under test, reading the clock now. It cleans up after
+// itself (t.Cleanup).
+type ResponsesFactory func(t *testing.T, now func() time.Time) store.Responses
+
+// RunResponses runs the suite's Responses part against the store f makes: for an implementation
+// of store.Responses alone (Run covers it in every store.Store).
+func RunResponses(t *testing.T, f ResponsesFactory) {
+	c := NewClock()
+	testResponses(t, c, f(t, c.Now))
+}
+
+func testResponses(t *testing.T, clock *Clock, s store.Responses) {
+	ctx := context.Background()
+	now := clock.Now()
 	r := store.Response{ID: "resp_0123abcd", Owner: "alice", UpstreamID: "resp_up1", ContainerID: "cntr_1",
 		Pending:   []json.RawMessage{json.RawMessage(`{"type":"function_call_output","call_id":"c1","output":"1"}`)},
 		Body:      json.RawMessage(`{"id":"resp_0123abcd","object":"response","output":[]}`),
@@ -1036,75 +1051,75 @@ func testResponses(t *testing.T, f Factory) {
 		{ID: "ci_1", Owner: "alice", CallID: "call_1", Code: "1+1", Output: "2", ExpiresAt: now.Add(24 * time.Hour)},
 		{ID: "ci_2", Owner: "alice", CallID: "call_2", ContainerID: "cntr_1", Code: "print('x')", Output: "x\n", ExpiresAt: now.Add(48 * time.Hour)},
 	}
-	if err := e.s.PutResponse(e.ctx, r, calls); err != nil {
+	if err := s.PutResponse(ctx, r, calls); err != nil {
 		t.Fatal(err)
 	}
-	got, err := e.s.Response(e.ctx, r.ID)
+	got, err := s.Response(ctx, r.ID)
 	if err != nil || got.Owner != "alice" || got.UpstreamID != "resp_up1" || got.ContainerID != "cntr_1" || len(got.Pending) != 1 ||
 		!jsonEqual(got.Pending[0], r.Pending[0]) || !jsonEqual(got.Body, r.Body) || !jsonEqual(got.Input, r.Input) ||
 		!got.ExpiresAt.Equal(r.ExpiresAt) || got.CreatedAt.IsZero() {
 		t.Fatalf("Response = %+v, %v", got, err)
 	}
-	c, err := e.s.Call(e.ctx, "ci_2")
+	c, err := s.Call(ctx, "ci_2")
 	if err != nil || c != calls[1] {
 		t.Errorf("Call = %+v, %v; want %+v", c, err, calls[1])
 	}
 	// A response without body or input keeps them nil.
-	if err := e.s.PutResponse(e.ctx, store.Response{ID: "resp_bare", Owner: "bob"}, nil); err != nil {
+	if err := s.PutResponse(ctx, store.Response{ID: "resp_bare", Owner: "bob"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if bare, err := e.s.Response(e.ctx, "resp_bare"); err != nil || bare.Body != nil || bare.Input != nil || !bare.ExpiresAt.IsZero() {
+	if bare, err := s.Response(ctx, "resp_bare"); err != nil || bare.Body != nil || bare.Input != nil || !bare.ExpiresAt.IsZero() {
 		t.Errorf("bare response = %+v, %v", bare, err)
 	}
 	// Replacing a response.
 	r2 := r
 	r2.UpstreamID = "resp_up2"
-	if err := e.s.PutResponse(e.ctx, r2, nil); err != nil {
+	if err := s.PutResponse(ctx, r2, nil); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := e.s.Response(e.ctx, r.ID); got.UpstreamID != "resp_up2" {
+	if got, _ := s.Response(ctx, r.ID); got.UpstreamID != "resp_up2" {
 		t.Errorf("after replace: %+v", got)
 	}
 	for _, bad := range []string{"", "../x", "a/b", "resp_\x00", strings.Repeat("a", 129)} {
-		if err := e.s.PutResponse(e.ctx, store.Response{ID: bad}, nil); !errors.Is(err, store.ErrInvalid) {
+		if err := s.PutResponse(ctx, store.Response{ID: bad}, nil); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("PutResponse(%q) = %v; want ErrInvalid", bad, err)
 		}
-		_, err := e.s.Response(e.ctx, bad)
+		_, err := s.Response(ctx, bad)
 		wantNotFound(t, fmt.Sprintf("Response(%q)", bad), err)
 	}
-	if err := e.s.PutResponse(e.ctx, store.Response{ID: "resp_ok"}, []store.Call{{ID: "../ci"}}); !errors.Is(err, store.ErrInvalid) {
+	if err := s.PutResponse(ctx, store.Response{ID: "resp_ok"}, []store.Call{{ID: "../ci"}}); !errors.Is(err, store.ErrInvalid) {
 		t.Errorf("PutResponse with a bad call id = %v; want ErrInvalid", err)
 	}
-	if err := e.s.PutResponse(e.ctx, store.Response{ID: "resp_badjson", Body: json.RawMessage(`{"a":`)}, nil); !errors.Is(err, store.ErrInvalid) {
+	if err := s.PutResponse(ctx, store.Response{ID: "resp_badjson", Body: json.RawMessage(`{"a":`)}, nil); !errors.Is(err, store.ErrInvalid) {
 		t.Errorf("PutResponse with broken JSON = %v; want ErrInvalid", err)
 	}
-	if _, err := e.s.Response(e.ctx, "resp_badjson"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.Response(ctx, "resp_badjson"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("a refused response was stored: %v", err)
 	}
 
 	// Delete keeps the calls.
-	if err := e.s.DeleteResponse(e.ctx, r.ID); err != nil {
+	if err := s.DeleteResponse(ctx, r.ID); err != nil {
 		t.Fatal(err)
 	}
-	_, err = e.s.Response(e.ctx, r.ID)
+	_, err = s.Response(ctx, r.ID)
 	wantNotFound(t, "Response after delete", err)
-	if err := e.s.DeleteResponse(e.ctx, r.ID); err != nil {
+	if err := s.DeleteResponse(ctx, r.ID); err != nil {
 		t.Errorf("DeleteResponse twice = %v", err)
 	}
-	if _, err := e.s.Call(e.ctx, "ci_1"); err != nil {
+	if _, err := s.Call(ctx, "ci_1"); err != nil {
 		t.Errorf("a call went with its response: %v", err)
 	}
 	// Expiry.
-	e.clock.Advance(24 * time.Hour)
-	_, err = e.s.Call(e.ctx, "ci_1")
+	clock.Advance(24 * time.Hour)
+	_, err = s.Call(ctx, "ci_1")
 	wantNotFound(t, "Call at its expiry", err)
-	if _, err := e.s.Call(e.ctx, "ci_2"); err != nil {
+	if _, err := s.Call(ctx, "ci_2"); err != nil {
 		t.Errorf("Call before its expiry = %v", err)
 	}
-	if _, err := e.s.Response(e.ctx, "resp_bare"); err != nil {
+	if _, err := s.Response(ctx, "resp_bare"); err != nil {
 		t.Errorf("a response without expiry expired: %v", err)
 	}
-	_, err = e.s.Call(e.ctx, "ci_nope")
+	_, err = s.Call(ctx, "ci_nope")
 	wantNotFound(t, "Call(unknown)", err)
 }
 
