@@ -44,7 +44,7 @@ const (
 
 // errShuttingDown ends the requests still running past shutdown_grace: a JSON request gets it as
 // a 503, a stream as its error event and response.failed (code server_error).
-var errShuttingDown = &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error",
+var errShuttingDown = &apierror.Error{Status: http.StatusServiceUnavailable, Type: apierror.TypeServer,
 	Message: "The proxy is shutting down; please retry the request."}
 
 // app is the proxy wired for one configuration: what wire built, in the order it built it, and

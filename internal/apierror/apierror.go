@@ -15,6 +15,54 @@ import (
 	"github.com/tidwall/gjson"
 )
 
+// Types: an error's type, as OpenAI names them.
+const (
+	TypeInvalidRequest = "invalid_request_error"
+	TypeServer         = "server_error"
+	TypeRequests       = "requests"       // a 429 for a limit on the number of requests
+	TypeUpstream       = "upstream_error" // the body sent for an upstream error body too large to relay
+)
+
+// Codes: an error's code, OpenAI's where it has one for the case.
+const (
+	CodeInvalidAPIKey             = "invalid_api_key"
+	CodeInvalidType               = "invalid_type"
+	CodeInvalidValue              = "invalid_value"
+	CodeMissingRequiredParameter  = "missing_required_parameter"
+	CodeUnsupportedValue          = "unsupported_value"
+	CodeArrayAboveMaxLength       = "array_above_max_length"
+	CodeStringAboveMaxLength      = "string_above_max_length"
+	CodeIntegerBelowMinValue      = "integer_below_min_value"
+	CodeIntegerAboveMaxValue      = "integer_above_max_value"
+	CodeRequestTooLarge           = "request_too_large" // the body is over the configured size
+	CodeRateLimitExceeded         = "rate_limit_exceeded"
+	CodeModelNotFound             = "model_not_found"
+	CodeUnsupportedModel          = "unsupported_model" // a Chat Completions model asked for on /v1/responses
+	CodePreviousResponseNotFound  = "previous_response_not_found"
+	CodeInvalidFilename           = "invalid_filename"
+	CodeFileTooLarge              = "file_too_large"
+	CodeImageFileTooLarge         = "image_file_too_large"
+	CodeEmptyImageFile            = "empty_image_file"
+	CodeUnsupportedImageMediaType = "unsupported_image_media_type"
+	CodeStorageLimitExceeded      = "storage_limit_exceeded" // a container's or a key's bytes
+	CodeTooManyFiles              = "too_many_files"         // a container's file count
+	CodeNameTaken                 = "name_taken"             // a container path that already holds a file
+	CodeFileBusy                  = "file_busy"              // a container file another request is writing
+	CodeContainerExpired          = "container_expired"
+	CodeInvalidForwarding         = "invalid_forwarding"  // a forwarded request whose signature does not verify
+	CodeReplicaUnavailable        = "replica_unavailable" // the replica that holds the container cannot be reached
+	CodeServerOverloaded          = "server_overloaded"   // the proxy's memory for inlined files is in use
+	CodeServer                    = "server_error"        // a failed Response's code when the upstream gave none
+	CodeStoreUnavailable          = "store_unavailable"
+	CodeSandboxUnavailable        = "sandbox_unavailable"
+	CodeUpstreamError             = "upstream_error"       // the upstream answered, but not as it should
+	CodeUpstreamUnavailable       = "upstream_unavailable" // the upstream call of a tool loop failed to start
+	CodeUpstreamUnreachable       = "upstream_unreachable" // every deployment of the model failed to connect
+	CodeUpstreamTimeout           = "upstream_timeout"
+	CodeUpstreamNotConfigured     = "upstream_not_configured"  // no deployment, or its key's variable is unset
+	CodeDeploymentNotSupported    = "deployment_not_supported" // the configuration names a deployment the proxy cannot call
+)
+
 // Error is an error a client may see.
 type Error struct {
 	Status  int    // HTTP status
@@ -85,7 +133,7 @@ func From(err error) *Error {
 	if errors.As(err, &e) {
 		return e
 	}
-	return &Error{Status: http.StatusInternalServerError, Message: "The server had an error while processing your request.", Type: "server_error", Err: err}
+	return &Error{Status: http.StatusInternalServerError, Message: "The server had an error while processing your request.", Type: TypeServer, Err: err}
 }
 
 // Ended returns the *Error ctx was cancelled with (context.WithCancelCause), or nil. A server
@@ -102,13 +150,13 @@ func Ended(ctx context.Context) *Error {
 // Constructors for the common cases.
 
 func BadRequest(msg, param, code string) *Error {
-	return &Error{Status: http.StatusBadRequest, Message: msg, Type: "invalid_request_error", Param: param, Code: code}
+	return &Error{Status: http.StatusBadRequest, Message: msg, Type: TypeInvalidRequest, Param: param, Code: code}
 }
 
 // InvalidType is the 400 OpenAI answers for a field of the wrong JSON type: want names the type
 // expected ("a boolean", "an array of strings"), got is the value sent.
 func InvalidType(param, want string, got gjson.Result) *Error {
-	return BadRequest(fmt.Sprintf("Invalid type for '%s': expected %s, but got %s instead.", param, want, JSONType(got)), param, "invalid_type")
+	return BadRequest(fmt.Sprintf("Invalid type for '%s': expected %s, but got %s instead.", param, want, JSONType(got)), param, CodeInvalidType)
 }
 
 // JSONType names the JSON type of v as OpenAI's messages do: "a string", "an integer", "a
@@ -132,22 +180,22 @@ func JSONType(v gjson.Result) string {
 }
 
 func NotFound(msg, param string) *Error {
-	return &Error{Status: http.StatusNotFound, Message: msg, Type: "invalid_request_error", Param: param}
+	return &Error{Status: http.StatusNotFound, Message: msg, Type: TypeInvalidRequest, Param: param}
 }
 
 func Unauthorized(msg string) *Error {
-	return &Error{Status: http.StatusUnauthorized, Message: msg, Type: "invalid_request_error", Code: "invalid_api_key"}
+	return &Error{Status: http.StatusUnauthorized, Message: msg, Type: TypeInvalidRequest, Code: CodeInvalidAPIKey}
 }
 
 func BadGateway(msg, code string, cause error) *Error {
-	return &Error{Status: http.StatusBadGateway, Message: msg, Type: "server_error", Code: code, Err: cause}
+	return &Error{Status: http.StatusBadGateway, Message: msg, Type: TypeServer, Code: code, Err: cause}
 }
 
 // RateLimited is a 429 as OpenAI sends one for a request-count limit: type "requests", code
 // "rate_limit_exceeded", the message saying which limit; retryAfter, when above 0, is sent as
 // Retry-After (whole seconds, rounded up), which the SDKs honour.
 func RateLimited(msg string, retryAfter time.Duration) *Error {
-	e := &Error{Status: http.StatusTooManyRequests, Message: msg, Type: "requests", Code: "rate_limit_exceeded"}
+	e := &Error{Status: http.StatusTooManyRequests, Message: msg, Type: TypeRequests, Code: CodeRateLimitExceeded}
 	if retryAfter > 0 {
 		secs := (retryAfter + time.Second - 1) / time.Second
 		e.Header = http.Header{"Retry-After": {strconv.FormatInt(int64(secs), 10)}}

@@ -40,7 +40,7 @@ func (b *Budget) Reserve(owner string, n int64, lim Limits) (func(), error) {
 		name string
 	}{{lim.PerOwner, "max_inline_bytes_in_flight_per_key"}, {lim.InFlight, "max_inline_bytes_in_flight"}} {
 		if l.max > 0 && n > l.max {
-			return nil, apierror.BadRequest(fmt.Sprintf("The files this request names by file_id take %d bytes, more than the %d bytes the proxy inlines at once (%s).", n, l.max, l.name), "input", "file_too_large")
+			return nil, apierror.BadRequest(fmt.Sprintf("The files this request names by file_id take %d bytes, more than the %d bytes the proxy inlines at once (%s).", n, l.max, l.name), "input", apierror.CodeFileTooLarge)
 		}
 	}
 	b.mu.Lock()
@@ -51,7 +51,7 @@ func (b *Budget) Reserve(owner string, n int64, lim Limits) (func(), error) {
 			b.byOwner[owner], lim.PerOwner), 0)
 	}
 	if lim.InFlight > 0 && b.total+n > lim.InFlight {
-		return nil, &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "server_overloaded",
+		return nil, &apierror.Error{Status: http.StatusServiceUnavailable, Type: apierror.TypeServer, Code: apierror.CodeServerOverloaded,
 			Message: fmt.Sprintf("The server is busy: the requests in flight already inline %d bytes of files of the %d it allows at once (max_inline_bytes_in_flight). Please try again shortly.", b.total, lim.InFlight)}
 	}
 	if b.byOwner == nil {

@@ -125,17 +125,17 @@ func openImage(ctx context.Context, files Store, owner, id, param string, left i
 	limit := min(int64(MaxImageBytes), left)
 	tooLarge := func() error {
 		if limit < MaxImageBytes {
-			return apierror.BadRequest(fmt.Sprintf("The images by file_id take more than %d MB together in this request.", MaxInputImageBytes>>20), param, "image_file_too_large")
+			return apierror.BadRequest(fmt.Sprintf("The images by file_id take more than %d MB together in this request.", MaxInputImageBytes>>20), param, apierror.CodeImageFileTooLarge)
 		}
-		return apierror.BadRequest(fmt.Sprintf("The image file %s is larger than %d MB.", id, MaxImageBytes>>20), param, "image_file_too_large")
+		return apierror.BadRequest(fmt.Sprintf("The image file %s is larger than %d MB.", id, MaxImageBytes>>20), param, apierror.CodeImageFileTooLarge)
 	}
 	typeOf := func(f store.File, head []byte) (string, error) {
 		if len(head) == 0 {
-			return "", apierror.BadRequest("The image file "+id+" is empty.", param, "empty_image_file")
+			return "", apierror.BadRequest("The image file "+id+" is empty.", param, apierror.CodeEmptyImageFile)
 		}
 		typ := http.DetectContentType(head)
 		if !slices.Contains(imageTypes, typ) {
-			return "", apierror.BadRequest("The file "+id+" ("+f.Filename+") is not an image of a supported type: PNG, JPEG, GIF or WebP.", param, "unsupported_image_media_type")
+			return "", apierror.BadRequest("The file "+id+" ("+f.Filename+") is not an image of a supported type: PNG, JPEG, GIF or WebP.", param, apierror.CodeUnsupportedImageMediaType)
 		}
 		return typ, nil
 	}
@@ -161,9 +161,9 @@ func openInputFile(ctx context.Context, files Store, owner, id, param string, le
 	limit := min(int64(MaxFileBytes), left)
 	tooLarge := func() error {
 		if limit < MaxFileBytes {
-			return apierror.BadRequest(fmt.Sprintf("The input files by file_id take more than %d MB together in this request.", MaxInputFileBytes>>20), param, "file_too_large")
+			return apierror.BadRequest(fmt.Sprintf("The input files by file_id take more than %d MB together in this request.", MaxInputFileBytes>>20), param, apierror.CodeFileTooLarge)
 		}
-		return apierror.BadRequest(fmt.Sprintf("The file %s is larger than %d MB, the most an input_file may carry.", id, MaxFileBytes>>20), param, "file_too_large")
+		return apierror.BadRequest(fmt.Sprintf("The file %s is larger than %d MB, the most an input_file may carry.", id, MaxFileBytes>>20), param, apierror.CodeFileTooLarge)
 	}
 	return openChecked(ctx, files, owner, id, limit, tooLarge, func(f store.File, head []byte) (string, error) {
 		return fileType(f.Filename, head), nil

@@ -235,5 +235,5 @@ func sandboxUnavailable(err error) *apierror.Error {
 	if q := quotaExceeded(err); q != nil {
 		return q
 	}
-	return apierror.BadGateway("The code interpreter sandbox is unavailable.", "sandbox_unavailable", err)
+	return apierror.BadGateway("The code interpreter sandbox is unavailable.", apierror.CodeSandboxUnavailable, err)
 }

@@ -26,7 +26,7 @@ func errorEventDetail(data []byte) []byte {
 	code := ev.Get("code")
 	typ := code.String()
 	if typ == "" {
-		typ = "server_error"
+		typ = apierror.TypeServer
 	}
 	return marshal(errorDetail{Type: typ, Code: rawOrNull(code), Message: ev.Get("message").String(), Param: rawOrNull(ev.Get("param"))})
 }
@@ -36,7 +36,7 @@ func upstreamErrorDetail(final []byte) []byte {
 	e := gjson.GetBytes(final, "error")
 	code := e.Get("code").String()
 	if code == "" {
-		code = "server_error"
+		code = apierror.CodeServer
 	}
 	msg := e.Get("message").String()
 	if msg == "" {
@@ -53,7 +53,7 @@ func clientDetail(err error) []byte {
 		if e := gjson.GetBytes(us.Body, "error"); e.IsObject() {
 			return []byte(e.Raw)
 		}
-		return apiErrorDetail(&apierror.Error{Message: "The upstream answered with status " + strconv.Itoa(us.Status) + ".", Type: "server_error", Code: "upstream_error"})
+		return apiErrorDetail(&apierror.Error{Message: "The upstream answered with status " + strconv.Itoa(us.Status) + ".", Type: apierror.TypeServer, Code: apierror.CodeUpstreamError})
 	}
 	return apiErrorDetail(apierror.From(err))
 }
@@ -71,9 +71,9 @@ func classify(err error) string {
 	var ae *apierror.Error
 	if errors.As(err, &ae) {
 		switch ae.Code {
-		case "sandbox_unavailable":
+		case apierror.CodeSandboxUnavailable:
 			return "sandbox_unavailable"
-		case "upstream_error", "upstream_unavailable":
+		case apierror.CodeUpstreamError, apierror.CodeUpstreamUnavailable:
 			return "upstream_error"
 		}
 	}

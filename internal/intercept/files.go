@@ -77,18 +77,18 @@ func parseFileIDs(ids gjson.Result, param string) ([]wantedFile, *apierror.Error
 	case !ids.Exists(), ids.Type == gjson.Null:
 		return nil, nil
 	case !ids.IsArray():
-		return nil, apierror.BadRequest("Invalid type for '"+param+"': expected an array of file ids.", param, "invalid_type")
+		return nil, apierror.BadRequest("Invalid type for '"+param+"': expected an array of file ids.", param, apierror.CodeInvalidType)
 	}
 	arr := ids.Array()
 	if len(arr) > MaxFileIDs {
-		return nil, apierror.BadRequest(fmt.Sprintf("Invalid '%s': array too long. Expected an array with maximum length %d, but got an array with length %d instead.", param, MaxFileIDs, len(arr)), param, "array_above_max_length")
+		return nil, apierror.BadRequest(fmt.Sprintf("Invalid '%s': array too long. Expected an array with maximum length %d, but got an array with length %d instead.", param, MaxFileIDs, len(arr)), param, apierror.CodeArrayAboveMaxLength)
 	}
 	var out []wantedFile
 	seen := map[string]bool{}
 	for j, id := range arr {
 		if id.Type != gjson.String || id.String() == "" {
 			p := param + "[" + strconv.Itoa(j) + "]"
-			return nil, apierror.BadRequest("Invalid type for '"+p+"': expected a file id.", p, "invalid_type")
+			return nil, apierror.BadRequest("Invalid type for '"+p+"': expected a file id.", p, apierror.CodeInvalidType)
 		}
 		if seen[id.String()] {
 			continue
@@ -166,11 +166,11 @@ func inputFile(p gjson.Result, at inputPart) (wantedFile, *apierror.Error) {
 		}
 		fn := p.Get("filename")
 		if fn.Type != gjson.String {
-			return w, apierror.BadRequest("Missing required parameter: '"+pp+".filename'.", pp+".filename", "missing_required_parameter")
+			return w, apierror.BadRequest("Missing required parameter: '"+pp+".filename'.", pp+".filename", apierror.CodeMissingRequiredParameter)
 		}
 		name, err := filename.Clean(fn.String())
 		if err != nil {
-			return w, apierror.BadRequest("Invalid '"+pp+".filename': "+err.Error()+".", pp+".filename", "invalid_filename")
+			return w, apierror.BadRequest("Invalid '"+pp+".filename': "+err.Error()+".", pp+".filename", apierror.CodeInvalidFilename)
 		}
 		w.Name = name
 	}
@@ -183,13 +183,13 @@ func decodeFileData(s, param string) ([]byte, *apierror.Error) {
 	if rest, ok := strings.CutPrefix(s, "data:"); ok {
 		meta, payload, found := strings.Cut(rest, ",")
 		if !found || !strings.HasSuffix(meta, ";base64") {
-			return nil, apierror.BadRequest("Invalid '"+param+"': expected a base64 data URL (data:<type>;base64,...).", param, "invalid_value")
+			return nil, apierror.BadRequest("Invalid '"+param+"': expected a base64 data URL (data:<type>;base64,...).", param, apierror.CodeInvalidValue)
 		}
 		s = payload
 	}
 	b, err := base64.StdEncoding.DecodeString(s)
 	if err != nil {
-		return nil, apierror.BadRequest("Invalid '"+param+"': the file data is not valid base64.", param, "invalid_value")
+		return nil, apierror.BadRequest("Invalid '"+param+"': the file data is not valid base64.", param, apierror.CodeInvalidValue)
 	}
 	return b, nil
 }
@@ -463,13 +463,13 @@ func (r *run) placeFiles(ctx context.Context) error {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case errors.Is(err, sandbox.ErrFileTooLarge):
-		return apierror.BadRequest("The file is larger than the limit for one file in a container.", param, "file_too_large")
+		return apierror.BadRequest("The file is larger than the limit for one file in a container.", param, apierror.CodeFileTooLarge)
 	case errors.Is(err, sandbox.ErrContainerFull):
-		return apierror.BadRequest("The container's files would take more than its storage limit.", param, "storage_limit_exceeded")
+		return apierror.BadRequest("The container's files would take more than its storage limit.", param, apierror.CodeStorageLimitExceeded)
 	case errors.Is(err, containers.ErrTooManyFiles):
-		return apierror.BadRequest(fmt.Sprintf("The container would hold more than %d files.", r.lim.Files), param, "too_many_files")
+		return apierror.BadRequest(fmt.Sprintf("The container would hold more than %d files.", r.lim.Files), param, apierror.CodeTooManyFiles)
 	case errors.Is(err, containers.ErrInvalidFilename):
-		return apierror.BadRequest("Invalid filename for '"+param+"'.", param, "invalid_filename")
+		return apierror.BadRequest("Invalid filename for '"+param+"'.", param, apierror.CodeInvalidFilename)
 	case pe != nil && pe.Index >= 0 && pe.Index < len(todo) && todo[pe.Index].FileID != "" && errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, containers.ErrExpired):
 		// Deleted since the request was checked.
 		return apierror.NotFound("No such File object: "+todo[pe.Index].FileID, param)

@@ -250,7 +250,7 @@ func (r *run) callUpstream(ctx context.Context, body []byte) error {
 		if errors.As(err, &ae) {
 			return ae
 		}
-		return apierror.BadGateway("The upstream could not be reached.", "upstream_unavailable", err)
+		return apierror.BadGateway("The upstream could not be reached.", apierror.CodeUpstreamUnavailable, err)
 	}
 	defer answer.Close()
 	for !r.tr.ended() {
@@ -297,7 +297,7 @@ func (r *run) readFailure(ctx context.Context, err error) error {
 		return ae // the Responses seam's own account (a chat answer over its bounds, ...)
 	}
 	if errors.Is(err, upstream.ErrMalformed) {
-		return apierror.BadGateway("The upstream's response could not be read.", "upstream_error", err)
+		return apierror.BadGateway("The upstream's response could not be read.", apierror.CodeUpstreamError, err)
 	}
-	return apierror.BadGateway("The upstream's response ended early.", "upstream_error", err)
+	return apierror.BadGateway("The upstream's response ended early.", apierror.CodeUpstreamError, err)
 }

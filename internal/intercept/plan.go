@@ -205,7 +205,7 @@ func (e *Engine) Serve(w http.ResponseWriter, hr *http.Request, p *Plan) (err er
 
 	if aerr := r.startContainer(ctx); aerr != nil {
 		result = "client_error"
-		if aerr.Code == "sandbox_unavailable" {
+		if aerr.Code == apierror.CodeSandboxUnavailable {
 			result = "sandbox_unavailable"
 		}
 		return aerr

@@ -100,9 +100,9 @@ func CheckNetworkPolicy(np gjson.Result, param string) *apierror.Error {
 	case t.Type == gjson.String && t.Str == "disabled":
 		return nil
 	case t.Type == gjson.String && t.Str == "allowlist":
-		return apierror.BadRequest("'"+param+"' of type 'allowlist' is not supported by this proxy: its sandboxes' network access is set by the operator.", param, "unsupported_value")
+		return apierror.BadRequest("'"+param+"' of type 'allowlist' is not supported by this proxy: its sandboxes' network access is set by the operator.", param, apierror.CodeUnsupportedValue)
 	default:
-		return apierror.BadRequest(fmt.Sprintf("Invalid value for '%s.type': %s. Supported values are: 'disabled' and 'allowlist'.", param, t.Raw), param+".type", "invalid_value")
+		return apierror.BadRequest(fmt.Sprintf("Invalid value for '%s.type': %s. Supported values are: 'disabled' and 'allowlist'.", param, t.Raw), param+".type", apierror.CodeInvalidValue)
 	}
 }
 
@@ -232,7 +232,7 @@ func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool
 				case ml.Type == gjson.String && validMemoryLimit(ml.String()):
 					r.container.memoryLimit = ml.String()
 				default:
-					bad = apierror.BadRequest("Invalid value for '"+param+".memory_limit': expected one of '1g', '4g', '16g', '64g'.", param+".memory_limit", "invalid_value")
+					bad = apierror.BadRequest("Invalid value for '"+param+".memory_limit': expected one of '1g', '4g', '16g', '64g'.", param+".memory_limit", apierror.CodeInvalidValue)
 					return false
 				}
 				if bad = CheckNetworkPolicy(c.Get("network_policy"), param+".network_policy"); bad != nil {
@@ -242,7 +242,7 @@ func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool
 					return false
 				}
 			default:
-				bad = apierror.BadRequest("Invalid value for '"+param+"': expected a container id or {\"type\": \"auto\"}.", param, "invalid_value")
+				bad = apierror.BadRequest("Invalid value for '"+param+"': expected a container id or {\"type\": \"auto\"}.", param, apierror.CodeInvalidValue)
 				return false
 			}
 			r.standInIndex = n
@@ -405,7 +405,7 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 		case known && sr.UpstreamID != "" && !lk.stateless:
 			r.base, _ = sjson.SetBytes(r.base, "previous_response_id", sr.UpstreamID)
 		case known || lk.stateless:
-			return apierror.BadRequest("Previous response with id '"+prev+"' not found.", "previous_response_id", "previous_response_not_found")
+			return apierror.BadRequest("Previous response with id '"+prev+"' not found.", "previous_response_id", apierror.CodePreviousResponseNotFound)
 		}
 		if known {
 			r.useContainer(sr.ContainerID)
@@ -463,7 +463,7 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 
 // storeUnavailable is the error of a request that needs a record the store cannot read now.
 func storeUnavailable(err error) *apierror.Error {
-	return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "store_unavailable",
+	return &apierror.Error{Status: http.StatusServiceUnavailable, Type: apierror.TypeServer, Code: apierror.CodeStoreUnavailable,
 		Message: "The service's state store is unavailable; please try again shortly.", Err: err}
 }
 

@@ -6,6 +6,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
+	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
@@ -51,7 +52,7 @@ func (t *translator) failed(detail []byte) Event {
 		e.Code, e.Message = ue.Get("code").String(), ue.Get("message").String()
 	}
 	if e.Code == "" {
-		e.Code = "server_error"
+		e.Code = apierror.CodeServer
 	}
 	if e.Message == "" {
 		e.Message = "The response failed."

@@ -108,7 +108,7 @@ func (e *Engine) ServeStored(w http.ResponseWriter, r *http.Request, id, caller 
 		}
 		writeJSON(w, marshal(deletedResponse{ID: id, Object: "response", Deleted: true}))
 	default:
-		return &apierror.Error{Status: http.StatusMethodNotAllowed, Message: "Method " + r.Method + " is not allowed for " + r.URL.Path + ".", Type: "invalid_request_error"}
+		return &apierror.Error{Status: http.StatusMethodNotAllowed, Message: "Method " + r.Method + " is not allowed for " + r.URL.Path + ".", Type: apierror.TypeInvalidRequest}
 	}
 	return nil
 }

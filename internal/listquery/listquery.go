@@ -21,11 +21,11 @@ func Limit(q url.Values, def, max int) (int, error) {
 	n, err := strconv.Atoi(v)
 	switch {
 	case err != nil:
-		return 0, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': expected an integer, but got '%s' instead.", v), "limit", "invalid_value")
+		return 0, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': expected an integer, but got '%s' instead.", v), "limit", apierror.CodeInvalidValue)
 	case n < 1:
-		return 0, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': integer below minimum value. Expected a value >= 1, but got %d instead.", n), "limit", "integer_below_min_value")
+		return 0, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': integer below minimum value. Expected a value >= 1, but got %d instead.", n), "limit", apierror.CodeIntegerBelowMinValue)
 	case n > max:
-		return 0, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': integer above maximum value. Expected a value <= %d, but got %d instead.", max, n), "limit", "integer_above_max_value")
+		return 0, apierror.BadRequest(fmt.Sprintf("Invalid 'limit': integer above maximum value. Expected a value <= %d, but got %d instead.", max, n), "limit", apierror.CodeIntegerAboveMaxValue)
 	}
 	return n, nil
 }
@@ -40,6 +40,6 @@ func Order(q url.Values) (string, error) {
 	case "asc", "desc":
 		return v, nil
 	default:
-		return "", apierror.BadRequest(fmt.Sprintf("Invalid value for 'order': '%s'. Supported values are: 'asc' and 'desc'.", v), "order", "invalid_value")
+		return "", apierror.BadRequest(fmt.Sprintf("Invalid value for 'order': '%s'. Supported values are: 'asc' and 'desc'.", v), "order", apierror.CodeInvalidValue)
 	}
 }

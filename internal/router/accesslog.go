@@ -8,9 +8,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// statusClientClosed is logged (never sent) when the client left before a response was written.
-const statusClientClosed = 499
-
 // logFields are request facts that handlers learn and the access log prints. Only the request's
 // own goroutine writes them, before the handler returns.
 type logFields struct {
@@ -39,13 +36,7 @@ func accessLog(log *zap.Logger) func(http.Handler) http.Handler {
 			r = r.WithContext(context.WithValue(r.Context(), ctxKeyLogFields{}, f))
 			aborted := true
 			defer func() {
-				status := ww.status
-				switch {
-				case status == 0 && r.Context().Err() != nil:
-					status = statusClientClosed
-				case status == 0 && !aborted:
-					status = http.StatusOK // net/http sends 200 for a handler that wrote nothing
-				}
+				status := ww.outcome(r, aborted)
 				fields := []zap.Field{
 					zap.String("request_id", RequestID(r.Context())),
 					zap.String("method", r.Method),

@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
@@ -71,13 +73,12 @@ func TestAccessLog(t *testing.T) {
 // waitForLog returns the entries with message msg once there is at least one.
 func waitForLog(t *testing.T, logs *observer.ObservedLogs, msg string) []observer.LoggedEntry {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if lines := logs.FilterMessage(msg).All(); len(lines) > 0 || time.Now().After(deadline) {
-			return lines
-		}
-		time.Sleep(time.Millisecond) // polling interval, not a wait for an event
-	}
+	var lines []observer.LoggedEntry
+	testutil.Eventually(t, "a log line "+strconv.Quote(msg), func() bool {
+		lines = logs.FilterMessage(msg).All()
+		return len(lines) > 0
+	})
+	return lines
 }
 
 // assertNoSecrets fails if any log entry's message or field mentions one of secrets.

@@ -131,5 +131,5 @@ func callerQuotas(ctx context.Context) config.Quotas {
 
 // notReady is the answer while no configuration is loaded.
 func notReady() *apierror.Error {
-	return &apierror.Error{Status: http.StatusServiceUnavailable, Message: "The proxy is not ready: no configuration is loaded.", Type: "server_error"}
+	return &apierror.Error{Status: http.StatusServiceUnavailable, Message: "The proxy is not ready: no configuration is loaded.", Type: apierror.TypeServer}
 }

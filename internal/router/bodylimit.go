@@ -77,11 +77,11 @@ func readBody(w http.ResponseWriter, r *http.Request, timeout time.Duration) ([]
 	case errors.As(err, &tooBig):
 		return nil, tooLarge(tooBig.Limit)
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return nil, &apierror.Error{Status: http.StatusRequestTimeout, Message: "Timed out reading the request body.", Type: "invalid_request_error", Err: err}
+		return nil, &apierror.Error{Status: http.StatusRequestTimeout, Message: "Timed out reading the request body.", Type: apierror.TypeInvalidRequest, Err: err}
 	case r.Context().Err() != nil:
 		return nil, fmt.Errorf("reading request body: %w", r.Context().Err())
 	default:
-		return nil, &apierror.Error{Status: http.StatusBadRequest, Message: "Could not read the request body.", Type: "invalid_request_error", Err: err}
+		return nil, &apierror.Error{Status: http.StatusBadRequest, Message: "Could not read the request body.", Type: apierror.TypeInvalidRequest, Err: err}
 	}
 }
 
@@ -89,7 +89,7 @@ func tooLarge(limit int64) *apierror.Error {
 	return &apierror.Error{
 		Status:  http.StatusRequestEntityTooLarge,
 		Message: "The request body is larger than the limit of " + strconv.FormatInt(limit, 10) + " bytes.",
-		Type:    "invalid_request_error",
-		Code:    "request_too_large",
+		Type:    apierror.TypeInvalidRequest,
+		Code:    apierror.CodeRequestTooLarge,
 	}
 }

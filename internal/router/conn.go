@@ -89,7 +89,7 @@ func shapeServerError(b []byte) ([]byte, bool) {
 	if !bytes.Equal(body, line) && string(body) != "Unsupported transfer encoding" {
 		return nil, false
 	}
-	e := &apierror.Error{Status: code, Type: "invalid_request_error"}
+	e := &apierror.Error{Status: code, Type: apierror.TypeInvalidRequest}
 	switch {
 	case code == http.StatusRequestHeaderFieldsTooLarge:
 		e.Message, e.Code = "The request's headers are too large.", "request_headers_too_large"

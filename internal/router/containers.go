@@ -138,38 +138,38 @@ func containerError(err error, id, fileID, param string) error {
 	var elsewhere *containers.ElsewhereError
 	switch {
 	case errors.As(err, &elsewhere):
-		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error",
+		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: apierror.TypeServer,
 			Message: "The container is served by another replica of this proxy; try again.", Err: err}
 	case fe != nil && errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, containers.ErrExpired):
 		return apierror.NotFound("No such File object: "+fileID, param)
 	case errors.Is(err, containers.ErrExpired):
-		return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: "container_id", Code: "container_expired",
+		return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: "container_id", Code: apierror.CodeContainerExpired,
 			Message: "Container with id '" + id + "' has expired and can no longer be used.", Err: err}
 	case errors.Is(err, containers.ErrNoSuchFile):
 		return apierror.NotFound("Container file with id '"+fileID+"' not found.", "file_id")
 	case errors.Is(err, sandbox.ErrNotFound):
 		return noSuchContainer(id)
 	case errors.Is(err, containers.ErrInvalidFilename):
-		return apierror.BadRequest("Invalid '"+param+"': "+strings.TrimPrefix(err.Error(), containers.ErrInvalidFilename.Error()+": ")+".", param, "invalid_filename")
+		return apierror.BadRequest("Invalid '"+param+"': "+strings.TrimPrefix(err.Error(), containers.ErrInvalidFilename.Error()+": ")+".", param, apierror.CodeInvalidFilename)
 	case errors.Is(err, sandbox.ErrNameTaken):
-		return &apierror.Error{Status: http.StatusConflict, Type: "invalid_request_error", Param: param, Code: "name_taken",
+		return &apierror.Error{Status: http.StatusConflict, Type: apierror.TypeInvalidRequest, Param: param, Code: apierror.CodeNameTaken,
 			Message: "Code in the container holds that name and the names after it; choose another filename.", Err: err}
 	case errors.Is(err, sandbox.ErrFileBusy):
-		return &apierror.Error{Status: http.StatusConflict, Type: "invalid_request_error", Param: param, Code: "file_busy",
+		return &apierror.Error{Status: http.StatusConflict, Type: apierror.TypeInvalidRequest, Param: param, Code: apierror.CodeFileBusy,
 			Message: "The file is held busy by code running in the container; try again later.", Err: err}
 	case errors.Is(err, sandbox.ErrFileTooLarge):
-		return &apierror.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: param, Code: "file_too_large",
+		return &apierror.Error{Status: http.StatusRequestEntityTooLarge, Type: apierror.TypeInvalidRequest, Param: param, Code: apierror.CodeFileTooLarge,
 			Message: "The file is larger than the limit for one file.", Err: err}
 	case errors.Is(err, sandbox.ErrContainerFull):
-		return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "storage_limit_exceeded",
+		return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: param, Code: apierror.CodeStorageLimitExceeded,
 			Message: "The container's files would take more than its storage limit.", Err: err}
 	case errors.Is(err, containers.ErrTooManyFiles):
-		return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "too_many_files",
+		return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: param, Code: apierror.CodeTooManyFiles,
 			Message: fmt.Sprintf("The container would hold more than %d files.", containers.DefaultMaxContainerFiles), Err: err}
 	case errors.Is(err, store.ErrUnavailable):
-		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "The container registry is unavailable; try again later.", Err: err}
+		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: apierror.TypeServer, Message: "The container registry is unavailable; try again later.", Err: err}
 	case errors.Is(err, sandbox.ErrUnavailable), errors.Is(err, sandbox.ErrTimeout), errors.Is(err, sandbox.ErrRateLimited):
-		return apierror.BadGateway("The code interpreter sandbox is unavailable.", "sandbox_unavailable", err)
+		return apierror.BadGateway("The code interpreter sandbox is unavailable.", apierror.CodeSandboxUnavailable, err)
 	}
 	return err
 }
@@ -205,7 +205,7 @@ func parseNewContainer(body []byte) (newContainer, error) {
 	case name.Type != gjson.String:
 		return nc, apierror.InvalidType("name", "a string", name)
 	case len(name.Str) > maxContainerName:
-		return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'name': string too long. Expected a string with maximum length %d, but got a string with length %d instead.", maxContainerName, len(name.Str)), "name", "string_above_max_length")
+		return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'name': string too long. Expected a string with maximum length %d, but got a string with length %d instead.", maxContainerName, len(name.Str)), "name", apierror.CodeStringAboveMaxLength)
 	default:
 		nc.name = name.Str
 	}
@@ -215,7 +215,7 @@ func parseNewContainer(body []byte) (newContainer, error) {
 		}
 		arr := ids.Array()
 		if len(arr) > containers.DefaultMaxContainerFiles {
-			return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'file_ids': array too long. Expected an array with maximum length %d, but got an array with length %d instead.", containers.DefaultMaxContainerFiles, len(arr)), "file_ids", "array_above_max_length")
+			return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'file_ids': array too long. Expected an array with maximum length %d, but got an array with length %d instead.", containers.DefaultMaxContainerFiles, len(arr)), "file_ids", apierror.CodeArrayAboveMaxLength)
 		}
 		for i, id := range arr {
 			if id.Type != gjson.String {
@@ -232,7 +232,7 @@ func parseNewContainer(body []byte) (newContainer, error) {
 		case !anchor.Exists():
 			return nc, apierror.BadRequest("Missing required parameter: 'expires_after.anchor'.", "expires_after.anchor", "")
 		case anchor.Type != gjson.String || anchor.Str != "last_active_at":
-			return nc, apierror.BadRequest(fmt.Sprintf("Invalid value for 'expires_after.anchor': %s. Supported values are: 'last_active_at'.", anchor.Raw), "expires_after.anchor", "invalid_value")
+			return nc, apierror.BadRequest(fmt.Sprintf("Invalid value for 'expires_after.anchor': %s. Supported values are: 'last_active_at'.", anchor.Raw), "expires_after.anchor", apierror.CodeInvalidValue)
 		}
 		minutes := ea.Get("minutes")
 		switch {
@@ -241,15 +241,15 @@ func parseNewContainer(body []byte) (newContainer, error) {
 		case apierror.JSONType(minutes) != "an integer":
 			return nc, apierror.InvalidType("expires_after.minutes", "an integer", minutes)
 		case minutes.Int() < minContainerMinutes:
-			return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'expires_after.minutes': integer below minimum value. Expected a value >= %d, but got %s instead.", minContainerMinutes, minutes.Raw), "expires_after.minutes", "integer_below_min_value")
+			return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'expires_after.minutes': integer below minimum value. Expected a value >= %d, but got %s instead.", minContainerMinutes, minutes.Raw), "expires_after.minutes", apierror.CodeIntegerBelowMinValue)
 		case minutes.Int() > maxContainerMinutes:
-			return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'expires_after.minutes': integer above maximum value. Expected a value <= %d, but got %s instead.", maxContainerMinutes, minutes.Raw), "expires_after.minutes", "integer_above_max_value")
+			return nc, apierror.BadRequest(fmt.Sprintf("Invalid 'expires_after.minutes': integer above maximum value. Expected a value <= %d, but got %s instead.", maxContainerMinutes, minutes.Raw), "expires_after.minutes", apierror.CodeIntegerAboveMaxValue)
 		}
 		nc.minutes = minutes.Int()
 	}
 	if mem := obj.Get("memory_limit"); mem.Exists() && mem.Type != gjson.Null {
 		if mem.Type != gjson.String || !contains(memoryLimits, mem.Str) {
-			return nc, apierror.BadRequest(fmt.Sprintf("Invalid value for 'memory_limit': %s. Supported values are: %s.", mem.Raw, quoteList(memoryLimits)), "memory_limit", "invalid_value")
+			return nc, apierror.BadRequest(fmt.Sprintf("Invalid value for 'memory_limit': %s. Supported values are: %s.", mem.Raw, quoteList(memoryLimits)), "memory_limit", apierror.CodeInvalidValue)
 		}
 		nc.memory = mem.Str
 	}
@@ -257,7 +257,7 @@ func parseNewContainer(body []byte) (newContainer, error) {
 		return nc, bad
 	}
 	if sk := obj.Get("skills"); sk.Exists() && sk.Type != gjson.Null && !(sk.IsArray() && len(sk.Array()) == 0) {
-		return nc, apierror.BadRequest("'skills' are not supported by this proxy.", "skills", "unsupported_value")
+		return nc, apierror.BadRequest("'skills' are not supported by this proxy.", "skills", apierror.CodeUnsupportedValue)
 	}
 	return nc, nil
 }
@@ -327,7 +327,7 @@ func listPage(r *http.Request, kind store.Kind) (store.Page, error) {
 	p.Order = store.Order(order)
 	if v := q.Get("after"); v != "" {
 		if !kind.Valid(v) {
-			return p, apierror.BadRequest(fmt.Sprintf("Invalid 'after': '%s' is not an id of this list.", v), "after", "invalid_value")
+			return p, apierror.BadRequest(fmt.Sprintf("Invalid 'after': '%s' is not an id of this list.", v), "after", apierror.CodeInvalidValue)
 		}
 		p.After = v
 	}

@@ -729,7 +729,7 @@ func TestContainerFileUploadCut(t *testing.T) {
 				t.Fatal(err)
 			}
 			conn.Close() // half a megabyte is in the socket: the handler streams it, then meets the cut
-			eventually(t, "the cut upload to end", func() bool {
+			testutil.Eventually(t, "the cut upload to end", func() bool {
 				return p.logs.FilterMessage("request").FilterField(zap.String("path", "/v1/containers/"+made.ID+"/files")).Len() > 0
 			})
 			run, err := p.sess.Open(ctx, made.ID, "")

@@ -69,7 +69,7 @@ func (s *server) handle(h handlerFunc) http.HandlerFunc {
 // storeUnavailable is the answer when the state store (Redis, for replicas) cannot be reached:
 // what needs it fails until it is back, and the client may retry.
 func storeUnavailable(cause error) *apierror.Error {
-	return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "store_unavailable",
+	return &apierror.Error{Status: http.StatusServiceUnavailable, Type: apierror.TypeServer, Code: apierror.CodeStoreUnavailable,
 		Message: "The service's state store is unavailable; please try again shortly.", Err: cause}
 }
 
@@ -83,6 +83,6 @@ func methodNotAllowed(w http.ResponseWriter, r *http.Request) error {
 	return &apierror.Error{
 		Status:  http.StatusMethodNotAllowed,
 		Message: "Method " + r.Method + " is not allowed for " + r.URL.Path + ".",
-		Type:    "invalid_request_error",
+		Type:    apierror.TypeInvalidRequest,
 	}
 }

@@ -98,10 +98,10 @@ func storeError(err error, cfg *config.Config) error {
 	lim := fileLimits(cfg)
 	switch {
 	case errors.Is(err, store.ErrTooLarge):
-		return &apierror.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: "file", Code: "file_too_large",
+		return &apierror.Error{Status: http.StatusRequestEntityTooLarge, Type: apierror.TypeInvalidRequest, Param: "file", Code: apierror.CodeFileTooLarge,
 			Message: fmt.Sprintf("The file is larger than the limit of %d bytes.", lim.MaxBytes), Err: err}
 	case errors.Is(err, store.ErrQuota):
-		return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: "file", Code: "storage_limit_exceeded",
+		return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: "file", Code: apierror.CodeStorageLimitExceeded,
 			Message: fmt.Sprintf("Storing this file would take your files past the limit of %d bytes for this API key; delete files to make room.", lim.OwnerBytes), Err: err}
 	case errors.Is(err, store.ErrTooManyUploads):
 		return apierror.RateLimited(fmt.Sprintf(
@@ -112,7 +112,7 @@ func storeError(err error, cfg *config.Config) error {
 			"Rate limit reached for file uploads: the uploads in flight hold the proxy's limit of %d bytes (max_upload_bytes_in_flight). Please try again shortly.",
 			lim.MaxInFlight), 0)
 	case errors.Is(err, store.ErrUnavailable):
-		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "The file store is unavailable; try again later.", Err: err}
+		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: apierror.TypeServer, Message: "The file store is unavailable; try again later.", Err: err}
 	}
 	return err
 }
@@ -244,14 +244,14 @@ func uploadError(err error, r *http.Request, cfg *config.Config) error {
 		case errors.Is(err, errUploadTimeout):
 			// 408, as a stalled body: the client did not send its request in the time the proxy
 			// waits for one, and a retry on a faster link may well succeed.
-			return &apierror.Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Err: err,
+			return &apierror.Error{Status: http.StatusRequestTimeout, Type: apierror.TypeInvalidRequest, Err: err,
 				Message: fmt.Sprintf("The upload took longer than the limit of %s for one upload; nothing was stored.", uploadTimeout(cfg))}
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			return &apierror.Error{Status: http.StatusRequestTimeout, Message: "Timed out reading the request body.", Type: "invalid_request_error", Err: err}
+			return &apierror.Error{Status: http.StatusRequestTimeout, Message: "Timed out reading the request body.", Type: apierror.TypeInvalidRequest, Err: err}
 		case r.Context().Err() != nil:
 			return fmt.Errorf("%w: %w", r.Context().Err(), err) // the client left
 		}
-		return &apierror.Error{Status: http.StatusBadRequest, Message: "The multipart body is malformed or ended before its end.", Type: "invalid_request_error", Err: err}
+		return &apierror.Error{Status: http.StatusBadRequest, Message: "The multipart body is malformed or ended before its end.", Type: apierror.TypeInvalidRequest, Err: err}
 	}
 	return storeError(err, cfg)
 }
@@ -366,7 +366,7 @@ func (f *uploadForm) file(part *multipart.Part) error {
 	}
 	name, err := filename.Clean(rawFilename(part))
 	if err != nil {
-		return apierror.BadRequest("Invalid 'file': "+err.Error()+".", "file", "invalid_filename")
+		return apierror.BadRequest("Invalid 'file': "+err.Error()+".", "file", apierror.CodeInvalidFilename)
 	}
 	f.filename = name
 	up, err := f.s.files.BeginFile(f.r.Context(), f.owner, f.lim)
@@ -400,7 +400,7 @@ func checkPurpose(p string) error {
 		return apierror.BadRequest("Missing required parameter: 'purpose'.", "purpose", "")
 	}
 	if !slices.Contains(uploadPurposes, p) {
-		return apierror.BadRequest(fmt.Sprintf("Invalid value for 'purpose': '%s'. Supported values are: %s.", p, quoteList(uploadPurposes)), "purpose", "invalid_value")
+		return apierror.BadRequest(fmt.Sprintf("Invalid value for 'purpose': '%s'. Supported values are: %s.", p, quoteList(uploadPurposes)), "purpose", apierror.CodeInvalidValue)
 	}
 	return nil
 }
@@ -453,7 +453,7 @@ func (f *uploadForm) expiry() (time.Duration, error) {
 		return 0, apierror.BadRequest("Missing required parameter: 'expires_after.anchor'.", "expires_after.anchor", "")
 	}
 	if *f.anchor != "created_at" {
-		return 0, apierror.BadRequest(fmt.Sprintf("Invalid value for 'expires_after.anchor': '%s'. Supported values are: 'created_at'.", *f.anchor), "expires_after.anchor", "invalid_value")
+		return 0, apierror.BadRequest(fmt.Sprintf("Invalid value for 'expires_after.anchor': '%s'. Supported values are: 'created_at'.", *f.anchor), "expires_after.anchor", apierror.CodeInvalidValue)
 	}
 	if f.seconds == nil {
 		return 0, apierror.BadRequest("Missing required parameter: 'expires_after.seconds'.", "expires_after.seconds", "")
@@ -461,7 +461,7 @@ func (f *uploadForm) expiry() (time.Duration, error) {
 	n, err := strconv.ParseInt(strings.TrimSpace(*f.seconds), 10, 64)
 	if err != nil || n < minFileExpiry || n > maxFileExpiry {
 		return 0, apierror.BadRequest(fmt.Sprintf("Invalid 'expires_after.seconds': expected an integer between %d and %d, got '%s'.", minFileExpiry, maxFileExpiry, *f.seconds),
-			"expires_after.seconds", "invalid_value")
+			"expires_after.seconds", apierror.CodeInvalidValue)
 	}
 	return time.Duration(n) * time.Second, nil
 }
@@ -473,7 +473,7 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request) error {
 	var fq store.FileQuery
 	if p := q.Get("purpose"); q.Has("purpose") {
 		if !slices.Contains(listPurposes, p) {
-			return apierror.BadRequest(fmt.Sprintf("Invalid value for 'purpose': '%s'. Supported values are: %s.", p, quoteList(listPurposes)), "purpose", "invalid_value")
+			return apierror.BadRequest(fmt.Sprintf("Invalid value for 'purpose': '%s'. Supported values are: %s.", p, quoteList(listPurposes)), "purpose", apierror.CodeInvalidValue)
 		}
 		fq.Purpose = p
 	}
@@ -488,7 +488,7 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request) error {
 	fq.Order = store.Order(order)
 	if v := q.Get("after"); v != "" {
 		if !store.FileKind.Valid(v) {
-			return apierror.BadRequest(fmt.Sprintf("Invalid 'after': '%s' is not a file id.", v), "after", "invalid_value")
+			return apierror.BadRequest(fmt.Sprintf("Invalid 'after': '%s' is not a file id.", v), "after", apierror.CodeInvalidValue)
 		}
 		fq.After = v
 	}

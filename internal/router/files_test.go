@@ -28,6 +28,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 )
 
 // filesProxy is a router with the Files API over an embedded store in its own directory.
@@ -66,7 +67,7 @@ func client(p *filesProxy, key string) openai.Client {
 // nothingStored checks that no upload left anything: no file, no bytes counted, tmp/ empty.
 func (p *filesProxy) nothingStored(t *testing.T, owner string) {
 	t.Helper()
-	eventually(t, "tmp/ to be empty", func() bool {
+	testutil.Eventually(t, "tmp/ to be empty", func() bool {
 		entries, err := os.ReadDir(filepath.Join(p.dir, "tmp"))
 		return err == nil && len(entries) == 0
 	})
@@ -78,21 +79,6 @@ func (p *filesProxy) nothingStored(t *testing.T, owner string) {
 	records, _ := os.ReadDir(filepath.Join(p.dir, "files"))
 	if len(blobs) != len(records) {
 		t.Errorf("blobs/ holds %d files for %d records; a refused upload left bytes behind", len(blobs), len(records))
-	}
-}
-
-// eventually polls cond until it holds or a deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(10 * time.Second)
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		}
 	}
 }
 
@@ -517,7 +503,7 @@ func TestFileUploadCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The upload has reached the store's temporary area before the client leaves.
-	eventually(t, "the upload to be streaming into tmp/", func() bool {
+	testutil.Eventually(t, "the upload to be streaming into tmp/", func() bool {
 		entries, _ := os.ReadDir(filepath.Join(p.dir, "tmp"))
 		return len(entries) == 1
 	})
@@ -563,7 +549,7 @@ func TestFileUploadStreams(t *testing.T) {
 		}
 		return n
 	}
-	eventually(t, "the first bytes to be in the store before the upload ends", func() bool { return tmpSize() >= 4<<20 })
+	testutil.Eventually(t, "the first bytes to be in the store before the upload ends", func() bool { return tmpSize() >= 4<<20 })
 	for range 24 {
 		_, _ = fw.Write(chunk)
 	}

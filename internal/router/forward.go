@@ -54,7 +54,7 @@ func (s *server) peerCheck(next http.Handler) http.Handler {
 		if err := peer.Verify(secret, sig, r.Method, r.URL.RequestURI(), s.now()); err != nil {
 			s.log.Warn("refused a forwarded request", zap.String("request_id", RequestID(r.Context())),
 				zap.String("remote", r.RemoteAddr), zap.Error(err))
-			apierror.Write(w, &apierror.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_forwarding",
+			apierror.Write(w, &apierror.Error{Status: http.StatusUnauthorized, Type: apierror.TypeInvalidRequest, Code: apierror.CodeInvalidForwarding,
 				Message: "The request's " + peer.HeaderForwarded + " header is not valid."})
 			return
 		}
@@ -149,7 +149,7 @@ func (s *server) forwardContainers(next http.Handler) http.Handler {
 func forwardError(err error) error {
 	var ue *peer.UnreachableError
 	if errors.As(err, &ue) {
-		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "replica_unavailable",
+		return &apierror.Error{Status: http.StatusServiceUnavailable, Type: apierror.TypeServer, Code: apierror.CodeReplicaUnavailable,
 			Message: "The server that holds this container cannot be reached right now; please try again shortly.", Err: err}
 	}
 	return err

@@ -99,7 +99,7 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) (*resolved, err
 	}
 	deps := cfg.Deployments(m.Str)
 	if len(deps) == 0 {
-		return nil, apierror.BadRequest("The model '"+m.Str+"' does not exist or you do not have access to it.", "model", "model_not_found")
+		return nil, apierror.BadRequest("The model '"+m.Str+"' does not exist or you do not have access to it.", "model", apierror.CodeModelNotFound)
 	}
 	deps = s.balancer.Order(deps)
 	annotate(r.Context(), m.Str, deploymentName(deps[0]))
@@ -128,7 +128,7 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 		if chat {
-			return apierror.BadRequest("The model '"+req.model+"' speaks only Chat Completions, and this server does not translate /v1/responses; use /v1/chat/completions.", "model", "unsupported_model")
+			return apierror.BadRequest("The model '"+req.model+"' speaks only Chat Completions, and this server does not translate /v1/responses; use /v1/chat/completions.", "model", apierror.CodeUnsupportedModel)
 		}
 		return s.passResponses(w, r, target, req.body)
 	}
@@ -343,7 +343,7 @@ func (s *server) model(w http.ResponseWriter, r *http.Request) error {
 			return nil
 		}
 	}
-	return &apierror.Error{Status: http.StatusNotFound, Message: "The model '" + name + "' does not exist or you do not have access to it.", Type: "invalid_request_error", Param: "model", Code: "model_not_found"}
+	return &apierror.Error{Status: http.StatusNotFound, Message: "The model '" + name + "' does not exist or you do not have access to it.", Type: apierror.TypeInvalidRequest, Param: "model", Code: apierror.CodeModelNotFound}
 }
 
 func (s *server) modelObject(d config.Deployment) modelObject {

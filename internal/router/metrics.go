@@ -72,13 +72,7 @@ func (m *Metrics) middleware(next http.Handler) http.Handler {
 		defer func() {
 			m.inFlight.Dec()
 			route := routeLabel(r)
-			status := ww.status
-			switch {
-			case status == 0 && r.Context().Err() != nil:
-				status = statusClientClosed
-			case status == 0:
-				status = http.StatusOK
-			}
+			status := ww.outcome(r, false)
 			m.requests.WithLabelValues(route, strconv.Itoa(status)).Inc()
 			m.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
 		}()

@@ -78,7 +78,7 @@ func (s *server) checkPrevious(ctx context.Context, prev string) error {
 		return err
 	}
 	if !ok {
-		return apierror.BadRequest("Previous response with id '"+prev+"' not found.", "previous_response_id", "previous_response_not_found")
+		return apierror.BadRequest("Previous response with id '"+prev+"' not found.", "previous_response_id", apierror.CodePreviousResponseNotFound)
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/store/redisstore"
 	"github.com/ciproxy/ciproxy/internal/store/storetest"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/testutil/redisserver"
 )
 
@@ -219,7 +220,7 @@ func TestUploadsInFlightHoldTheQuota(t *testing.T) {
 			var held []*heldUpload
 			for i := range 2 {
 				held = append(held, holdUpload(t, p.URL, "sk-one", each))
-				eventually(t, fmt.Sprintf("upload %d's bytes to be stored", i+1), func() bool { return us.held() == int64(i+1)*each })
+				testutil.Eventually(t, fmt.Sprintf("upload %d's bytes to be stored", i+1), func() bool { return us.held() == int64(i+1)*each })
 			}
 			for range 6 {
 				holdUpload(t, p.URL, "sk-one", each).refused(t, http.StatusBadRequest, "storage_limit_exceeded", "limit of 4194304 bytes")
@@ -231,7 +232,7 @@ func TestUploadsInFlightHoldTheQuota(t *testing.T) {
 				h.cut()
 				<-h.done
 			}
-			eventually(t, "the cut uploads' bytes to go", func() bool { return us.held() == 0 })
+			testutil.Eventually(t, "the cut uploads' bytes to go", func() bool { return us.held() == 0 })
 			owner := callerID("sk-one")
 			if u, err := us.files.Usage(context.Background(), owner); err != nil || u != (store.Usage{}) {
 				t.Errorf("Usage = %+v, %v; want nothing stored", u, err)
@@ -275,7 +276,7 @@ func TestUploadsInFlightCaps(t *testing.T) {
 					holdUpload(t, p.URL, h.key, h.bytes)
 					// Whole chunks reach Redis; the rest waits in the proxy's memory.
 					stored += int64(h.bytes) / (64 << 10) * (64 << 10)
-					eventually(t, "the held uploads to be in flight", func() bool { return us.inFlight() == i+1 && us.held() >= stored })
+					testutil.Eventually(t, "the held uploads to be in flight", func() bool { return us.inFlight() == i+1 && us.held() >= stored })
 				}
 				probe := holdUpload(t, p.URL, tc.probe.key, tc.probe.bytes)
 				probe.refused(t, http.StatusTooManyRequests, "rate_limit_exceeded", tc.mentions)

@@ -2,6 +2,8 @@ package router
 
 import (
 	"net/http"
+
+	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
 // responseWriter records the status and size of a response for the access log, metrics and the
@@ -25,6 +27,22 @@ func wrapWriter(w http.ResponseWriter) *responseWriter {
 		return rw
 	}
 	return &responseWriter{ResponseWriter: w}
+}
+
+// outcome is the status the access log and metrics record for r's response: the one written, or
+// for a response that wrote nothing, 499 (upstream.StatusClientClosedRequest) when the client left,
+// else 200 (what net/http sends for a handler that wrote nothing) unless the handler aborted,
+// when it stays 0.
+func (w *responseWriter) outcome(r *http.Request, aborted bool) int {
+	switch {
+	case w.status != 0:
+		return w.status
+	case r.Context().Err() != nil:
+		return upstream.StatusClientClosedRequest
+	case !aborted:
+		return http.StatusOK
+	}
+	return 0
 }
 
 // started reports whether the response header has been sent (or is committed by a write).

@@ -248,11 +248,11 @@ func (t *Target) send(ctx context.Context, method, urlPath, rawQuery string, hdr
 	model := lastDep.ModelName
 	cause := fmt.Errorf("model %q: %w", model, errors.Join(connErrs...))
 	if timedOut {
-		return nil, lastDep, &apierror.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+		return nil, lastDep, &apierror.Error{Status: http.StatusGatewayTimeout, Type: apierror.TypeServer, Code: apierror.CodeUpstreamTimeout,
 			Message: fmt.Sprintf("The upstream for model %q did not answer in time.", model), Err: cause}
 	}
 	return nil, lastDep, apierror.BadGateway(
-		fmt.Sprintf("The upstream for model %q could not be reached.", model), "upstream_unreachable", cause)
+		fmt.Sprintf("The upstream for model %q could not be reached.", model), apierror.CodeUpstreamUnreachable, cause)
 }
 
 // attempt makes one upstream call. With a timeout, the call fails with errHeaderTimeout when no
@@ -320,7 +320,7 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.timer.Stop()
 	if err != nil && errors.Is(context.Cause(b.ctx), ErrUpstreamIdle) {
-		err = &apierror.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+		err = &apierror.Error{Status: http.StatusGatewayTimeout, Type: apierror.TypeServer, Code: apierror.CodeUpstreamTimeout,
 			Message: fmt.Sprintf("The upstream sent nothing for %v (stream_idle_timeout); the call was given up.", b.idle),
 			Err:     ErrUpstreamIdle}
 	}
@@ -350,13 +350,13 @@ func notCallable(d *config.Deployment) error {
 	switch {
 	case d == nil:
 		return &apierror.Error{
-			Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_not_configured",
+			Status: http.StatusBadGateway, Type: apierror.TypeServer, Code: apierror.CodeUpstreamNotConfigured,
 			Message: "No upstream is configured for this model.",
 		}
 	case d.Unusable != "":
 		// The operator's configuration, not the request, is at fault, and retrying cannot help.
 		return &apierror.Error{
-			Status: http.StatusNotImplemented, Type: "server_error", Code: "deployment_not_supported",
+			Status: http.StatusNotImplemented, Type: apierror.TypeServer, Code: apierror.CodeDeploymentNotSupported,
 			Message: fmt.Sprintf("Model %q cannot be served by this proxy: its deployment %s (line %d of the configuration) %s.",
 				d.ModelName, d.Name(), d.Line, strings.TrimSuffix(unusableReason(d.Unusable), ".")),
 			Header: http.Header{"X-Should-Retry": {"false"}},
@@ -364,8 +364,8 @@ func notCallable(d *config.Deployment) error {
 	}
 	return &apierror.Error{
 		Status: http.StatusBadGateway,
-		Type:   "server_error",
-		Code:   "upstream_not_configured",
+		Type:   apierror.TypeServer,
+		Code:   apierror.CodeUpstreamNotConfigured,
 		Message: fmt.Sprintf("Model %q is not configured: the environment variable %s is not set. Set it and restart the proxy.",
 			d.ModelName, d.MissingEnv),
 	}

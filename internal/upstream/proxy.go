@@ -289,10 +289,10 @@ func (t *Target) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.As(err, &ae):
 	case errors.Is(err, context.DeadlineExceeded):
-		ae = &apierror.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+		ae = &apierror.Error{Status: http.StatusGatewayTimeout, Type: apierror.TypeServer, Code: apierror.CodeUpstreamTimeout,
 			Message: "The upstream did not answer in time.", Err: err}
 	default:
-		ae = apierror.BadGateway("The upstream request failed.", "upstream_error", err)
+		ae = apierror.BadGateway("The upstream request failed.", apierror.CodeUpstreamError, err)
 	}
 	t.c.log.Warn("passthrough failed", zap.String("path", r.URL.Path), zap.Int("status", ae.Status), zap.Error(err))
 	apierror.Write(w, ae)

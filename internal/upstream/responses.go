@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
 )
 
@@ -105,7 +106,7 @@ func readErrorBody(r io.Reader, status int) []byte {
 	if len(b) <= maxErrorBody {
 		return ValidUTF8(b) // relayed as it came otherwise
 	}
-	return fmt.Appendf(nil, `{"error":{"message":"The upstream answered %d with an error body over %d bytes, which this proxy does not relay.","type":"upstream_error","param":null,"code":null}}`, status, maxErrorBody)
+	return fmt.Appendf(nil, `{"error":{"message":"The upstream answered %d with an error body over %d bytes, which this proxy does not relay.","type":"`+apierror.TypeUpstream+`","param":null,"code":null}}`, status, maxErrorBody)
 }
 
 var _ ResponsesAPI = (*Target)(nil)

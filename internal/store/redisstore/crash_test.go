@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ciproxy/ciproxy/internal/store"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/testutil/redisserver"
 )
 
@@ -115,7 +116,7 @@ func TestKilledUploadLeavesNothing(t *testing.T) {
 	if _, err := store.CreateFile(context.Background(), s, store.File{Owner: "victim"}, bytes.NewReader(make([]byte, helperChunk)), lim); !errors.Is(err, store.ErrQuota) {
 		t.Errorf("a chunk beside the dead upload's reservation = %v; want ErrQuota", err)
 	}
-	eventually(t, "the dead upload's reservation to expire", func() bool {
+	testutil.Eventually(t, "the dead upload's reservation to expire", func() bool {
 		_, err := store.CreateFile(context.Background(), s, store.File{Owner: "victim"}, bytes.NewReader(make([]byte, lim.OwnerBytes)), lim)
 		return err == nil
 	})
@@ -130,5 +131,5 @@ func TestKilledUploadLeavesNothing(t *testing.T) {
 		t.Errorf("Usage of the killed uploader's owner = %+v, %v", u, err)
 	}
 	// The id clock alone stays (the file minted an id).
-	eventually(t, "the cut upload to expire", func() bool { return slices.Equal(keys(t, s), []string{"idclock"}) })
+	testutil.Eventually(t, "the cut upload to expire", func() bool { return slices.Equal(keys(t, s), []string{"idclock"}) })
 }

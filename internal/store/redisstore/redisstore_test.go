@@ -19,6 +19,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/storetest"
+	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/testutil/redisserver"
 )
 
@@ -49,21 +50,6 @@ func open(t testing.TB, srv *redisserver.Server, opts Options) *Store {
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
-}
-
-// eventually polls cond until it holds or a deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(15 * time.Second)
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 // keys lists every key under the store's prefix, without the prefix, sorted.
@@ -170,7 +156,7 @@ func TestEveryKeyExpiresWithItsObject(t *testing.T) {
 		}
 	}
 
-	eventually(t, "every key but idclock to expire", func() bool {
+	testutil.Eventually(t, "every key but idclock to expire", func() bool {
 		return slices.Equal(keys(t, s), []string{"idclock"})
 	})
 }
@@ -434,7 +420,7 @@ func TestRedisLostAndBack(t *testing.T) {
 	}
 
 	srv.Restart() // an empty Redis, as after a restart without persistence
-	eventually(t, "the store to work again", func() bool {
+	testutil.Eventually(t, "the store to work again", func() bool {
 		return s.PutResponse(ctx, store.Response{ID: "resp_y", Owner: "o"}, nil) == nil
 	})
 	if _, err := s.Container(ctx, "o", c.ID); !errors.Is(err, store.ErrNotFound) {
@@ -482,7 +468,7 @@ func TestRedisNotAnswering(t *testing.T) {
 	if _, err := s.UpdateContainer(ctx, c); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("UpdateContainer on a paused Redis = %v; want ErrUnavailable", err)
 	}
-	eventually(t, "the pause to end", func() bool {
+	testutil.Eventually(t, "the pause to end", func() bool {
 		_, err := s.Container(ctx, "o", c.ID)
 		return err == nil
 	})
@@ -711,7 +697,7 @@ func TestPing(t *testing.T) {
 		t.Errorf("Ping with Redis gone = %v; want ErrUnavailable", err)
 	}
 	srv.Restart()
-	eventually(t, "Ping to answer again", func() bool { return s.Ping(ctx) == nil })
+	testutil.Eventually(t, "Ping to answer again", func() bool { return s.Ping(ctx) == nil })
 	_ = s.Close()
 	if err := s.Ping(ctx); !errors.Is(err, store.ErrClosed) {
 		t.Errorf("Ping after Close = %v; want ErrClosed", err)
