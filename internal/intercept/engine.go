@@ -160,9 +160,10 @@ func (o outcome) metric() string {
 // client's own body or connection. Target.Post replaces the credentials.
 func upstreamHeader(in http.Header, stream bool) http.Header {
 	h := in.Clone()
-	for _, k := range []string{"Content-Length", "Accept-Encoding", "Authorization", "Cookie", "Api-Key", "X-Api-Key"} {
-		h.Del(k)
-	}
+	// The client's credentials and framing are dropped by the upstream client itself
+	// (upstream.Target.Post). Accept-Encoding goes here: the engine reads what the upstream
+	// answers, which Go's transport decompresses only when it asked for the compression itself.
+	h.Del("Accept-Encoding")
 	h.Set("Content-Type", "application/json")
 	if stream {
 		h.Set("Accept", "text/event-stream")
