@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/ciproxy/ciproxy/internal/upstream"
+	"github.com/ciproxy/ciproxy/internal/sse"
 )
 
 func TestAccessLog(t *testing.T) {
@@ -135,9 +135,9 @@ func TestSSEThroughChain(t *testing.T) {
 			if ct := resp.Header.Get("Content-Type"); resp.StatusCode != http.StatusOK || ct != "text/event-stream" {
 				t.Fatalf("status %d, content type %q", resp.StatusCode, ct)
 			}
-			sse := upstream.NewSSEReader(resp.Body)
+			rd := sse.NewReader(resp.Body)
 			for i := range events {
-				ev, err := sse.Next()
+				ev, err := rd.Next()
 				if err != nil {
 					t.Fatalf("event %d: %v", i, err)
 				}
@@ -152,7 +152,7 @@ func TestSSEThroughChain(t *testing.T) {
 					}
 				}
 			}
-			if _, err := sse.Next(); err != io.EOF {
+			if _, err := rd.Next(); err != io.EOF {
 				t.Errorf("after the last event: %v; want io.EOF", err)
 			}
 		})

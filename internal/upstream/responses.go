@@ -13,6 +13,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/sse"
 )
 
 // ResponsesAPI is an upstream that answers OpenAI Responses API requests: the seam between the
@@ -141,14 +142,14 @@ func ReadAnswer(ctx context.Context, resp *http.Response) (ResponseEvents, error
 		return nil, &StatusError{Status: resp.StatusCode, Header: resp.Header, Body: b}
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
-		return &sseAnswer{rd: NewSSEReader(resp.Body), body: resp.Body}, nil
+		return &sseAnswer{rd: sse.NewReader(resp.Body), body: resp.Body}, nil
 	}
 	return &jsonAnswer{body: resp.Body}, nil
 }
 
 // sseAnswer is a streamed Responses answer.
 type sseAnswer struct {
-	rd   *SSEReader
+	rd   *sse.Reader
 	body io.Closer
 }
 

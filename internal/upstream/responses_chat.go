@@ -18,6 +18,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sse"
 )
 
 var (
@@ -59,7 +60,7 @@ const (
 	// maxAnswerKept bounds the text, refusal, reasoning, arguments and logprobs one answer keeps:
 	// about what a native Responses upstream's response.completed, one event of at most
 	// DefaultMaxEventSize, can carry. Past it the answer fails.
-	maxAnswerKept = DefaultMaxEventSize
+	maxAnswerKept = sse.DefaultMaxEventSize
 )
 
 // ChatRequest is one Responses request translated for a Chat Completions upstream: the body to

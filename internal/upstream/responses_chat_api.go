@@ -18,6 +18,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/sse"
 )
 
 // ChatAPI is the Responses seam (ResponsesAPI) for deployments that speak only Chat Completions.
@@ -65,7 +66,7 @@ func (c *ChatAPI) Responses(ctx context.Context, body []byte, h http.Header) (Re
 	}
 	id := r.newID("resp_")
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
-		return &chatStreamAnswer{rd: NewSSEReader(resp.Body), body: resp.Body, s: r.NewStream(id, 0)}, nil
+		return &chatStreamAnswer{rd: sse.NewReader(resp.Body), body: resp.Body, s: r.NewStream(id, 0)}, nil
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody+1))
@@ -115,11 +116,11 @@ func (a *terminalAnswer) Close() error { return nil }
 
 // chatStreamAnswer is a streamed chat completion, translated as it is read.
 type chatStreamAnswer struct {
-	rd   *SSEReader
+	rd   *sse.Reader
 	body io.Closer
 	s    *ChatStream
-	evs  []Event // translated events not yet returned
-	err  error   // returned once evs are drained
+	evs  []sse.Event // translated events not yet returned
+	err  error       // returned once evs are drained
 }
 
 // Next returns the next translated event. An error chunk from the upstream ends the events as a
@@ -139,7 +140,7 @@ func (a *chatStreamAnswer) Next() ([]byte, error) {
 		if a.s.Done() {
 			return nil, io.EOF
 		}
-		var evs []Event
+		var evs []sse.Event
 		ev, err := a.rd.Next()
 		switch {
 		case err == io.EOF:

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/sse"
 )
 
 // The translation's cost against the native path, in the same run: a Responses upstream's
@@ -64,14 +66,14 @@ const benchChatCompletion = `{"id":"chatcmpl-1","object":"chat.completion","crea
 	`"logprobs":null,"finish_reason":"tool_calls","stop_reason":null}],"usage":{"prompt_tokens":420,"total_tokens":470,"completion_tokens":50,"prompt_tokens_details":{"cached_tokens":256}},"prompt_logprobs":null}`
 
 // benchEvents runs fn once per op over a stream of n events and reports ns/event.
-func benchEvents(b *testing.B, stream string, fn func(r *SSEReader) int) {
+func benchEvents(b *testing.B, stream string, fn func(r *sse.Reader) int) {
 	b.SetBytes(int64(len(stream)))
 	b.ReportAllocs()
 	rd := strings.NewReader(stream)
 	events := 0
 	for b.Loop() {
 		rd.Reset(stream)
-		events += fn(NewSSEReader(rd))
+		events += fn(sse.NewReader(rd))
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(events), "ns/event")
 }
@@ -80,7 +82,7 @@ func benchEvents(b *testing.B, stream string, fn func(r *SSEReader) int) {
 // typed, as the engine does before translating them.
 func BenchmarkResponsesSSEBaseline(b *testing.B) {
 	stream := strings.Join(benchSSE(), "")
-	benchEvents(b, stream, func(r *SSEReader) int {
+	benchEvents(b, stream, func(r *sse.Reader) int {
 		n := 0
 		for {
 			ev, err := r.Next()
@@ -106,7 +108,7 @@ func BenchmarkChatStream(b *testing.B) {
 	}
 	for _, tc := range []struct{ name, stream string }{{"text", benchChatText()}, {"calls", benchChatCalls()}} {
 		b.Run(tc.name, func(b *testing.B) {
-			benchEvents(b, tc.stream, func(r *SSEReader) int {
+			benchEvents(b, tc.stream, func(r *sse.Reader) int {
 				s := req.NewStream("resp_bench", 1767225600)
 				n := 0
 				for {

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/sse"
 	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 )
 
@@ -90,7 +91,7 @@ func FuzzChatStream(f *testing.F) {
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		s := req.NewStream("resp_f", 1)
 		var out bytes.Buffer
-		write := func(evs []Event) {
+		write := func(evs []sse.Event) {
 			for _, ev := range evs {
 				if !json.Valid(ev.Data) || bytes.ContainsAny(ev.Data, "\r\n") {
 					t.Fatalf("event %s data %q is not JSON on one line", ev.Name, clipBytes(ev.Data))
@@ -98,10 +99,10 @@ func FuzzChatStream(f *testing.F) {
 				fmt.Fprintf(&out, "event: %s\ndata: %s\n\n", ev.Name, ev.Data)
 			}
 		}
-		rd := NewSSEReader(bytes.NewReader(stream))
+		rd := sse.NewReader(bytes.NewReader(stream))
 		for !s.Done() {
 			ev, rerr := rd.Next()
-			var evs []Event
+			var evs []sse.Event
 			var err error
 			switch {
 			case rerr == io.EOF:

@@ -15,6 +15,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/sse"
 )
 
 var (
@@ -75,9 +76,9 @@ type ChatStream struct {
 	lastCall  int64
 	kept      int // bytes of text, arguments and logprobs kept over the answer
 
-	buf  []byte  // the data of the events of the current call, one after the other
-	mark int     // where the event being written starts in buf
-	out  []Event // the events of the current call
+	buf  []byte      // the data of the events of the current call, one after the other
+	mark int         // where the event being written starts in buf
+	out  []sse.Event // the events of the current call
 }
 
 type itemKind uint8
@@ -141,7 +142,7 @@ func (r *ChatRequest) NewStream(id string, createdAt int64) *ChatStream {
 // any finish_reason as one wrapping ErrChatStreamCut. Events produced before the error are
 // returned with it; after an error, Next and End return it again. Fail renders it as a
 // Responses upstream would.
-func (s *ChatStream) Next(data []byte) ([]Event, error) {
+func (s *ChatStream) Next(data []byte) ([]sse.Event, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
@@ -249,7 +250,7 @@ func (s *ChatStream) Next(data []byte) ([]Event, error) {
 // End is called when the upstream's body ends. A stream that finished but sent no [DONE]
 // (some servers omit it) gets its terminal event now; one that never finished is
 // ErrChatStreamCut. After the terminal event End returns nothing.
-func (s *ChatStream) End() ([]Event, error) {
+func (s *ChatStream) End() ([]sse.Event, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
@@ -273,7 +274,7 @@ func (s *ChatStream) Done() bool { return s.done }
 // completed so far. err is what Next or End returned, or the caller's own (a read error); the
 // code and message of an *apierror.Error in it are shown, anything else is a server_error.
 // After Fail the stream is done.
-func (s *ChatStream) Fail(err error) []Event {
+func (s *ChatStream) Fail(err error) []sse.Event {
 	s.buf, s.out = nil, nil
 	if s.done {
 		return nil
@@ -312,7 +313,7 @@ func cutError() error {
 }
 
 // fail records err and returns the events so far with it.
-func (s *ChatStream) fail(err error) ([]Event, error) {
+func (s *ChatStream) fail(err error) ([]sse.Event, error) {
 	s.err = err
 	return s.out, err
 }
@@ -816,7 +817,7 @@ func (s *ChatStream) begin(typ string) {
 func (s *ChatStream) end(typ string) {
 	s.buf = append(s.buf, '}')
 	n := len(s.buf)
-	s.out = append(s.out, Event{Name: typ, Data: s.buf[s.mark:n:n]})
+	s.out = append(s.out, sse.Event{Name: typ, Data: s.buf[s.mark:n:n]})
 }
 
 func (s *ChatStream) itemRef(it *streamItem) {

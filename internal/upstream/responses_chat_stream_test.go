@@ -17,6 +17,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/sse"
 	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 )
 
@@ -39,16 +40,16 @@ func translateStream(t testing.TB, req *ChatRequest, chat []byte) ([]byte, error
 	t.Helper()
 	s := req.NewStream("resp_test", 0)
 	var out bytes.Buffer
-	write := func(evs []Event) {
+	write := func(evs []sse.Event) {
 		for _, ev := range evs {
 			fmt.Fprintf(&out, "event: %s\ndata: %s\n\n", ev.Name, ev.Data)
 		}
 	}
-	rd := NewSSEReader(bytes.NewReader(chat))
+	rd := sse.NewReader(bytes.NewReader(chat))
 	var err error
 	for {
 		ev, rerr := rd.Next()
-		var evs []Event
+		var evs []sse.Event
 		if rerr == io.EOF {
 			evs, err = s.End()
 		} else if rerr != nil {
@@ -147,7 +148,7 @@ func assembleChat(t testing.TB, chat []byte) []byte {
 		usage, logprobs               []json.RawMessage
 		lastIdx                       int64 = -1
 	)
-	rd := NewSSEReader(bytes.NewReader(chat))
+	rd := sse.NewReader(bytes.NewReader(chat))
 	for {
 		ev, err := rd.Next()
 		if err != nil {
@@ -530,7 +531,7 @@ func TestChatStreamErrors(t *testing.T) {
 			var raw bytes.Buffer
 			var err error
 			for _, d := range tt.events {
-				var evs []Event
+				var evs []sse.Event
 				if d == "EOF" {
 					evs, err = s.End()
 				} else {
