@@ -14,6 +14,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
 	"github.com/ciproxy/ciproxy/internal/sse"
+	"github.com/ciproxy/ciproxy/internal/upstream/chat"
 )
 
 // ResponsesAPI is an upstream that answers OpenAI Responses API requests: the seam between the
@@ -108,6 +109,10 @@ func readErrorBody(r io.Reader, status int) []byte {
 	}
 	return fmt.Appendf(nil, `{"error":{"message":"The upstream answered %d with an error body over %d bytes, which this proxy does not relay.","type":"upstream_error","param":null,"code":null}}`, status, maxErrorBody)
 }
+
+// ValidUTF8 returns b with each run of bytes that is not UTF-8 replaced by U+FFFD (see
+// chat.ValidUTF8): what an upstream sends is made valid where it enters, whichever API it speaks.
+func ValidUTF8(b []byte) []byte { return chat.ValidUTF8(b) }
 
 var _ ResponsesAPI = (*Target)(nil)
 

@@ -1,7 +1,7 @@
-package upstream
+package chat
 
 // Responses ⇄ Chat Completions, the request side's input: Responses input items become chat
-// messages (see responses_chat.go for the rest of the request).
+// messages (see request.go for the rest of the request).
 
 import (
 	"strings"
@@ -12,7 +12,7 @@ import (
 // messageList builds the chat messages from input items.
 type messageList struct {
 	list  []chatMessage
-	field string // ChatOptions.ReasoningField
+	field string // Options.ReasoningField
 	// open is the index of the assistant message that function calls join (the last message,
 	// when it is an assistant's and only reasoning came after it), or -1.
 	open int
@@ -125,7 +125,7 @@ func (m *messageList) item(param string, it gjson.Result) error {
 		return m.functionOutput(param, f)
 	case "reasoning":
 		if m.field != "reasoning_content" && m.field != "reasoning" {
-			return nil // this upstream takes no reasoning back (ChatOptions.ReasoningField)
+			return nil // this upstream takes no reasoning back (Options.ReasoningField)
 		}
 		// The reasoning text itself (content); a summary or encrypted content only is not the
 		// model's reasoning and cannot be given back.

@@ -1,4 +1,4 @@
-package upstream
+package chat
 
 // Responses ⇄ Chat Completions, the answer side for streams: chat.completion.chunk events in,
 // the Responses event sequence out, as OpenAI's Responses API streams it.
@@ -19,15 +19,15 @@ import (
 )
 
 var (
-	// ErrChatStream marks a Chat Completions stream that failed: the upstream sent an error
-	// object in it, or the stream ended before the completion finished (ErrChatStreamCut).
-	ErrChatStream = errors.New("the Chat Completions stream failed")
-	// ErrChatStreamCut is a stream that ended (EOF, or [DONE]) before any chunk carried a
+	// ErrStream marks a Chat Completions stream that failed: the upstream sent an error
+	// object in it, or the stream ended before the completion finished (ErrStreamCut).
+	ErrStream = errors.New("the Chat Completions stream failed")
+	// ErrStreamCut is a stream that ended (EOF, or [DONE]) before any chunk carried a
 	// finish_reason.
-	ErrChatStreamCut = fmt.Errorf("%w: it ended before the completion finished", ErrChatStream)
+	ErrStreamCut = fmt.Errorf("%w: it ended before the completion finished", ErrStream)
 )
 
-// ChatStream translates the stream of one chat completion into the events a Responses upstream
+// Stream translates the stream of one chat completion into the events a Responses upstream
 // streams for the same answer: response.created and response.in_progress first, then each output
 // item in turn (output_item.added, its content parts and deltas, its .done events,
 // output_item.done), and response.completed or response.incomplete with the whole Response,
@@ -43,18 +43,18 @@ var (
 // the end, in one delta each.
 //
 // What the stream keeps is bounded, whatever the upstream sends: one call's arguments at
-// ChatOptions.MaxCodeSize plus argsSlack, past which the call is cut (no more of its arguments
+// Options.MaxCodeSize plus ArgsSlack, past which the call is cut (no more of its arguments
 // are kept or sent; its item is done with status "incomplete" and the arguments so far, which
 // a caller enforcing max_code_size sees are over it), and the whole answer's text, refusal,
 // reasoning, arguments and logprobs at maxAnswerKept, past which the answer fails (502
-// upstream_error, wrapping ErrChatShape).
+// upstream_error, wrapping ErrShape).
 //
 // Events carry sequence_number from 0. Delta events carry no obfuscation padding (there is
 // nothing to hide: the client does not see these bytes' sizes anyway through the proxy).
 //
-// One ChatStream serves one upstream call; it does no I/O and is not safe for concurrent use.
-type ChatStream struct {
-	r         *ChatRequest
+// One Stream serves one upstream call; it does no I/O and is not safe for concurrent use.
+type Stream struct {
+	r         *Request
 	id        string
 	createdAt int64
 
@@ -128,21 +128,21 @@ type streamPart struct {
 
 // NewStream returns the translator for the upstream's stream of this request. id is the
 // Response's id; createdAt its created_at (0: the first chunk's created).
-func (r *ChatRequest) NewStream(id string, createdAt int64) *ChatStream {
-	return &ChatStream{r: r, id: id, createdAt: createdAt, calls: map[int64]*streamItem{}, lastCall: -1}
+func (r *Request) NewStream(id string, createdAt int64) *Stream {
+	return &Stream{r: r, id: id, createdAt: createdAt, calls: map[int64]*streamItem{}, lastCall: -1}
 }
 
 // Next translates the data of one server-sent event of the upstream's stream ("[DONE]"
 // included) into zero or more Responses events. The events' Data are fresh JSON objects the
 // caller owns.
 //
-// An error chunk from the upstream is returned as a *apierror.Error wrapping ErrChatStream (with
+// An error chunk from the upstream is returned as a *apierror.Error wrapping ErrStream (with
 // the upstream's status, type, code and message); a chunk that is not a chat.completion.chunk,
-// or a delta after finish_reason, as a 502 *apierror.Error wrapping ErrChatShape; [DONE] before
-// any finish_reason as one wrapping ErrChatStreamCut. Events produced before the error are
+// or a delta after finish_reason, as a 502 *apierror.Error wrapping ErrShape; [DONE] before
+// any finish_reason as one wrapping ErrStreamCut. Events produced before the error are
 // returned with it; after an error, Next and End return it again. Fail renders it as a
 // Responses upstream would.
-func (s *ChatStream) Next(data []byte) ([]sse.Event, error) {
+func (s *Stream) Next(data []byte) ([]sse.Event, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
@@ -217,7 +217,7 @@ func (s *ChatStream) Next(data []byte) ([]sse.Event, error) {
 	})
 	if (errObj != "" && errObj != "null") || gjson.Parse(object).Str == "error" {
 		e := bodyError(root, http.StatusBadGateway)
-		e.Err = fmt.Errorf("%w: the upstream sent an error: %s", ErrChatStream, e.Message)
+		e.Err = fmt.Errorf("%w: the upstream sent an error: %s", ErrStream, e.Message)
 		return s.fail(e)
 	}
 	if s.createdAt == 0 {
@@ -249,8 +249,8 @@ func (s *ChatStream) Next(data []byte) ([]sse.Event, error) {
 
 // End is called when the upstream's body ends. A stream that finished but sent no [DONE]
 // (some servers omit it) gets its terminal event now; one that never finished is
-// ErrChatStreamCut. After the terminal event End returns nothing.
-func (s *ChatStream) End() ([]sse.Event, error) {
+// ErrStreamCut. After the terminal event End returns nothing.
+func (s *Stream) End() ([]sse.Event, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
@@ -266,7 +266,7 @@ func (s *ChatStream) End() ([]sse.Event, error) {
 }
 
 // Done reports whether the terminal event was returned.
-func (s *ChatStream) Done() bool { return s.done }
+func (s *Stream) Done() bool { return s.done }
 
 // Fail returns the events a Responses upstream ends a failed stream with: response.created and
 // response.in_progress if they were not sent yet, the nested error event
@@ -274,7 +274,7 @@ func (s *ChatStream) Done() bool { return s.done }
 // completed so far. err is what Next or End returned, or the caller's own (a read error); the
 // code and message of an *apierror.Error in it are shown, anything else is a server_error.
 // After Fail the stream is done.
-func (s *ChatStream) Fail(err error) []sse.Event {
+func (s *Stream) Fail(err error) []sse.Event {
 	s.buf, s.out = nil, nil
 	if s.done {
 		return nil
@@ -309,18 +309,18 @@ func (s *ChatStream) Fail(err error) []sse.Event {
 }
 
 func cutError() error {
-	return apierror.BadGateway("The upstream's response ended early.", "upstream_error", ErrChatStreamCut)
+	return apierror.BadGateway("The upstream's response ended early.", "upstream_error", ErrStreamCut)
 }
 
 // fail records err and returns the events so far with it.
-func (s *ChatStream) fail(err error) ([]sse.Event, error) {
+func (s *Stream) fail(err error) ([]sse.Event, error) {
 	s.err = err
 	return s.out, err
 }
 
 // delta applies one choice delta (raw JSON, "" for none) with the choice's logprobs: reasoning
 // first, then content, refusal and tool calls, the order in which a model produces them.
-func (s *ChatStream) delta(d, logprobs string) error {
+func (s *Stream) delta(d, logprobs string) error {
 	if d == "" || d == "null" {
 		return nil
 	}
@@ -413,7 +413,7 @@ func hasElements(raw string) bool {
 
 // newItem starts an item after the others. What came before is complete if it is text (a model
 // does not go back to it) or a call whose arguments already form a JSON object.
-func (s *ChatStream) newItem(kind itemKind) *streamItem {
+func (s *Stream) newItem(kind itemKind) *streamItem {
 	for _, it := range s.items[s.head:] {
 		if it.sealed {
 			continue
@@ -443,7 +443,7 @@ func wholeObject(args string) bool {
 	return len(a) > 1 && a[0] == '{' && json.Valid([]byte(a))
 }
 
-func (s *ChatStream) seal(it *streamItem) {
+func (s *Stream) seal(it *streamItem) {
 	it.sealed = true
 	for _, p := range it.parts {
 		p.closed = true
@@ -457,12 +457,12 @@ func (s *ChatStream) seal(it *streamItem) {
 }
 
 // live reports whether an item's deltas go out as they come.
-func (s *ChatStream) live(it *streamItem) bool {
+func (s *Stream) live(it *streamItem) bool {
 	return it.opened && !it.closed && s.items[s.head] == it
 }
 
 // addText appends a text delta (v, a JSON string) to the item's current part of that kind.
-func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Result) error {
+func (s *Stream) addText(it *streamItem, kind partKind, v, logprobs gjson.Result) error {
 	var p *streamPart
 	if n := len(it.parts); n > 0 && it.parts[n-1].kind == kind {
 		p = it.parts[n-1]
@@ -519,7 +519,7 @@ func (s *ChatStream) addText(it *streamItem, kind partKind, v, logprobs gjson.Re
 }
 
 // toolCall applies one tool_calls[] delta (raw JSON).
-func (s *ChatStream) toolCall(tc string) error {
+func (s *Stream) toolCall(tc string) error {
 	if tc[0] != '{' {
 		return shapeError(errors.New("a tool call delta is not an object"))
 	}
@@ -613,7 +613,7 @@ func (s *ChatStream) toolCall(tc string) error {
 }
 
 // keep counts n more bytes kept for the answer: an error past maxAnswerKept.
-func (s *ChatStream) keep(n int) error {
+func (s *Stream) keep(n int) error {
 	s.kept += n
 	if s.kept <= maxAnswerKept {
 		return nil
@@ -631,7 +631,7 @@ func (s *ChatStream) keep(n int) error {
 // answerTooLarge is the error of an answer that would keep more than maxAnswerKept bytes.
 func answerTooLarge() error {
 	return apierror.BadGateway(fmt.Sprintf("The upstream's response is larger than %d bytes, more than this proxy relays.", maxAnswerKept),
-		"upstream_error", fmt.Errorf("%w: the answer holds more than %d bytes", ErrChatShape, maxAnswerKept))
+		"upstream_error", fmt.Errorf("%w: the answer holds more than %d bytes", ErrShape, maxAnswerKept))
 }
 
 // cutUTF8 returns the longest prefix of s of at most n bytes that does not split a character.
@@ -647,7 +647,7 @@ func cutUTF8(s string, n int) string {
 }
 
 // finishWith ends the completion: every item is complete.
-func (s *ChatStream) finishWith(reason string) error {
+func (s *Stream) finishWith(reason string) error {
 	s.finished = true
 	s.finish = reason
 	for _, it := range s.items {
@@ -663,7 +663,7 @@ func (s *ChatStream) finishWith(reason string) error {
 }
 
 // pump opens and closes items in order, as far as they are ready.
-func (s *ChatStream) pump() {
+func (s *Stream) pump() {
 	for s.head < len(s.items) {
 		it := s.items[s.head]
 		if !it.opened {
@@ -681,7 +681,7 @@ func (s *ChatStream) pump() {
 }
 
 // open sends an item's output_item.added, then what it gathered while it waited.
-func (s *ChatStream) open(it *streamItem) {
+func (s *Stream) open(it *streamItem) {
 	it.opened = true
 	if it.kind == callItemKind && it.callID == "" {
 		it.callID = s.r.newID("call_")
@@ -716,7 +716,7 @@ func (s *ChatStream) open(it *streamItem) {
 }
 
 // close sends an item's .done events and output_item.done.
-func (s *ChatStream) close(it *streamItem) {
+func (s *Stream) close(it *streamItem) {
 	it.closed = true
 	status := "completed"
 	if s.finished && it.index == len(s.items)-1 {
@@ -758,13 +758,13 @@ func (s *ChatStream) close(it *streamItem) {
 }
 
 // terminal sends response.completed or response.incomplete.
-func (s *ChatStream) terminal() {
+func (s *Stream) terminal() {
 	status, reason := finishStatus(s.finish)
 	s.responseEvent("response."+status, responseState{status: status, completedAt: s.r.completedAt(status), incomplete: reason, output: s.doneItems(), usage: s.usage})
 	s.done = true
 }
 
-func (s *ChatStream) doneItems() [][]byte {
+func (s *Stream) doneItems() [][]byte {
 	out := make([][]byte, 0, len(s.items))
 	for _, it := range s.items {
 		if it.closed {
@@ -775,7 +775,7 @@ func (s *ChatStream) doneItems() [][]byte {
 }
 
 // announce sends response.created and response.in_progress, once.
-func (s *ChatStream) announce() {
+func (s *Stream) announce() {
 	if s.announced {
 		return
 	}
@@ -786,7 +786,7 @@ func (s *ChatStream) announce() {
 
 // responseEvent sends {"type":typ,"sequence_number":n,"response":{...}} with the Response in
 // state st (the stream's id, created_at and model filled in).
-func (s *ChatStream) responseEvent(typ string, st responseState) {
+func (s *Stream) responseEvent(typ string, st responseState) {
 	st.id, st.createdAt, st.model, st.serviceTier = s.id, s.createdAt, s.model, s.tier
 	size := 1024
 	for _, it := range st.output {
@@ -803,7 +803,7 @@ func (s *ChatStream) responseEvent(typ string, st responseState) {
 
 // Event writers. Each event's data is appended to s.buf between begin and end.
 
-func (s *ChatStream) begin(typ string) {
+func (s *Stream) begin(typ string) {
 	s.mark = len(s.buf)
 	s.buf = append(s.buf, `{"type":"`...)
 	s.buf = append(s.buf, typ...)
@@ -814,26 +814,26 @@ func (s *ChatStream) begin(typ string) {
 
 // end closes the event begun last. Its Data is capped where it ends, so neither later events
 // nor a caller's append can write into it.
-func (s *ChatStream) end(typ string) {
+func (s *Stream) end(typ string) {
 	s.buf = append(s.buf, '}')
 	n := len(s.buf)
 	s.out = append(s.out, sse.Event{Name: typ, Data: s.buf[s.mark:n:n]})
 }
 
-func (s *ChatStream) itemRef(it *streamItem) {
+func (s *Stream) itemRef(it *streamItem) {
 	s.buf = append(s.buf, `,"item_id":`...)
 	s.buf = append(s.buf, it.idLit...)
 	s.buf = append(s.buf, `,"output_index":`...)
 	s.buf = appendInt(s.buf, it.index)
 }
 
-func (s *ChatStream) partRef(it *streamItem, k int) {
+func (s *Stream) partRef(it *streamItem, k int) {
 	s.itemRef(it)
 	s.buf = append(s.buf, `,"content_index":`...)
 	s.buf = appendInt(s.buf, k)
 }
 
-func (s *ChatStream) emptyPart(p *streamPart) {
+func (s *Stream) emptyPart(p *streamPart) {
 	switch p.kind {
 	case reasoningPart:
 		s.buf = append(s.buf, `{"type":"reasoning_text","text":""}`...)
@@ -844,7 +844,7 @@ func (s *ChatStream) emptyPart(p *streamPart) {
 	}
 }
 
-func (s *ChatStream) partAdded(it *streamItem, k int, p *streamPart) {
+func (s *Stream) partAdded(it *streamItem, k int, p *streamPart) {
 	p.opened = true
 	s.begin("response.content_part.added")
 	s.partRef(it, k)
@@ -854,7 +854,7 @@ func (s *ChatStream) partAdded(it *streamItem, k int, p *streamPart) {
 }
 
 // textDelta sends a delta; lit is the JSON string literal of the new text.
-func (s *ChatStream) textDelta(it *streamItem, k int, p *streamPart, lit string, logprobs []byte) {
+func (s *Stream) textDelta(it *streamItem, k int, p *streamPart, lit string, logprobs []byte) {
 	typ := "response.output_text.delta"
 	switch p.kind {
 	case reasoningPart:
@@ -875,7 +875,7 @@ func (s *ChatStream) textDelta(it *streamItem, k int, p *streamPart, lit string,
 }
 
 // partDone sends a part's .done event and content_part.done, once.
-func (s *ChatStream) partDone(it *streamItem, k int, p *streamPart) {
+func (s *Stream) partDone(it *streamItem, k int, p *streamPart) {
 	if p.doneSent {
 		return
 	}
@@ -917,7 +917,7 @@ func (s *ChatStream) partDone(it *streamItem, k int, p *streamPart) {
 	s.end("response.content_part.done")
 }
 
-func (s *ChatStream) argsDelta(it *streamItem, lit string) {
+func (s *Stream) argsDelta(it *streamItem, lit string) {
 	s.begin("response.function_call_arguments.delta")
 	s.itemRef(it)
 	s.buf = append(s.buf, `,"delta":`...)

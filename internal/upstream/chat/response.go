@@ -1,8 +1,8 @@
-package upstream
+package chat
 
 // Responses ⇄ Chat Completions, the answer side for JSON: a chat.completion becomes a Response.
 // The items and the Response object are built by the same functions the stream translator
-// (responses_chat_stream.go) uses, so both renderings agree byte for byte.
+// (stream.go) uses, so both renderings agree byte for byte.
 
 import (
 	"bytes"
@@ -18,18 +18,18 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 )
 
-// ErrChatShape marks a Chat Completions answer the translation cannot read: not JSON, no
+// ErrShape marks a Chat Completions answer the translation cannot read: not JSON, no
 // choices, a chunk of the wrong shape, a tool call without a name.
-var ErrChatShape = errors.New("unexpected Chat Completions answer")
+var ErrShape = errors.New("unexpected Chat Completions answer")
 
 // Response translates a chat.completion (the body of a 2xx JSON answer) into the Response a
 // Responses upstream would have answered, with the given id and created_at (0: the completion's
 // created). chat is neither modified nor retained.
 //
 // A body that is an error object (some servers answer 200 with one) is returned as the mapped
-// *apierror.Error (see ChatError); a body that cannot be read is a 502 *apierror.Error wrapping
-// ErrChatShape.
-func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte, error) {
+// *apierror.Error (see UpstreamError); a body that cannot be read is a 502 *apierror.Error wrapping
+// ErrShape.
+func (r *Request) Response(chat []byte, id string, createdAt int64) ([]byte, error) {
 	chat = ValidUTF8(chat)
 	if !gjson.ValidBytes(chat) {
 		return nil, shapeError(errors.New("the body is not JSON"))
@@ -65,7 +65,7 @@ func (r *ChatRequest) Response(chat []byte, id string, createdAt int64) ([]byte,
 	status, reason := finishStatus(finishReason.String())
 
 	var items [][]byte
-	kept := 0 // as ChatStream counts what it keeps
+	kept := 0 // as Stream counts what it keeps
 	if text := reasoningText(reasoningContent, reasoning); text != "" {
 		kept += len(text)
 		items = append(items, appendReasoningItem(nil, r.newID("rs_"), text, true))
@@ -261,7 +261,7 @@ func chatUsage(u gjson.Result) *responseUsage {
 }
 
 func shapeError(cause error) error {
-	return apierror.BadGateway("The upstream's response could not be read.", "upstream_error", fmt.Errorf("%w: %w", ErrChatShape, cause))
+	return apierror.BadGateway("The upstream's response could not be read.", "upstream_error", fmt.Errorf("%w: %w", ErrShape, cause))
 }
 
 // The Response object, in the key order of OpenAI's live traffic. It is rendered by appends
@@ -377,7 +377,7 @@ type responseState struct {
 
 // completedAt is the completed_at of a Response of the given status: now for a completed one,
 // none (null) otherwise, as OpenAI sets it.
-func (r *ChatRequest) completedAt(status string) int64 {
+func (r *Request) completedAt(status string) int64 {
 	if status != "completed" {
 		return 0
 	}
@@ -385,7 +385,7 @@ func (r *ChatRequest) completedAt(status string) int64 {
 }
 
 // appendResponse appends the Response object in state st.
-func (r *ChatRequest) appendResponse(dst []byte, st responseState) []byte {
+func (r *Request) appendResponse(dst []byte, st responseState) []byte {
 	t := &r.tmpl
 	dst = append(dst, `{"id":`...)
 	dst = appendString(dst, st.id)

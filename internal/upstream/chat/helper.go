@@ -1,4 +1,4 @@
-package upstream
+package chat
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// Helpers shared by the Responses ⇄ Chat Completions translation (responses_chat*.go).
+// Helpers shared by the Responses ⇄ Chat Completions translation.
 
 // newRandomID returns prefix followed by 48 random hex digits, the shape of OpenAI's ids.
 func newRandomID(prefix string) string {

@@ -1,12 +1,13 @@
-package upstream
-
-// Responses ⇄ Chat Completions, the request side: a /v1/responses body becomes a
-// /chat/completions body for upstreams that speak only Chat Completions; input items become
-// messages in responses_chat_input.go. The answer side is in responses_chat_response.go (JSON)
-// and responses_chat_stream.go (SSE); errors, the translation's and the upstream's, in
-// responses_chat_error.go. docs/chat-completions.md holds the mapping table; keep both in step.
+// Package chat translates between the Responses API and Chat Completions, for upstreams that
+// speak only Chat Completions: a /v1/responses body becomes a /chat/completions body (NewRequest),
+// and the answer becomes the Response (Request.Response) or the Responses events (Stream) a
+// Responses upstream would have sent. upstream.ChatAPI is the seam that posts the request and
+// reads the answer with it; docs/chat-completions.md holds the mapping table; keep both in step.
 //
-// Everything here is pure: no I/O, no shared state, no clock but ChatOptions.Now (completed_at).
+// Everything here is pure: no I/O, no shared state, no clock but Options.Now (completed_at).
+package chat
+
+// The request side: the body (request.go) and its input items as messages (input.go).
 
 import (
 	"encoding/json"
@@ -22,18 +23,18 @@ import (
 )
 
 var (
-	// ErrChatUnsupported marks a Responses request field or value that a Chat Completions upstream
+	// ErrUnsupported marks a Responses request field or value that a Chat Completions upstream
 	// cannot serve (a built-in tool, background mode, a stored prompt, ...). It comes wrapped in a
 	// 400 *apierror.Error whose Param names the field.
-	ErrChatUnsupported = errors.New("not translatable to Chat Completions")
-	// ErrChatInvalid marks a body that is not a valid Responses request (a wrong type, a missing
+	ErrUnsupported = errors.New("not translatable to Chat Completions")
+	// ErrInvalid marks a body that is not a valid Responses request (a wrong type, a missing
 	// required field). It comes wrapped in a 400 *apierror.Error whose Param names the field.
-	ErrChatInvalid = errors.New("invalid Responses request")
+	ErrInvalid = errors.New("invalid Responses request")
 )
 
-// ChatOptions says how Responses requests are put to one Chat Completions deployment. The zero
+// Options says how Responses requests are put to one Chat Completions deployment. The zero
 // value suits most servers.
-type ChatOptions struct {
+type Options struct {
 	// MaxCompletionTokens sends max_output_tokens as max_completion_tokens (OpenAI's current name,
 	// which its reasoning models require) instead of max_tokens (the name every server knows).
 	MaxCompletionTokens bool
@@ -46,28 +47,28 @@ type ChatOptions struct {
 	// nil means 48 random hex digits after the prefix, the shape of OpenAI's ids.
 	NewID func(prefix string) string
 	// MaxCodeSize is the size past which the caller refuses a call's arguments (max_code_size;
-	// 0 means config.DefaultMaxCodeSize). The translation keeps at most that plus argsSlack of
-	// one call's arguments: past it the call is cut (see ChatStream).
+	// 0 means config.DefaultMaxCodeSize). The translation keeps at most that plus ArgsSlack of
+	// one call's arguments: past it the call is cut (see Stream).
 	MaxCodeSize int
 	// Now is the clock of completed_at; nil means time.Now.
 	Now func() time.Time
 }
 
 const (
-	// argsSlack is how far past MaxCodeSize a call's arguments are kept, so that the caller,
+	// ArgsSlack is how far past MaxCodeSize a call's arguments are kept, so that the caller,
 	// which refuses arguments over MaxCodeSize, still sees that they are over it.
-	argsSlack = 64 << 10
+	ArgsSlack = 64 << 10
 	// maxAnswerKept bounds the text, refusal, reasoning, arguments and logprobs one answer keeps:
 	// about what a native Responses upstream's response.completed, one event of at most
 	// DefaultMaxEventSize, can carry. Past it the answer fails.
 	maxAnswerKept = sse.DefaultMaxEventSize
 )
 
-// ChatRequest is one Responses request translated for a Chat Completions upstream: the body to
+// Request is one Responses request translated for a Chat Completions upstream: the body to
 // post, and what translating the answer back needs (the fields a Response repeats from its
-// request). Build it with NewChatRequest; it is immutable, and safe for concurrent use when
-// ChatOptions.NewID is (the default is).
-type ChatRequest struct {
+// request). Build it with NewRequest; it is immutable, and safe for concurrent use when
+// Options.NewID is (the default is).
+type Request struct {
 	// Body is the Chat Completions request, to be posted to /chat/completions. The caller must
 	// not modify it.
 	Body []byte
@@ -77,7 +78,7 @@ type ChatRequest struct {
 
 	newID    func(prefix string) string
 	logprobs bool // the client included message.output_text.logprobs
-	maxArgs  int  // the bytes of one call's arguments kept: MaxCodeSize plus argsSlack
+	maxArgs  int  // the bytes of one call's arguments kept: MaxCodeSize plus ArgsSlack
 	now      func() time.Time
 	tmpl     responseTemplate
 }
@@ -107,16 +108,16 @@ var hostedToolChoice = map[string]bool{
 	"computer_use_preview": true, "apply_patch": true, "shell": true,
 }
 
-// NewChatRequest translates a Responses request body into a Chat Completions request; see
+// NewRequest translates a Responses request body into a Chat Completions request; see
 // docs/chat-completions.md for the mapping. body is neither modified nor retained.
 //
 // The request must already be resolved: previous_response_id, item_reference items and
 // code_interpreter tools are the caller's to replace (with input items, and a function tool); any
 // that remain are refused. A field that cannot be translated is a 400 *apierror.Error wrapping
-// ErrChatUnsupported, a malformed one a 400 wrapping ErrChatInvalid; either names the field in
+// ErrUnsupported, a malformed one a 400 wrapping ErrInvalid; either names the field in
 // Param. Fields the Responses API does not define pass into the chat body unchanged, so server
 // options such as top_k or chat_template_kwargs reach servers that take them.
-func NewChatRequest(body []byte, opts ChatOptions) (*ChatRequest, error) {
+func NewRequest(body []byte, opts Options) (*Request, error) {
 	if !gjson.ValidBytes(body) {
 		return nil, invalid("", "We could not parse the JSON body of your request.")
 	}
@@ -162,12 +163,15 @@ func NewChatRequest(body []byte, opts ChatOptions) (*ChatRequest, error) {
 	if now == nil {
 		now = time.Now
 	}
-	return &ChatRequest{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, maxArgs: maxArgs + argsSlack, now: now, tmpl: tmpl}, nil
+	return &Request{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, maxArgs: maxArgs + ArgsSlack, now: now, tmpl: tmpl}, nil
 }
 
-// chatTranslation is the state of one NewChatRequest call.
+// NewID mints an id with the given prefix (resp_ for the Response itself) as Options.NewID says.
+func (r *Request) NewID(prefix string) string { return r.newID(prefix) }
+
+// chatTranslation is the state of one NewRequest call.
 type chatTranslation struct {
-	opts ChatOptions
+	opts Options
 	out  chatBody
 	echo responseEcho
 	msgs messageList
@@ -763,7 +767,7 @@ func (w *rawWriter) text(k, v string) {
 
 // appendJSON writes the body in OpenAI's documented key order, leaving out what is unset.
 func (c *chatBody) appendJSON(w *rawWriter) {
-	w.b = append(w.b, `{"model":`...) // NewChatRequest requires one
+	w.b = append(w.b, `{"model":`...) // NewRequest requires one
 	w.value("model", c.Model)
 	w.b = append(w.b, `,"messages":[`...)
 	for i := range c.Messages {
