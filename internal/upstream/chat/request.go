@@ -12,7 +12,6 @@ package chat
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -80,16 +79,16 @@ type Request struct {
 	logprobs bool // the client included message.output_text.logprobs
 	maxArgs  int  // the bytes of one call's arguments kept: MaxCodeSize plus ArgsSlack
 	now      func() time.Time
-	tmpl     responseTemplate
+	tmpl     response // what its Responses repeat from the request (responseEcho.newTemplate)
 }
 
 // responseEcho holds the request's values that a Response repeats, as raw JSON ("" when the
 // request left them out or sent null).
 type responseEcho struct {
-	model, instructions, maxOutputTokens, maxToolCalls, parallelToolCalls string
-	promptCacheKey, reasoning, safetyIdentifier, serviceTier, store       string
-	temperature, text, toolChoice, tools, topLogprobs, topP, truncation   string
-	user, metadata                                                        string
+	model, instructions, maxOutputTokens, maxToolCalls, parallelToolCalls json.RawMessage
+	promptCacheKey, reasoning, safetyIdentifier, serviceTier, store       json.RawMessage
+	temperature, text, toolChoice, tools, topLogprobs, topP, truncation   json.RawMessage
+	user, metadata                                                        json.RawMessage
 }
 
 // chatOwned are Chat Completions fields that are not Responses fields: the translation writes
@@ -136,7 +135,7 @@ func NewRequest(body []byte, opts Options) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	if t.out.Model == "" {
+	if len(t.out.Model) == 0 {
 		return nil, missing("model")
 	}
 	if err := t.finish(); err != nil {
@@ -150,7 +149,7 @@ func NewRequest(body []byte, opts Options) (*Request, error) {
 	if newID == nil {
 		newID = newRandomID
 	}
-	tmpl, err := t.echo.template()
+	tmpl, err := t.echo.newTemplate()
 	if err != nil {
 		// A value the Response repeats (metadata, reasoning) nested past what clients decode.
 		return nil, invalid("", "The request body could not be translated: "+err.Error())
@@ -188,78 +187,17 @@ type chatTranslation struct {
 
 type extraField struct {
 	key string
-	raw string
-}
-
-// chatBody is the Chat Completions request. Its values from the Responses request are raw JSON
-// text ("" leaves the field out), written in OpenAI's documented key order by appendJSON.
-type chatBody struct {
-	Model                string
-	Messages             []chatMessage
-	Tools                []chatTool
-	ToolChoice           string
-	ParallelToolCalls    string
-	ResponseFormat       string
-	ReasoningEffort      string
-	Verbosity            string
-	MaxTokens            string
-	MaxCompletionTokens  string
-	Temperature          string
-	TopP                 string
-	Logprobs             bool
-	TopLogprobs          string
-	Stream               bool // with stream_options.include_usage
-	User                 string
-	SafetyIdentifier     string
-	PromptCacheKey       string
-	PromptCacheRetention string
-	ServiceTier          string
-}
-
-// chatMessage is one message. Strings named as raw hold JSON text; the others are text.
-type chatMessage struct {
-	Role             string
-	Content          string     // raw: a string or null; "" leaves content out, unless Parts
-	Parts            []chatPart // the content as parts, when not nil
-	Refusal          string     // raw
-	ReasoningContent *string
-	Reasoning        *string
-	ToolCalls        []chatToolCall
-	ToolCallID       string
-}
-
-type chatPart struct {
-	Type     string
-	Text     string // raw
-	ImageURL *chatImageURL
-	File     *chatFile
-}
-
-type chatImageURL struct{ URL, Detail string } // raw
-
-type chatFile struct{ Filename, FileData string } // raw
-
-type chatToolCall struct {
-	ID        string
-	Name      string
-	Arguments string // raw
-}
-
-type chatTool struct {
-	Name        string
-	Description string // raw, as are the next two
-	Parameters  string
-	Strict      string
+	raw json.RawMessage
 }
 
 func present(v gjson.Result) bool { return v.Exists() && v.Type != gjson.Null }
 
-// raw returns v's JSON text, or "" when v is absent or null.
-func raw(v gjson.Result) string {
+// raw returns v's JSON text, or nil when v is absent or null.
+func raw(v gjson.Result) json.RawMessage {
 	if !present(v) {
-		return ""
+		return nil
 	}
-	return v.Raw
+	return json.RawMessage(v.Raw)
 }
 
 // field handles one top-level field of the Responses request.
@@ -481,7 +419,7 @@ func (t *chatTranslation) text(v gjson.Result) error {
 	switch typ := f.Get("type").String(); typ {
 	case "text":
 	case "json_object":
-		t.out.ResponseFormat = `{"type":"json_object"}`
+		t.out.ResponseFormat = &responseFormat{Type: "json_object"}
 	case "json_schema":
 		name := f.Get("name")
 		if name.Type != gjson.String || name.Str == "" {
@@ -491,26 +429,20 @@ func (t *chatTranslation) text(v gjson.Result) error {
 		if !schema.IsObject() {
 			return missing("text.format.schema")
 		}
-		b := make([]byte, 0, len(schema.Raw)+len(name.Raw)+96)
-		b = append(b, `{"type":"json_schema","json_schema":{"name":`...)
-		b = append(b, name.Raw...)
+		js := &jsonSchema{Name: raw(name), Schema: raw(schema)}
 		if d := f.Get("description"); present(d) {
 			if d.Type != gjson.String {
 				return invalidType("text.format.description", "a string")
 			}
-			b = append(b, `,"description":`...)
-			b = append(b, d.Raw...)
+			js.Description = raw(d)
 		}
-		b = append(b, `,"schema":`...)
-		b = append(b, schema.Raw...)
 		if s := f.Get("strict"); present(s) {
 			if !isBool(s) {
 				return invalidType("text.format.strict", "a boolean")
 			}
-			b = append(b, `,"strict":`...)
-			b = append(b, s.Raw...)
+			js.Strict = raw(s)
 		}
-		t.out.ResponseFormat = string(append(b, "}}"...))
+		t.out.ResponseFormat = &responseFormat{Type: "json_schema", JSONSchema: js}
 	default:
 		return unsupportedValue("text.format.type", "Unsupported value: text.format.type '"+typ+"' is not supported for this model: its upstream speaks only Chat Completions.")
 	}
@@ -522,11 +454,11 @@ func (t *chatTranslation) finish() error {
 	if present(t.instructions) {
 		// system, not developer: every chat server knows system, and OpenAI treats it as
 		// developer for the models that have the distinction.
-		t.msgs.add(chatMessage{Role: "system", Content: t.instructions.Raw})
+		t.msgs.add(chatMessage{Role: "system", Content: raw(t.instructions)})
 	}
 	switch {
 	case t.input.Type == gjson.String:
-		t.msgs.add(chatMessage{Role: "user", Content: t.input.Raw})
+		t.msgs.add(chatMessage{Role: "user", Content: raw(t.input)})
 	case t.input.IsArray():
 		var err error
 		t.input.ForEach(func(k, it gjson.Result) bool {
@@ -585,27 +517,27 @@ func (t *chatTranslation) toolList() error {
 			err = missing(param + ".name")
 			return false
 		}
-		fn := chatTool{Name: name.Str}
+		fn := chatTool{Type: "function", Function: chatFunction{Name: name.Str}}
 		if present(desc) {
 			if desc.Type != gjson.String {
 				err = invalidType(param+".description", "a string")
 				return false
 			}
-			fn.Description = raw(desc)
+			fn.Function.Description = raw(desc)
 		}
 		if present(params) {
 			if !params.IsObject() {
 				err = invalidType(param+".parameters", "an object")
 				return false
 			}
-			fn.Parameters = raw(params)
+			fn.Function.Parameters = raw(params)
 		}
 		if present(strict) {
 			if !isBool(strict) {
 				err = invalidType(param+".strict", "a boolean")
 				return false
 			}
-			fn.Strict = raw(strict)
+			fn.Function.Strict = raw(strict)
 		}
 		index[name.Str] = len(tools)
 		tools = append(tools, fn)
@@ -640,8 +572,7 @@ func (t *chatTranslation) toolList() error {
 			if _, ok := index[name]; !ok {
 				return invalidValue("tool_choice", "Tool choice '"+name+"' not found in 'tools' parameter.")
 			}
-			b := append([]byte(`{"type":"function","function":{"name":`), appendString(nil, name)...)
-			t.out.ToolChoice = string(append(b, "}}"...))
+			t.out.ToolChoice = &chatTool{Type: "function", Function: chatFunction{Name: name}}
 		case "allowed_tools":
 			// Chat servers other than OpenAI's have no allowed_tools: the tools list itself is cut
 			// down to the allowed ones, which offers the model exactly the same choice.
@@ -676,7 +607,7 @@ func (t *chatTranslation) toolList() error {
 				return missing("tool_choice.tools")
 			}
 			tools = allowed
-			t.out.ToolChoice = `"` + mode + `"`
+			t.out.ToolChoice = mode
 		default:
 			if hostedToolChoice[typ] {
 				// Every tool in tools is a function by now (any other was refused above), so the
@@ -695,203 +626,4 @@ func (t *chatTranslation) toolList() error {
 		t.out.ParallelToolCalls = raw(t.parallel)
 	}
 	return nil
-}
-
-// marshal encodes the chat body, then the fields passed through.
-func (t *chatTranslation) marshal() ([]byte, error) {
-	w := rawWriter{b: make([]byte, 0, t.size())}
-	t.out.appendJSON(&w)
-	if w.tooDeep != "" {
-		return nil, fmt.Errorf("%s: nested deeper than %d levels", w.tooDeep, maxClientDepth)
-	}
-	if len(t.extra) == 0 {
-		return w.b, nil
-	}
-	b := w.b[:len(w.b)-1] // the closing brace; messages is always there, so a comma follows
-	for _, e := range t.extra {
-		b = append(b, ',')
-		b = appendString(b, e.key)
-		b = append(b, ':')
-		b = append(b, e.raw...)
-	}
-	return append(b, '}'), nil
-}
-
-// size guesses the encoded body's length: about what it was given.
-func (t *chatTranslation) size() int {
-	n := 256 + len(t.input.Raw) + len(t.instructions.Raw) + len(t.tools.Raw)
-	for _, e := range t.extra {
-		n += len(e.key) + len(e.raw) + 4
-	}
-	return n
-}
-
-// rawWriter appends JSON. Raw values are compacted as encoding/json compacts a RawMessage, which
-// also bounds their depth: tooDeep names the first field nested past maxClientDepth.
-type rawWriter struct {
-	b       []byte
-	tooDeep string
-}
-
-// key appends `,"k":` (without the comma for the object's first key).
-func (w *rawWriter) key(k string, first bool) {
-	if !first {
-		w.b = append(w.b, ',')
-	}
-	w.b = append(w.b, '"')
-	w.b = append(w.b, k...)
-	w.b = append(w.b, '"', ':')
-}
-
-// raw appends a raw value from the validated request under key k, when there is one.
-func (w *rawWriter) raw(k, v string) {
-	if v == "" {
-		return
-	}
-	w.key(k, false)
-	w.value(k, v)
-}
-
-func (w *rawWriter) value(k, v string) {
-	var ok bool
-	if w.b, ok = appendCompacted(w.b, v, maxClientDepth); !ok && w.tooDeep == "" {
-		w.tooDeep = k
-	}
-}
-
-// text appends a Go string as encoding/json does.
-func (w *rawWriter) text(k, v string) {
-	w.key(k, false)
-	w.b = appendGoString(w.b, v)
-}
-
-// appendJSON writes the body in OpenAI's documented key order, leaving out what is unset.
-func (c *chatBody) appendJSON(w *rawWriter) {
-	w.b = append(w.b, `{"model":`...) // NewRequest requires one
-	w.value("model", c.Model)
-	w.b = append(w.b, `,"messages":[`...)
-	for i := range c.Messages {
-		if i > 0 {
-			w.b = append(w.b, ',')
-		}
-		c.Messages[i].appendJSON(w)
-	}
-	w.b = append(w.b, ']')
-	if len(c.Tools) > 0 {
-		w.key("tools", false)
-		w.b = append(w.b, '[')
-		for i, tool := range c.Tools {
-			if i > 0 {
-				w.b = append(w.b, ',')
-			}
-			w.b = append(w.b, `{"type":"function","function":{"name":`...)
-			w.b = appendGoString(w.b, tool.Name)
-			w.raw("description", tool.Description)
-			w.raw("parameters", tool.Parameters)
-			w.raw("strict", tool.Strict)
-			w.b = append(w.b, "}}"...)
-		}
-		w.b = append(w.b, ']')
-	}
-	w.raw("tool_choice", c.ToolChoice)
-	w.raw("parallel_tool_calls", c.ParallelToolCalls)
-	w.raw("response_format", c.ResponseFormat)
-	w.raw("reasoning_effort", c.ReasoningEffort)
-	w.raw("verbosity", c.Verbosity)
-	w.raw("max_tokens", c.MaxTokens)
-	w.raw("max_completion_tokens", c.MaxCompletionTokens)
-	w.raw("temperature", c.Temperature)
-	w.raw("top_p", c.TopP)
-	if c.Logprobs {
-		w.b = append(w.b, `,"logprobs":true`...)
-	}
-	w.raw("top_logprobs", c.TopLogprobs)
-	if c.Stream {
-		w.b = append(w.b, `,"stream":true,"stream_options":{"include_usage":true}`...)
-	}
-	w.raw("user", c.User)
-	w.raw("safety_identifier", c.SafetyIdentifier)
-	w.raw("prompt_cache_key", c.PromptCacheKey)
-	w.raw("prompt_cache_retention", c.PromptCacheRetention)
-	w.raw("service_tier", c.ServiceTier)
-	w.b = append(w.b, '}')
-}
-
-func (m *chatMessage) appendJSON(w *rawWriter) {
-	w.b = append(w.b, `{"role":`...)
-	w.b = appendGoString(w.b, m.Role)
-	switch {
-	case m.Parts != nil:
-		w.key("content", false)
-		w.b = append(w.b, '[')
-		for i, p := range m.Parts {
-			if i > 0 {
-				w.b = append(w.b, ',')
-			}
-			w.b = append(w.b, `{"type":`...)
-			w.b = appendGoString(w.b, p.Type)
-			w.raw("text", p.Text)
-			if p.ImageURL != nil {
-				w.key("image_url", false)
-				w.b = append(w.b, '{')
-				w.key("url", true)
-				w.value("url", orNull(p.ImageURL.URL))
-				w.raw("detail", p.ImageURL.Detail)
-				w.b = append(w.b, '}')
-			}
-			if p.File != nil {
-				w.key("file", false)
-				w.b = append(w.b, '{')
-				if p.File.Filename != "" {
-					w.key("filename", true)
-					w.value("filename", p.File.Filename)
-					w.key("file_data", false)
-				} else {
-					w.key("file_data", true)
-				}
-				w.value("file_data", orNull(p.File.FileData))
-				w.b = append(w.b, '}')
-			}
-			w.b = append(w.b, '}')
-		}
-		w.b = append(w.b, ']')
-	default:
-		w.raw("content", m.Content)
-	}
-	w.raw("refusal", m.Refusal)
-	if m.ReasoningContent != nil {
-		w.text("reasoning_content", *m.ReasoningContent)
-	}
-	if m.Reasoning != nil {
-		w.text("reasoning", *m.Reasoning)
-	}
-	if len(m.ToolCalls) > 0 {
-		w.key("tool_calls", false)
-		w.b = append(w.b, '[')
-		for i, tc := range m.ToolCalls {
-			if i > 0 {
-				w.b = append(w.b, ',')
-			}
-			w.b = append(w.b, `{"id":`...)
-			w.b = appendGoString(w.b, tc.ID)
-			w.b = append(w.b, `,"type":"function","function":{"name":`...)
-			w.b = appendGoString(w.b, tc.Name)
-			w.key("arguments", false)
-			w.value("arguments", orNull(tc.Arguments))
-			w.b = append(w.b, "}}"...)
-		}
-		w.b = append(w.b, ']')
-	}
-	if m.ToolCallID != "" {
-		w.text("tool_call_id", m.ToolCallID)
-	}
-	w.b = append(w.b, '}')
-}
-
-// orNull is raw JSON text, or null for none (what encoding/json writes for a nil RawMessage).
-func orNull(raw string) string {
-	if raw == "" {
-		return "null"
-	}
-	return raw
 }

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -64,34 +63,35 @@ func (r *Request) Response(chat []byte, id string, createdAt int64) ([]byte, err
 		field{"refusal", &refusal}, field{"tool_calls", &toolCalls})
 	status, reason := finishStatus(finishReason.String())
 
-	var items [][]byte
+	var items []any
 	kept := 0 // as Stream counts what it keeps
 	if text := reasoningText(reasoningContent, reasoning); text != "" {
 		kept += len(text)
-		items = append(items, appendReasoningItem(nil, r.newID("rs_"), text, true))
+		items = append(items, newReasoningOut(r.newID("rs_"), text, true))
 	}
-	var parts []outputPart
+	var parts []any
 	if text := contentText(content); text != "" {
-		p := outputPart{text: text}
+		var lps []json.RawMessage
 		kept += len(text)
 		if r.logprobs {
+			n := 0
 			var err error
-			if p.logprobs, err = logprobElems(nil, logprobs.Get("content")); err != nil {
+			if lps, n, err = logprobElems(nil, logprobs.Get("content")); err != nil {
 				return nil, err
 			}
-			kept += len(p.logprobs)
+			kept += n
 		}
-		parts = append(parts, p)
+		parts = append(parts, newTextOut(text, lps))
 	}
 	if refusal.Type == gjson.String && refusal.Str != "" {
-		parts = append(parts, outputPart{refusal: true, text: refusal.Str})
+		parts = append(parts, &refusalOut{Type: "refusal", Refusal: refusal.Str})
 		kept += len(refusal.Str)
 	}
 	msgID := ""
 	if len(parts) > 0 {
 		msgID = r.newID("msg_") // ids are minted in output order, as the stream mints them
 	}
-	var calls []callItem
+	var calls []chatCall
 	var err error
 	if !present(toolCalls) {
 		toolCalls = gjson.Result{} // null beside text, as OpenAI and vLLM send it: no calls
@@ -109,7 +109,7 @@ func (r *Request) Response(chat []byte, id string, createdAt int64) ([]byte, err
 			err = aerr
 			return false
 		}
-		c := callItem{id: r.newID("fc_"), callID: id.String(), name: name.String(), args: args}
+		c := chatCall{id: r.newID("fc_"), callID: id.String(), name: name.String(), args: args}
 		if len(args) > r.maxArgs {
 			c.args, c.cut = cutUTF8(args, r.maxArgs), true
 		}
@@ -137,26 +137,30 @@ func (r *Request) Response(chat []byte, id string, createdAt int64) ([]byte, err
 		return "completed"
 	}
 	if len(parts) > 0 {
-		items = append(items, appendMessageItem(nil, msgID, itemStatus(len(items)), parts))
+		items = append(items, newMessageOut(msgID, itemStatus(len(items)), parts))
 	}
 	for _, c := range calls {
 		st := itemStatus(len(items))
 		if c.cut {
 			st = "incomplete"
 		}
-		items = append(items, appendCallItem(nil, c.id, st, c.args, c.callID, c.name))
+		items = append(items, newCallOut(c.id, st, c.args, c.callID, c.name))
 	}
 
 	if createdAt == 0 {
 		createdAt = created.Int()
 	}
-	return r.appendResponse(nil, responseState{
+	b, err := newEncoder().marshal(r.response(responseState{
 		id: id, createdAt: createdAt, completedAt: r.completedAt(status), status: status, incomplete: reason,
 		model: model.String(), serviceTier: tier, output: items, usage: chatUsage(usage),
-	}), nil
+	}))
+	if err != nil {
+		return nil, shapeError(err)
+	}
+	return b, nil
 }
 
-type callItem struct {
+type chatCall struct {
 	id, callID, name, args string
 	cut                    bool // the arguments were cut at maxArgs
 }
@@ -214,20 +218,23 @@ func argumentsText(a gjson.Result) (string, error) {
 }
 
 // logprobElems appends the elements of a chat logprobs.content array (the same objects
-// Responses uses: token, logprob, bytes, top_logprobs) to dst, comma-separated and compacted.
-func logprobElems(dst []byte, content gjson.Result) ([]byte, error) {
+// Responses uses: token, logprob, bytes, top_logprobs) to dst, compacted, and reports their
+// bytes.
+func logprobElems(dst []json.RawMessage, content gjson.Result) ([]json.RawMessage, int, error) {
 	if !content.IsArray() {
-		return dst, nil // absent, or null as OpenAI sends it beside a refusal
+		return dst, 0, nil // absent, or null as OpenAI sends it beside a refusal
 	}
 	var err error
+	n := 0
 	content.ForEach(func(_, lp gjson.Result) bool {
-		if len(dst) > 0 {
-			dst = append(dst, ',')
+		var b []byte
+		if b, err = appendCompact(nil, lp.Raw); err == nil {
+			dst = append(dst, b)
+			n += len(b) + 1
 		}
-		dst, err = appendCompact(dst, lp.Raw)
 		return err == nil
 	})
-	return dst, err
+	return dst, n, err
 }
 
 // appendCompact appends raw JSON without its spaces and line breaks (an event's data is one
@@ -245,17 +252,17 @@ func chatUsage(u gjson.Result) *responseUsage {
 	if !u.IsObject() {
 		return nil
 	}
-	out := &responseUsage{input: u.Get("prompt_tokens").Int(), output: u.Get("completion_tokens").Int()}
+	out := &responseUsage{InputTokens: u.Get("prompt_tokens").Int(), OutputTokens: u.Get("completion_tokens").Int()}
 	if c := u.Get("prompt_tokens_details.cached_tokens"); present(c) {
-		out.cached = c.Int()
+		out.InputTokensDetails.CachedTokens = c.Int()
 	} else {
-		out.cached = u.Get("prompt_cache_hit_tokens").Int() // DeepSeek
+		out.InputTokensDetails.CachedTokens = u.Get("prompt_cache_hit_tokens").Int() // DeepSeek
 	}
-	out.reasoning = u.Get("completion_tokens_details.reasoning_tokens").Int()
+	out.OutputTokensDetails.ReasoningTokens = u.Get("completion_tokens_details.reasoning_tokens").Int()
 	if t := u.Get("total_tokens"); present(t) {
-		out.total = t.Int()
+		out.TotalTokens = t.Int()
 	} else {
-		out.total = out.input + out.output
+		out.TotalTokens = out.InputTokens + out.OutputTokens
 	}
 	return out
 }
@@ -264,101 +271,43 @@ func shapeError(cause error) error {
 	return apierror.BadGateway("The upstream's response could not be read.", "upstream_error", fmt.Errorf("%w: %w", ErrShape, cause))
 }
 
-// The Response object, in the key order of OpenAI's live traffic. It is rendered by appends
-// from segments prepared once per request (responseTemplate): a stream renders it three times
-// and encoding/json would compact every echoed value again each time.
+// The Response object: what every Response of one request repeats from the request is set once
+// (Request.tmpl), what differs between them (responseState) on a copy.
 
-// responseTemplate holds what every Response of one request repeats from the request, as
-// compacted JSON ready to append.
-type responseTemplate struct {
-	model                  string // the request's model, for an upstream that names none
-	seg1, seg2, seg3, seg4 []byte
-	tier                   string // the request's service_tier, or "auto"
-}
-
-// maxClientDepth is encoding/json's nesting limit, which clients' decoders share.
-const maxClientDepth = 10000
-
-// template compacts the echoed values (which also checks them against encoding/json's depth
-// limit, as clients decode them with such parsers).
-func (e *responseEcho) template() (responseTemplate, error) {
-	var t responseTemplate
-	var err error
-	field := func(dst []byte, key, raw, def string) []byte {
-		if err != nil {
-			return dst
+// newTemplate returns the Response fields the request's values fill, each the request's value as
+// it came or OpenAI's default. The values nested past what encoding/json (and clients' decoders
+// like it) accept are refused here, so that every Response of the request encodes.
+func (e *responseEcho) newTemplate() (response, error) {
+	for _, v := range []struct {
+		key string
+		raw json.RawMessage
+	}{{"reasoning", e.reasoning}, {"text", e.text}, {"tool_choice", e.toolChoice}, {"tools", e.tools}, {"metadata", e.metadata}} {
+		if v.raw != nil && !json.Valid(v.raw) {
+			return response{}, fmt.Errorf("%s: nested too deeply", v.key)
 		}
-		dst = append(dst, '"')
-		dst = append(dst, key...)
-		dst = append(dst, `":`...)
-		if raw == "" {
-			return append(dst, def...)
-		}
-		var ok bool
-		if dst, ok = appendCompacted(dst, raw, maxClientDepth); !ok {
-			err = fmt.Errorf("%s: nested deeper than %d levels", key, maxClientDepth)
-		}
-		return dst
 	}
-	t.model = gjson.Parse(e.model).String()
-	// The segments share one array (each capped where it ends); when the guess is short, append
-	// moves on to another and the earlier segments keep theirs.
-	b := make([]byte, 0, 640+len(e.instructions)+len(e.promptCacheKey)+len(e.reasoning)+len(e.safetyIdentifier)+
-		len(e.text)+len(e.toolChoice)+len(e.tools)+len(e.user)+len(e.metadata))
-	from := 0
-	segment := func() []byte {
-		s := b[from:len(b):len(b)]
-		from = len(b)
-		return s
-	}
-	b = field(b, "instructions", e.instructions, "null")
-	b = field(append(b, ','), "max_output_tokens", e.maxOutputTokens, "null")
-	b = field(append(b, ','), "max_tool_calls", e.maxToolCalls, "null")
-	t.seg1 = segment()
-	b = field(b, "parallel_tool_calls", e.parallelToolCalls, "true")
-	b = append(b, `,"previous_response_id":null,`...)
-	b = field(b, "prompt_cache_key", e.promptCacheKey, "null")
-	b = field(append(b, ','), "reasoning", e.reasoning, `{"effort":null,"summary":null}`)
-	b = field(append(b, ','), "safety_identifier", e.safetyIdentifier, "null")
-	t.seg2 = segment()
-	b = field(b, "store", e.store, "true")
-	b = field(append(b, ','), "temperature", e.temperature, "1.0")
-	b = field(append(b, ','), "text", e.text, `{"format":{"type":"text"},"verbosity":"medium"}`)
-	b = field(append(b, ','), "tool_choice", e.toolChoice, `"auto"`)
-	b = field(append(b, ','), "tools", e.tools, "[]")
-	b = field(append(b, ','), "top_logprobs", e.topLogprobs, "0")
-	b = field(append(b, ','), "top_p", e.topP, "1.0")
-	b = field(append(b, ','), "truncation", e.truncation, `"disabled"`)
-	t.seg3 = segment()
-	b = field(b, "user", e.user, "null")
-	b = field(append(b, ','), "metadata", e.metadata, "{}")
-	t.seg4 = segment()
-	t.tier = `"auto"`
-	if e.serviceTier != "" {
-		t.tier = e.serviceTier // a string literal, already compact
-	}
-	return t, err
-}
-
-type responseError struct{ code, message string }
-
-// responseUsage is token usage in the Responses API's terms.
-type responseUsage struct {
-	input, cached, output, reasoning, total int64
-}
-
-func (u *responseUsage) appendJSON(dst []byte) []byte {
-	dst = append(dst, `{"input_tokens":`...)
-	dst = strconv.AppendInt(dst, u.input, 10)
-	dst = append(dst, `,"input_tokens_details":{"cached_tokens":`...)
-	dst = strconv.AppendInt(dst, u.cached, 10)
-	dst = append(dst, `},"output_tokens":`...)
-	dst = strconv.AppendInt(dst, u.output, 10)
-	dst = append(dst, `,"output_tokens_details":{"reasoning_tokens":`...)
-	dst = strconv.AppendInt(dst, u.reasoning, 10)
-	dst = append(dst, `},"total_tokens":`...)
-	dst = strconv.AppendInt(dst, u.total, 10)
-	return append(dst, '}')
+	return response{
+		Object:            "response",
+		Instructions:      rawOr(e.instructions, "null"),
+		MaxOutputTokens:   rawOr(e.maxOutputTokens, "null"),
+		MaxToolCalls:      rawOr(e.maxToolCalls, "null"),
+		Model:             gjson.ParseBytes(e.model).String(),
+		ParallelToolCalls: rawOr(e.parallelToolCalls, "true"),
+		PromptCacheKey:    rawOr(e.promptCacheKey, "null"),
+		Reasoning:         rawOr(e.reasoning, `{"effort":null,"summary":null}`),
+		SafetyIdentifier:  rawOr(e.safetyIdentifier, "null"),
+		ServiceTier:       rawOr(e.serviceTier, `"auto"`),
+		Store:             rawOr(e.store, "true"),
+		Temperature:       rawOr(e.temperature, "1.0"),
+		Text:              rawOr(e.text, `{"format":{"type":"text"},"verbosity":"medium"}`),
+		ToolChoice:        rawOr(e.toolChoice, `"auto"`),
+		Tools:             rawOr(e.tools, "[]"),
+		TopLogprobs:       rawOr(e.topLogprobs, "0"),
+		TopP:              rawOr(e.topP, "1.0"),
+		Truncation:        rawOr(e.truncation, `"disabled"`),
+		User:              rawOr(e.user, "null"),
+		Metadata:          rawOr(e.metadata, "{}"),
+	}, nil
 }
 
 // responseState is what differs between the Responses built for one request.
@@ -371,7 +320,7 @@ type responseState struct {
 	err         *responseError
 	model       string       // the upstream's; "": the request's
 	serviceTier gjson.Result // the upstream's service_tier, if it named one
-	output      [][]byte
+	output      []any
 	usage       *responseUsage
 }
 
@@ -384,138 +333,25 @@ func (r *Request) completedAt(status string) int64 {
 	return r.now().Unix()
 }
 
-// appendResponse appends the Response object in state st.
-func (r *Request) appendResponse(dst []byte, st responseState) []byte {
-	t := &r.tmpl
-	dst = append(dst, `{"id":`...)
-	dst = appendString(dst, st.id)
-	dst = append(dst, `,"object":"response","created_at":`...)
-	dst = strconv.AppendInt(dst, st.createdAt, 10)
-	dst = append(dst, `,"status":`...)
-	dst = appendString(dst, st.status)
-	dst = append(dst, `,"completed_at":`...)
+// response returns the Response in state st.
+func (r *Request) response(st responseState) *response {
+	resp := r.tmpl
+	resp.ID, resp.CreatedAt, resp.Status, resp.Error, resp.Usage = st.id, st.createdAt, st.status, st.err, st.usage
 	if st.completedAt != 0 {
-		dst = strconv.AppendInt(dst, st.completedAt, 10)
-	} else {
-		dst = append(dst, "null"...)
+		resp.CompletedAt = &st.completedAt
 	}
-	dst = append(dst, `,"background":false,"error":`...)
-	if st.err != nil {
-		dst = append(dst, `{"code":`...)
-		dst = appendString(dst, st.err.code)
-		dst = append(dst, `,"message":`...)
-		dst = appendString(dst, st.err.message)
-		dst = append(dst, '}')
-	} else {
-		dst = append(dst, "null"...)
-	}
-	dst = append(dst, `,"incomplete_details":`...)
 	if st.incomplete != "" {
-		dst = append(dst, `{"reason":`...)
-		dst = appendString(dst, st.incomplete)
-		dst = append(dst, '}')
-	} else {
-		dst = append(dst, "null"...)
+		resp.IncompleteDetails = &incompleteDetails{Reason: st.incomplete}
 	}
-	dst = append(dst, ',')
-	dst = append(dst, t.seg1...)
-	dst = append(dst, `,"model":`...)
-	model := st.model
-	if model == "" {
-		model = t.model
+	if st.model != "" {
+		resp.Model = st.model
 	}
-	dst = appendString(dst, model)
-	dst = append(dst, `,"output":[`...)
-	for i, it := range st.output {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, it...)
+	resp.Output = st.output
+	if resp.Output == nil {
+		resp.Output = []any{}
 	}
-	dst = append(dst, "],"...)
-	dst = append(dst, t.seg2...)
-	dst = append(dst, `,"service_tier":`...)
 	if st.serviceTier.Type == gjson.String && st.serviceTier.Str != "" {
-		dst = appendString(dst, st.serviceTier.Str)
-	} else {
-		dst = append(dst, t.tier...)
+		resp.ServiceTier = st.serviceTier.Str
 	}
-	dst = append(dst, ',')
-	dst = append(dst, t.seg3...)
-	dst = append(dst, `,"usage":`...)
-	if st.usage != nil {
-		dst = st.usage.appendJSON(dst)
-	} else {
-		dst = append(dst, "null"...)
-	}
-	dst = append(dst, ',')
-	dst = append(dst, t.seg4...)
-	return append(dst, '}')
-}
-
-// Output items, shared by both renderings.
-
-// outputPart is one content part of a message item.
-type outputPart struct {
-	refusal  bool
-	text     string
-	logprobs []byte // output_text: the logprob objects, comma-separated, without brackets
-}
-
-func appendPart(dst []byte, p outputPart) []byte {
-	if p.refusal {
-		dst = append(dst, `{"type":"refusal","refusal":`...)
-		dst = appendString(dst, p.text)
-		return append(dst, '}')
-	}
-	dst = append(dst, `{"type":"output_text","annotations":[],"logprobs":[`...)
-	dst = append(dst, p.logprobs...)
-	dst = append(dst, `],"text":`...)
-	dst = appendString(dst, p.text)
-	return append(dst, '}')
-}
-
-// appendMessageItem appends an assistant message item; parts nil gives the in-progress item of
-// output_item.added.
-func appendMessageItem(dst []byte, id, status string, parts []outputPart) []byte {
-	dst = append(dst, `{"id":`...)
-	dst = appendString(dst, id)
-	dst = append(dst, `,"type":"message","status":"`...)
-	dst = append(dst, status...)
-	dst = append(dst, `","content":[`...)
-	for i, p := range parts {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = appendPart(dst, p)
-	}
-	return append(dst, `],"role":"assistant"}`...)
-}
-
-// appendReasoningItem appends a reasoning item holding the reasoning text as one reasoning_text
-// part (done), or with no content yet (for output_item.added).
-func appendReasoningItem(dst []byte, id, text string, done bool) []byte {
-	dst = append(dst, `{"id":`...)
-	dst = appendString(dst, id)
-	dst = append(dst, `,"type":"reasoning","summary":[],"content":[`...)
-	if done {
-		dst = append(dst, `{"type":"reasoning_text","text":`...)
-		dst = appendString(dst, text)
-		dst = append(dst, '}')
-	}
-	return append(dst, "]}"...)
-}
-
-func appendCallItem(dst []byte, id, status, args, callID, name string) []byte {
-	dst = append(dst, `{"id":`...)
-	dst = appendString(dst, id)
-	dst = append(dst, `,"type":"function_call","status":"`...)
-	dst = append(dst, status...)
-	dst = append(dst, `","arguments":`...)
-	dst = appendString(dst, args)
-	dst = append(dst, `,"call_id":`...)
-	dst = appendString(dst, callID)
-	dst = append(dst, `,"name":`...)
-	dst = appendString(dst, name)
-	return append(dst, '}')
+	return &resp
 }

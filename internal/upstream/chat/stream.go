@@ -76,9 +76,9 @@ type Stream struct {
 	lastCall  int64
 	kept      int // bytes of text, arguments and logprobs kept over the answer
 
-	buf  []byte      // the data of the events of the current call, one after the other
-	mark int         // where the event being written starts in buf
-	out  []sse.Event // the events of the current call
+	enc    *encoder    // its buf holds the data of the events of the current call, one after the other
+	encErr error       // the first event that could not be encoded
+	out    []sse.Event // the events of the current call
 }
 
 type itemKind uint8
@@ -92,12 +92,11 @@ const (
 type streamItem struct {
 	kind   itemKind
 	id     string
-	idLit  []byte // id as a JSON string, for the events that name the item
 	index  int
 	opened bool // output_item.added was sent
 	sealed bool // no more deltas will come
 	closed bool // output_item.done was sent
-	final  []byte
+	final  any  // the item as output_item.done and the Response carry it
 
 	parts []*streamPart // reasoning, message
 
@@ -119,8 +118,8 @@ type streamPart struct {
 	kind     partKind
 	text     strings.Builder
 	sent     int // bytes of text already in delta events
-	logprobs []byte
-	lpSent   int
+	logprobs []json.RawMessage
+	lpSent   int  // elements of logprobs already in delta events
 	opened   bool // content_part.added was sent
 	closed   bool // no more deltas will come
 	doneSent bool
@@ -129,7 +128,7 @@ type streamPart struct {
 // NewStream returns the translator for the upstream's stream of this request. id is the
 // Response's id; createdAt its created_at (0: the first chunk's created).
 func (r *Request) NewStream(id string, createdAt int64) *Stream {
-	return &Stream{r: r, id: id, createdAt: createdAt, calls: map[int64]*streamItem{}, lastCall: -1}
+	return &Stream{r: r, id: id, createdAt: createdAt, calls: map[int64]*streamItem{}, lastCall: -1, enc: newEncoder()}
 }
 
 // Next translates the data of one server-sent event of the upstream's stream ("[DONE]"
@@ -151,14 +150,14 @@ func (s *Stream) Next(data []byte) ([]sse.Event, error) {
 	}
 	// Most chunks give one event, of about their own size, or none; a fresh buffer each call,
 	// as the caller owns the events' data.
-	s.buf, s.out = make([]byte, 0, len(data)+128), nil
+	s.enc.buf, s.out = make([]byte, 0, len(data)+128), nil
 	data = ValidUTF8(data) // text deltas are copied as they came
 	if d := bytes.TrimSpace(data); string(d) == "[DONE]" {
 		if !s.finished {
 			return s.fail(cutError())
 		}
 		s.terminal()
-		return s.out, s.err
+		return s.events()
 	}
 	if !gjson.ValidBytes(data) {
 		return s.fail(shapeError(errors.New("a chunk is not JSON")))
@@ -167,84 +166,60 @@ func (s *Stream) Next(data []byte) ([]sse.Event, error) {
 	if !root.IsObject() {
 		return s.fail(shapeError(errors.New("a chunk is not a JSON object")))
 	}
-	// One pass over the chunk, each value parsed only when it is read: every event of a long
-	// stream pays for this.
-	var delta, logprobs, finish, usage, errObj, object, created, model, tier string
+	var choices, usage, errObj, object, created, model, tier gjson.Result
+	readFields(root, field{"choices", &choices}, field{"usage", &usage}, field{"error", &errObj}, field{"object", &object},
+		field{"created", &created}, field{"model", &model}, field{"service_tier", &tier})
+	// The choice with index 0, the only one the translation asks for.
+	var delta, logprobs, finish gjson.Result
 	found := false
-	c := rawCursor{s: root.Raw}
-	c.each(func(k string) {
-		switch k {
-		case "choices":
-			// The choice with index 0, the only one the translation asks for. A later
-			// "choices" replaces an earlier one, as a later value of any key does.
-			delta, logprobs, finish, found = "", "", "", false
-			c.each(func(string) {
-				if found {
-					return
-				}
-				var index string
-				delta, logprobs, finish = "", "", ""
-				c.each(func(k string) {
-					switch k {
-					case "index":
-						index = c.raw()
-					case "delta":
-						delta = c.raw()
-					case "logprobs":
-						logprobs = c.raw()
-					case "finish_reason":
-						finish = c.raw()
-					}
-				})
-				found = index == "0" || gjson.Parse(index).Int() == 0
-			})
-			if !found {
-				delta, logprobs, finish = "", "", ""
-			}
-		case "usage":
-			usage = c.raw()
-		case "error":
-			errObj = c.raw()
-		case "object":
-			object = c.raw()
-		case "created":
-			created = c.raw()
-		case "model":
-			model = c.raw()
-		case "service_tier":
-			tier = c.raw()
+	choices.ForEach(func(_, c gjson.Result) bool {
+		var index gjson.Result
+		readFields(c, field{"index", &index}, field{"delta", &delta}, field{"logprobs", &logprobs}, field{"finish_reason", &finish})
+		if found = index.Int() == 0; found {
+			return false
 		}
+		delta, logprobs, finish = gjson.Result{}, gjson.Result{}, gjson.Result{}
+		return true
 	})
-	if (errObj != "" && errObj != "null") || gjson.Parse(object).Str == "error" {
+	if present(errObj) || object.Str == "error" {
 		e := bodyError(root, http.StatusBadGateway)
 		e.Err = fmt.Errorf("%w: the upstream sent an error: %s", ErrStream, e.Message)
 		return s.fail(e)
 	}
 	if s.createdAt == 0 {
-		s.createdAt = gjson.Parse(created).Int()
+		s.createdAt = created.Int()
 	}
 	if s.model == "" {
-		s.model = gjson.Parse(model).String()
+		s.model = model.String()
 	}
-	if t := gjson.Parse(tier); t.Type == gjson.String {
-		s.tier = t
+	if tier.Type == gjson.String {
+		s.tier = tier
 	}
 	s.announce()
-	if u := gjson.Parse(usage); u.IsObject() {
-		s.usage = chatUsage(u) // in the last chunk, or (vLLM's continuous stats) in each
+	if usage.IsObject() {
+		s.usage = chatUsage(usage) // in the last chunk, or (vLLM's continuous stats) in each
 	}
 	if !found {
-		return s.out, nil
+		return s.events()
 	}
 	if err := s.delta(delta, logprobs); err != nil {
 		return s.fail(err)
 	}
-	if f := gjson.Parse(finish); f.Type == gjson.String && f.Str != "" && !s.finished {
-		if err := s.finishWith(f.Str); err != nil {
+	if finish.Type == gjson.String && finish.Str != "" && !s.finished {
+		if err := s.finishWith(finish.Str); err != nil {
 			return s.fail(err)
 		}
 	}
-	return s.out, nil
+	return s.events()
+}
+
+// events returns the events of the current call, or the error of one that could not be encoded
+// (the values it carries were all checked on the way in, so none should be).
+func (s *Stream) events() ([]sse.Event, error) {
+	if s.encErr != nil {
+		return s.fail(shapeError(s.encErr))
+	}
+	return s.out, s.err
 }
 
 // End is called when the upstream's body ends. A stream that finished but sent no [DONE]
@@ -257,12 +232,12 @@ func (s *Stream) End() ([]sse.Event, error) {
 	if s.done {
 		return nil, nil
 	}
-	s.buf, s.out = nil, nil
+	s.enc.buf, s.out = nil, nil
 	if !s.finished {
 		return s.fail(cutError())
 	}
 	s.terminal()
-	return s.out, s.err
+	return s.events()
 }
 
 // Done reports whether the terminal event was returned.
@@ -275,7 +250,7 @@ func (s *Stream) Done() bool { return s.done }
 // code and message of an *apierror.Error in it are shown, anything else is a server_error.
 // After Fail the stream is done.
 func (s *Stream) Fail(err error) []sse.Event {
-	s.buf, s.out = nil, nil
+	s.enc.buf, s.out = nil, nil
 	if s.done {
 		return nil
 	}
@@ -291,16 +266,8 @@ func (s *Stream) Fail(err error) []sse.Event {
 			code = ae.Type
 		}
 	}
-	s.begin("error")
-	s.buf = append(s.buf, `,"error":{"type":`...)
-	s.buf = appendString(s.buf, code)
-	s.buf = append(s.buf, `,"code":`...)
-	s.buf = appendString(s.buf, code)
-	s.buf = append(s.buf, `,"message":`...)
-	s.buf = appendString(s.buf, msg)
-	s.buf = append(s.buf, `,"param":null}`...)
-	s.end("error")
-	s.responseEvent("response.failed", responseState{status: "failed", err: &responseError{code: code, message: msg}, output: s.doneItems()})
+	s.emit(&errorEvent{head: s.next("error"), Error: streamError{Type: code, Code: code, Message: msg}})
+	s.responseEvent("response.failed", responseState{status: "failed", err: &responseError{Code: code, Message: msg}, output: s.doneItems()})
 	s.done = true
 	if s.err == nil {
 		s.err = err
@@ -318,48 +285,22 @@ func (s *Stream) fail(err error) ([]sse.Event, error) {
 	return s.out, err
 }
 
-// delta applies one choice delta (raw JSON, "" for none) with the choice's logprobs: reasoning
-// first, then content, refusal and tool calls, the order in which a model produces them.
-func (s *Stream) delta(d, logprobs string) error {
-	if d == "" || d == "null" {
+// delta applies one choice delta with the choice's logprobs: reasoning first, then content,
+// refusal and tool calls, the order in which a model produces them.
+func (s *Stream) delta(d, logprobs gjson.Result) error {
+	if !present(d) {
 		return nil
 	}
-	if d[0] != '{' {
+	if !d.IsObject() {
 		return shapeError(errors.New("a delta is not an object"))
 	}
-	var reasoning, content, refusal gjson.Result
-	var calls string
-	text := func(v string) gjson.Result {
-		if t := gjson.Parse(v); t.Type == gjson.String && t.Str != "" {
-			return t
-		}
-		return gjson.Result{}
+	var reasoningContent, reasoning, content, refusal, calls gjson.Result
+	readFields(d, field{"reasoning_content", &reasoningContent}, field{"reasoning", &reasoning}, field{"content", &content},
+		field{"refusal", &refusal}, field{"tool_calls", &calls})
+	reasoning, content, refusal = text(reasoning), text(content), text(refusal)
+	if t := text(reasoningContent); t.Exists() {
+		reasoning = t // the same text as reasoning where a server sends both
 	}
-	c := rawCursor{s: d}
-	c.each(func(k string) {
-		switch k {
-		case "reasoning_content":
-			if t := text(c.raw()); t.Exists() {
-				reasoning = t
-			}
-		case "reasoning":
-			if t := text(c.raw()); t.Exists() && !reasoning.Exists() {
-				reasoning = t // the same text as reasoning_content where a server sends both
-			}
-		case "content":
-			if t := text(c.raw()); t.Exists() {
-				content = t
-			}
-		case "refusal":
-			if t := text(c.raw()); t.Exists() {
-				refusal = t
-			}
-		case "tool_calls":
-			if v := c.raw(); v != "null" { // null: no calls, as OpenAI's SDK models dump a text delta
-				calls = v
-			}
-		}
-	})
 	if s.finished && (reasoning.Exists() || content.Exists() || refusal.Exists() || hasElements(calls)) {
 		return shapeError(errors.New("a delta after finish_reason"))
 	}
@@ -377,7 +318,7 @@ func (s *Stream) delta(d, logprobs string) error {
 		}
 		lp := gjson.Result{}
 		if s.r.logprobs {
-			lp = gjson.Parse(logprobs).Get("content")
+			lp = logprobs.Get("content")
 		}
 		if err := s.addText(s.message, textPart, content, lp); err != nil {
 			return err
@@ -392,23 +333,30 @@ func (s *Stream) delta(d, logprobs string) error {
 		}
 	}
 	var err error
-	c = rawCursor{s: calls}
-	c.each(func(string) {
-		if err == nil {
-			err = s.toolCall(c.raw())
-		}
-	})
+	if present(calls) { // null: no calls, as OpenAI's SDK models dump a text delta
+		calls.ForEach(func(_, tc gjson.Result) bool {
+			err = s.toolCall(tc)
+			return err == nil
+		})
+	}
 	return err
 }
 
-// hasElements reports whether raw JSON is a non-empty array.
-func hasElements(raw string) bool {
-	n := 0
-	if raw != "" && raw[0] == '[' {
-		c := rawCursor{s: raw}
-		c.each(func(string) { n++ })
+// text is v when it is a non-empty string, else nothing.
+func text(v gjson.Result) gjson.Result {
+	if v.Type == gjson.String && v.Str != "" {
+		return v
 	}
-	return n > 0
+	return gjson.Result{}
+}
+
+// hasElements reports whether v is a non-empty array.
+func hasElements(v gjson.Result) bool {
+	n := false
+	if v.IsArray() {
+		v.ForEach(func(_, _ gjson.Result) bool { n = true; return false })
+	}
+	return n
 }
 
 // newItem starts an item after the others. What came before is complete if it is text (a model
@@ -430,7 +378,6 @@ func (s *Stream) newItem(kind itemKind) *streamItem {
 		prefix = "fc_"
 	}
 	it := &streamItem{kind: kind, id: s.r.newID(prefix), index: len(s.items)}
-	it.idLit = appendString(nil, it.id)
 	s.items = append(s.items, it)
 	s.pump()
 	return it
@@ -483,12 +430,12 @@ func (s *Stream) addText(it *streamItem, kind partKind, v, logprobs gjson.Result
 	p.text.WriteString(v.Str)
 	hasLP := logprobs.IsArray()
 	if hasLP {
-		n := len(p.logprobs)
+		var n int
 		var err error
-		if p.logprobs, err = logprobElems(p.logprobs, logprobs); err != nil {
+		if p.logprobs, n, err = logprobElems(p.logprobs, logprobs); err != nil {
 			return err
 		}
-		if err := s.keep(len(p.logprobs) - n); err != nil {
+		if err := s.keep(n); err != nil {
 			return err
 		}
 	}
@@ -503,46 +450,29 @@ func (s *Stream) addText(it *streamItem, kind partKind, v, logprobs gjson.Result
 		// The delta's own JSON literal, as the upstream wrote it: nothing to decode or encode,
 		// unless it escapes a surrogate, which may be a lone one that strict decoders refuse
 		// (decoded, it is U+FFFD).
-		lit := v.Raw
-		if escapesSurrogate(lit) {
-			lit = string(appendString(nil, v.Str))
+		var delta any = json.RawMessage(v.Raw)
+		if escapesSurrogate(v.Raw) {
+			delta = v.Str
 		}
-		var lp []byte
+		var lp []json.RawMessage
 		if hasLP {
 			lp = p.logprobs[p.lpSent:]
 		}
-		s.textDelta(it, k, p, lit, lp)
+		s.textDelta(it, k, p, delta, lp)
 		p.sent = p.text.Len()
 		p.lpSent = len(p.logprobs)
 	}
 	return nil
 }
 
-// toolCall applies one tool_calls[] delta (raw JSON).
-func (s *Stream) toolCall(tc string) error {
-	if tc[0] != '{' {
+// toolCall applies one tool_calls[] delta.
+func (s *Stream) toolCall(tc gjson.Result) error {
+	if !tc.IsObject() {
 		return shapeError(errors.New("a tool call delta is not an object"))
 	}
-	var rawID, rawIndex, rawName, rawArgs string
-	c := rawCursor{s: tc}
-	c.each(func(k string) {
-		switch k {
-		case "id":
-			rawID = c.raw()
-		case "index":
-			rawIndex = c.raw()
-		case "function":
-			c.each(func(k string) {
-				switch k {
-				case "name":
-					rawName = c.raw()
-				case "arguments":
-					rawArgs = c.raw()
-				}
-			})
-		}
-	})
-	id, index, name, args := gjson.Parse(rawID), gjson.Parse(rawIndex), gjson.Parse(rawName), gjson.Parse(rawArgs)
+	var id, index, fn, name, args gjson.Result
+	readFields(tc, field{"id", &id}, field{"index", &index}, field{"function", &fn})
+	readFields(fn, field{"name", &name}, field{"arguments", &args})
 	idx := int64(0)
 	switch {
 	case index.Type == gjson.Number:
@@ -603,10 +533,11 @@ func (s *Stream) toolCall(tc string) error {
 	}
 	it.args.WriteString(piece)
 	if s.live(it) && piece != "" {
+		var delta any = json.RawMessage(lit) // the upstream's own literal, as it came
 		if args.Type != gjson.String || lit == "" {
-			lit = string(appendString(nil, piece))
+			delta = piece
 		}
-		s.argsDelta(it, lit)
+		s.argsDelta(it, delta)
 		it.argsSent = it.args.Len()
 	}
 	return nil
@@ -686,23 +617,20 @@ func (s *Stream) open(it *streamItem) {
 	if it.kind == callItemKind && it.callID == "" {
 		it.callID = s.r.newID("call_")
 	}
-	s.begin("response.output_item.added")
-	s.buf = append(s.buf, `,"output_index":`...)
-	s.buf = appendInt(s.buf, it.index)
-	s.buf = append(s.buf, `,"item":`...)
+	var item any
 	switch it.kind {
 	case reasoningItem:
-		s.buf = appendReasoningItem(s.buf, it.id, "", false)
+		item = newReasoningOut(it.id, "", false)
 	case messageItem:
-		s.buf = appendMessageItem(s.buf, it.id, "in_progress", nil)
+		item = newMessageOut(it.id, "in_progress", nil)
 	case callItemKind:
-		s.buf = appendCallItem(s.buf, it.id, "in_progress", "", it.callID, it.name)
+		item = newCallOut(it.id, "in_progress", "", it.callID, it.name)
 	}
-	s.end("response.output_item.added")
+	s.emit(&itemEvent{head: s.next("response.output_item.added"), OutputIndex: it.index, Item: item})
 	for k, p := range it.parts {
 		s.partAdded(it, k, p)
 		if p.sent < p.text.Len() {
-			s.textDelta(it, k, p, string(appendString(nil, p.text.String()[p.sent:])), p.logprobs[p.lpSent:])
+			s.textDelta(it, k, p, p.text.String()[p.sent:], p.logprobs[p.lpSent:])
 			p.sent, p.lpSent = p.text.Len(), len(p.logprobs)
 		}
 		if p.closed && k < len(it.parts)-1 {
@@ -710,7 +638,7 @@ func (s *Stream) open(it *streamItem) {
 		}
 	}
 	if it.kind == callItemKind && it.argsSent < it.args.Len() {
-		s.argsDelta(it, string(appendString(nil, it.args.String()[it.argsSent:])))
+		s.argsDelta(it, it.args.String()[it.argsSent:])
 		it.argsSent = it.args.Len()
 	}
 }
@@ -727,34 +655,23 @@ func (s *Stream) close(it *streamItem) {
 	switch it.kind {
 	case reasoningItem:
 		s.partDone(it, 0, it.parts[0])
-		it.final = appendReasoningItem(nil, it.id, it.parts[0].text.String(), true)
+		it.final = newReasoningOut(it.id, it.parts[0].text.String(), true)
 	case messageItem:
-		parts := make([]outputPart, len(it.parts))
+		parts := make([]any, len(it.parts))
 		for k, p := range it.parts {
 			s.partDone(it, k, p)
-			parts[k] = outputPart{refusal: p.kind == refusalPart, text: p.text.String(), logprobs: p.logprobs}
+			parts[k] = p.done()
 		}
-		it.final = appendMessageItem(nil, it.id, status, parts)
+		it.final = newMessageOut(it.id, status, parts)
 	case callItemKind:
 		args := it.args.String()
 		if it.cut {
 			status = "incomplete"
 		}
-		s.begin("response.function_call_arguments.done")
-		s.itemRef(it)
-		s.buf = append(s.buf, `,"name":`...)
-		s.buf = appendString(s.buf, it.name)
-		s.buf = append(s.buf, `,"arguments":`...)
-		s.buf = appendString(s.buf, args)
-		s.end("response.function_call_arguments.done")
-		it.final = appendCallItem(nil, it.id, status, args, it.callID, it.name)
+		s.emit(&argsDoneEvent{head: s.next("response.function_call_arguments.done"), ItemID: it.id, OutputIndex: it.index, Name: it.name, Arguments: args})
+		it.final = newCallOut(it.id, status, args, it.callID, it.name)
 	}
-	s.begin("response.output_item.done")
-	s.buf = append(s.buf, `,"output_index":`...)
-	s.buf = appendInt(s.buf, it.index)
-	s.buf = append(s.buf, `,"item":`...)
-	s.buf = append(s.buf, it.final...)
-	s.end("response.output_item.done")
+	s.emit(&itemEvent{head: s.next("response.output_item.done"), OutputIndex: it.index, Item: it.final})
 }
 
 // terminal sends response.completed or response.incomplete.
@@ -764,8 +681,8 @@ func (s *Stream) terminal() {
 	s.done = true
 }
 
-func (s *Stream) doneItems() [][]byte {
-	out := make([][]byte, 0, len(s.items))
+func (s *Stream) doneItems() []any {
+	out := make([]any, 0, len(s.items))
 	for _, it := range s.items {
 		if it.closed {
 			out = append(out, it.final)
@@ -782,145 +699,4 @@ func (s *Stream) announce() {
 	s.announced = true
 	s.responseEvent("response.created", responseState{status: "in_progress"})
 	s.responseEvent("response.in_progress", responseState{status: "in_progress"})
-}
-
-// responseEvent sends {"type":typ,"sequence_number":n,"response":{...}} with the Response in
-// state st (the stream's id, created_at and model filled in).
-func (s *Stream) responseEvent(typ string, st responseState) {
-	st.id, st.createdAt, st.model, st.serviceTier = s.id, s.createdAt, s.model, s.tier
-	size := 1024
-	for _, it := range st.output {
-		size += len(it)
-	}
-	if cap(s.buf)-len(s.buf) < size {
-		s.buf = make([]byte, 0, size) // earlier events keep the old array; nothing points into the rest
-	}
-	s.begin(typ)
-	s.buf = append(s.buf, `,"response":`...)
-	s.buf = s.r.appendResponse(s.buf, st)
-	s.end(typ)
-}
-
-// Event writers. Each event's data is appended to s.buf between begin and end.
-
-func (s *Stream) begin(typ string) {
-	s.mark = len(s.buf)
-	s.buf = append(s.buf, `{"type":"`...)
-	s.buf = append(s.buf, typ...)
-	s.buf = append(s.buf, `","sequence_number":`...)
-	s.buf = appendInt(s.buf, s.seq)
-	s.seq++
-}
-
-// end closes the event begun last. Its Data is capped where it ends, so neither later events
-// nor a caller's append can write into it.
-func (s *Stream) end(typ string) {
-	s.buf = append(s.buf, '}')
-	n := len(s.buf)
-	s.out = append(s.out, sse.Event{Name: typ, Data: s.buf[s.mark:n:n]})
-}
-
-func (s *Stream) itemRef(it *streamItem) {
-	s.buf = append(s.buf, `,"item_id":`...)
-	s.buf = append(s.buf, it.idLit...)
-	s.buf = append(s.buf, `,"output_index":`...)
-	s.buf = appendInt(s.buf, it.index)
-}
-
-func (s *Stream) partRef(it *streamItem, k int) {
-	s.itemRef(it)
-	s.buf = append(s.buf, `,"content_index":`...)
-	s.buf = appendInt(s.buf, k)
-}
-
-func (s *Stream) emptyPart(p *streamPart) {
-	switch p.kind {
-	case reasoningPart:
-		s.buf = append(s.buf, `{"type":"reasoning_text","text":""}`...)
-	case textPart:
-		s.buf = append(s.buf, `{"type":"output_text","annotations":[],"logprobs":[],"text":""}`...)
-	case refusalPart:
-		s.buf = append(s.buf, `{"type":"refusal","refusal":""}`...)
-	}
-}
-
-func (s *Stream) partAdded(it *streamItem, k int, p *streamPart) {
-	p.opened = true
-	s.begin("response.content_part.added")
-	s.partRef(it, k)
-	s.buf = append(s.buf, `,"part":`...)
-	s.emptyPart(p)
-	s.end("response.content_part.added")
-}
-
-// textDelta sends a delta; lit is the JSON string literal of the new text.
-func (s *Stream) textDelta(it *streamItem, k int, p *streamPart, lit string, logprobs []byte) {
-	typ := "response.output_text.delta"
-	switch p.kind {
-	case reasoningPart:
-		typ = "response.reasoning_text.delta"
-	case refusalPart:
-		typ = "response.refusal.delta"
-	}
-	s.begin(typ)
-	s.partRef(it, k)
-	s.buf = append(s.buf, `,"delta":`...)
-	s.buf = append(s.buf, lit...)
-	if p.kind == textPart {
-		s.buf = append(s.buf, `,"logprobs":[`...)
-		s.buf = append(s.buf, bytes.TrimPrefix(logprobs, []byte(","))...) // the elements after those sent
-		s.buf = append(s.buf, ']')
-	}
-	s.end(typ)
-}
-
-// partDone sends a part's .done event and content_part.done, once.
-func (s *Stream) partDone(it *streamItem, k int, p *streamPart) {
-	if p.doneSent {
-		return
-	}
-	p.doneSent = true
-	text := p.text.String()
-	typ := "response.output_text.done"
-	switch p.kind {
-	case reasoningPart:
-		typ = "response.reasoning_text.done"
-	case refusalPart:
-		typ = "response.refusal.done"
-	}
-	s.begin(typ)
-	s.partRef(it, k)
-	switch p.kind {
-	case refusalPart:
-		s.buf = append(s.buf, `,"refusal":`...)
-		s.buf = appendString(s.buf, text)
-	default:
-		s.buf = append(s.buf, `,"text":`...)
-		s.buf = appendString(s.buf, text)
-	}
-	if p.kind == textPart {
-		s.buf = append(s.buf, `,"logprobs":[`...)
-		s.buf = append(s.buf, p.logprobs...)
-		s.buf = append(s.buf, ']')
-	}
-	s.end(typ)
-	s.begin("response.content_part.done")
-	s.partRef(it, k)
-	s.buf = append(s.buf, `,"part":`...)
-	if p.kind == reasoningPart {
-		s.buf = append(s.buf, `{"type":"reasoning_text","text":`...)
-		s.buf = appendString(s.buf, text)
-		s.buf = append(s.buf, '}')
-	} else {
-		s.buf = appendPart(s.buf, outputPart{refusal: p.kind == refusalPart, text: text, logprobs: p.logprobs})
-	}
-	s.end("response.content_part.done")
-}
-
-func (s *Stream) argsDelta(it *streamItem, lit string) {
-	s.begin("response.function_call_arguments.delta")
-	s.itemRef(it)
-	s.buf = append(s.buf, `,"delta":`...)
-	s.buf = append(s.buf, lit...)
-	s.end("response.function_call_arguments.delta")
 }

@@ -567,33 +567,3 @@ func TestChatStreamErrors(t *testing.T) {
 		})
 	}
 }
-
-// The stream reads chunks with rawCursor on the understanding that it walks a value exactly as
-// gjson's Result.ForEach does; this holds it to that, odd shapes included.
-func TestRawCursorWalksAsForEach(t *testing.T) {
-	for _, in := range []string{
-		`{"a":1,"b":"x","c":{"d":[1,2]},"e":null,"f":true,"g":-1.5e3}`,
-		` { "a" : [ 1 , "]" , { "}" : "\"" } ] , "b\u0063" : "\\" , "" : "" } `,
-		`[1,"a",{"k":"v"},[],{},null]`, `[]`, `{}`, `"s"`, `12`, `null`, `false`,
-		`{"dup":1,"dup":2}`, `{"k\"q":"v\\\"w"}`,
-	} {
-		var want []string
-		gjson.Parse(in).ForEach(func(k, v gjson.Result) bool {
-			want = append(want, k.Str+"="+v.Raw)
-			return true
-		})
-		var got []string
-		c := rawCursor{s: strings.TrimSpace(in)}
-		c.each(func(k string) { got = append(got, k+"="+c.raw()) })
-		if strings.Join(got, "|") != strings.Join(want, "|") {
-			t.Errorf("walk of %s = %q; ForEach gives %q", in, got, want)
-		}
-		// A value fn leaves is skipped, and the walk goes on after it.
-		n := 0
-		c = rawCursor{s: strings.TrimSpace(in)}
-		c.each(func(string) { n++ })
-		if n != len(want) {
-			t.Errorf("walk of %s leaving every value visited %d; want %d", in, n, len(want))
-		}
-	}
-}
