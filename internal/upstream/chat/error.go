@@ -70,7 +70,7 @@ func UpstreamError(status int, header http.Header, body []byte) *apierror.Error 
 	return e
 }
 
-// bodyError returns the error object of a JSON answer or stream chunk (see isErrorObject), in
+// bodyError returns the error object of a JSON answer or stream chunk (one with an error member, or whose object is "error"), in
 // OpenAI's shape; status is used when the object names none.
 func bodyError(root gjson.Result, status int) *apierror.Error {
 	e := errorFromBody(root, status)
@@ -82,12 +82,6 @@ func bodyError(root gjson.Result, status int) *apierror.Error {
 	}
 	fillErrorKind(e)
 	return e
-}
-
-// isErrorObject reports whether a JSON answer (or stream chunk) is an error instead of a
-// completion.
-func isErrorObject(root gjson.Result) bool {
-	return present(root.Get("error")) || root.Get("object").String() == "error"
 }
 
 // errorFromBody reads an error body in any of the shapes UpstreamError lists. It returns nil when

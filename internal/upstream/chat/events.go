@@ -48,15 +48,24 @@ type partEvent struct {
 	Part         any    `json:"part"`
 }
 
-// textDeltaEvent is output_text.delta, reasoning_text.delta and refusal.delta. Delta is the
-// upstream's own string literal (json.RawMessage) or a string; Logprobs, output_text's only.
+// outputTextDeltaEvent is output_text.delta. Delta is the text as decoded: encoded again, it is
+// escaped as every other string of the stream, whatever escapes the upstream chose.
+type outputTextDeltaEvent struct {
+	head
+	ItemID       string            `json:"item_id"`
+	OutputIndex  int               `json:"output_index"`
+	ContentIndex int               `json:"content_index"`
+	Delta        string            `json:"delta"`
+	Logprobs     []json.RawMessage `json:"logprobs"`
+}
+
+// textDeltaEvent is reasoning_text.delta and refusal.delta.
 type textDeltaEvent struct {
 	head
 	ItemID       string `json:"item_id"`
 	OutputIndex  int    `json:"output_index"`
 	ContentIndex int    `json:"content_index"`
-	Delta        any    `json:"delta"`
-	Logprobs     any    `json:"logprobs,omitempty"`
+	Delta        string `json:"delta"`
 }
 
 // textDoneEvent is output_text.done, reasoning_text.done (Text) and refusal.done (Refusal).
@@ -74,7 +83,7 @@ type argsDeltaEvent struct {
 	head
 	ItemID      string `json:"item_id"`
 	OutputIndex int    `json:"output_index"`
-	Delta       any    `json:"delta"`
+	Delta       string `json:"delta"`
 }
 
 type argsDoneEvent struct {
@@ -92,10 +101,10 @@ func (s *Stream) next(typ string) head {
 	return h
 }
 
-// emit encodes ev, an event struct beginning with its head, after the events of the current
-// call. Its Data is capped where it ends, so neither later events nor a caller's append can
-// write into it.
-func (s *Stream) emit(ev interface{ eventType() string }) {
+// emit encodes ev, a pointer to an event struct beginning with its head, after the events of
+// the current call. Its Data is capped where it ends, so neither later events nor a caller's
+// append can write into it.
+func (s *Stream) emit(typ string, ev any) {
 	mark := len(s.enc.buf)
 	if err := s.enc.encode(ev); err != nil {
 		if s.encErr == nil {
@@ -104,16 +113,14 @@ func (s *Stream) emit(ev interface{ eventType() string }) {
 		return
 	}
 	n := len(s.enc.buf)
-	s.out = append(s.out, sse.Event{Name: ev.eventType(), Data: s.enc.buf[mark:n:n]})
+	s.out = append(s.out, sse.Event{Name: typ, Data: s.enc.buf[mark:n:n]})
 }
-
-func (h *head) eventType() string { return h.Type }
 
 // responseEvent sends typ with the Response in state st (the stream's id, created_at and model
 // filled in).
 func (s *Stream) responseEvent(typ string, st responseState) {
 	st.id, st.createdAt, st.model, st.serviceTier = s.id, s.createdAt, s.model, s.tier
-	s.emit(&responseEvent{head: s.next(typ), Response: s.r.response(st)})
+	s.emit(typ, &responseEvent{head: s.next(typ), Response: s.r.response(st)})
 }
 
 // empty is the part as content_part.added announces it.
@@ -141,24 +148,25 @@ func (p *streamPart) done() any {
 
 func (s *Stream) partAdded(it *streamItem, k int, p *streamPart) {
 	p.opened = true
-	s.emit(&partEvent{head: s.next("response.content_part.added"), ItemID: it.id, OutputIndex: it.index, ContentIndex: k, Part: p.empty()})
+	s.emit("response.content_part.added", &partEvent{head: s.next("response.content_part.added"), ItemID: it.id, OutputIndex: it.index, ContentIndex: k, Part: p.empty()})
 }
 
-// textDelta sends a delta: the upstream's string literal (json.RawMessage) or the text itself,
-// with the logprobs that came with it.
-func (s *Stream) textDelta(it *streamItem, k int, p *streamPart, delta any, logprobs []json.RawMessage) {
-	typ := "response.output_text.delta"
+// textDelta sends a delta with the logprobs that came with it. The event
+// structs are the stream's own, reused: a delta is the event of a long stream.
+func (s *Stream) textDelta(it *streamItem, k int, p *streamPart, delta string, logprobs []json.RawMessage) {
 	switch p.kind {
-	case reasoningPart:
-		typ = "response.reasoning_text.delta"
-	case refusalPart:
-		typ = "response.refusal.delta"
+	case textPart:
+		s.textEv = outputTextDeltaEvent{head: s.next("response.output_text.delta"), ItemID: it.id, OutputIndex: it.index, ContentIndex: k,
+			Delta: delta, Logprobs: nonNil(logprobs)}
+		s.emit(s.textEv.Type, &s.textEv)
+	default:
+		typ := "response.reasoning_text.delta"
+		if p.kind == refusalPart {
+			typ = "response.refusal.delta"
+		}
+		s.otherEv = textDeltaEvent{head: s.next(typ), ItemID: it.id, OutputIndex: it.index, ContentIndex: k, Delta: delta}
+		s.emit(typ, &s.otherEv)
 	}
-	ev := &textDeltaEvent{head: s.next(typ), ItemID: it.id, OutputIndex: it.index, ContentIndex: k, Delta: delta}
-	if p.kind == textPart {
-		ev.Logprobs = nonNil(logprobs)
-	}
-	s.emit(ev)
 }
 
 // partDone sends a part's .done event and content_part.done, once.
@@ -177,13 +185,14 @@ func (s *Stream) partDone(it *streamItem, k int, p *streamPart) {
 	default:
 		ev.head, ev.Text, ev.Logprobs = s.next("response.output_text.done"), &text, nonNil(p.logprobs)
 	}
-	s.emit(ev)
-	s.emit(&partEvent{head: s.next("response.content_part.done"), ItemID: it.id, OutputIndex: it.index, ContentIndex: k, Part: p.done()})
+	s.emit(ev.Type, ev)
+	s.emit("response.content_part.done", &partEvent{head: s.next("response.content_part.done"), ItemID: it.id, OutputIndex: it.index, ContentIndex: k, Part: p.done()})
 }
 
-// argsDelta sends arguments: the upstream's string literal (json.RawMessage) or the text itself.
-func (s *Stream) argsDelta(it *streamItem, delta any) {
-	s.emit(&argsDeltaEvent{head: s.next("response.function_call_arguments.delta"), ItemID: it.id, OutputIndex: it.index, Delta: delta})
+// argsDelta sends a piece of arguments.
+func (s *Stream) argsDelta(it *streamItem, delta string) {
+	s.argsEv = argsDeltaEvent{head: s.next("response.function_call_arguments.delta"), ItemID: it.id, OutputIndex: it.index, Delta: delta}
+	s.emit(s.argsEv.Type, &s.argsEv)
 }
 
 // nonNil is lps, written [] when there are none.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
-	"strings"
 	"unicode/utf8"
 )
 
@@ -26,19 +25,4 @@ func ValidUTF8(b []byte) []byte {
 		return b
 	}
 	return bytes.ToValidUTF8(b, []byte("\uFFFD"))
-}
-
-// escapesSurrogate reports whether a JSON string literal may escape a UTF-16 surrogate (\uD800 to
-// \uDFFF), paired or not: decoders differ on a lone one, so such a literal is written again
-// from its decoded text.
-func escapesSurrogate(lit string) bool {
-	for i := 0; i+5 < len(lit); i++ {
-		if lit[i] == '\\' {
-			if lit[i+1] == 'u' && (lit[i+2] == 'd' || lit[i+2] == 'D') && strings.IndexByte("89abcdefABCDEF", lit[i+3]) >= 0 {
-				return true
-			}
-			i++ // the escaped byte
-		}
-	}
-	return false
 }
