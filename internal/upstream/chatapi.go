@@ -1,7 +1,7 @@
 package upstream
 
 // The Responses seam over a Chat Completions upstream: each Responses request is translated
-// (responses_chat*.go), posted to /chat/completions, and its answer translated back into the
+// (package chat), posted to /chat/completions, and its answer translated back into the
 // events a Responses upstream streams.
 
 import (
