@@ -286,27 +286,29 @@ func (e *responseEcho) newTemplate() (response, error) {
 			return response{}, fmt.Errorf("%s: nested too deeply", v.key)
 		}
 	}
+	text := defaultText{Verbosity: "medium"}
+	text.Format.Type = "text"
 	return response{
 		Object:            "response",
-		Instructions:      rawOr(e.instructions, "null"),
-		MaxOutputTokens:   rawOr(e.maxOutputTokens, "null"),
-		MaxToolCalls:      rawOr(e.maxToolCalls, "null"),
+		Instructions:      rawOr(e.instructions, nil),
+		MaxOutputTokens:   rawOr(e.maxOutputTokens, nil),
+		MaxToolCalls:      rawOr(e.maxToolCalls, nil),
 		Model:             gjson.ParseBytes(e.model).String(),
-		ParallelToolCalls: rawOr(e.parallelToolCalls, "true"),
-		PromptCacheKey:    rawOr(e.promptCacheKey, "null"),
-		Reasoning:         rawOr(e.reasoning, `{"effort":null,"summary":null}`),
-		SafetyIdentifier:  rawOr(e.safetyIdentifier, "null"),
-		ServiceTier:       rawOr(e.serviceTier, `"auto"`),
-		Store:             rawOr(e.store, "true"),
-		Temperature:       rawOr(e.temperature, "1.0"),
-		Text:              rawOr(e.text, `{"format":{"type":"text"},"verbosity":"medium"}`),
-		ToolChoice:        rawOr(e.toolChoice, `"auto"`),
-		Tools:             rawOr(e.tools, "[]"),
-		TopLogprobs:       rawOr(e.topLogprobs, "0"),
-		TopP:              rawOr(e.topP, "1.0"),
-		Truncation:        rawOr(e.truncation, `"disabled"`),
-		User:              rawOr(e.user, "null"),
-		Metadata:          rawOr(e.metadata, "{}"),
+		ParallelToolCalls: rawOr(e.parallelToolCalls, true),
+		PromptCacheKey:    rawOr(e.promptCacheKey, nil),
+		Reasoning:         rawOr(e.reasoning, defaultReasoning{}),
+		SafetyIdentifier:  rawOr(e.safetyIdentifier, nil),
+		ServiceTier:       rawOr(e.serviceTier, "auto"),
+		Store:             rawOr(e.store, true),
+		Temperature:       rawOr(e.temperature, json.RawMessage("1.0")), // as OpenAI writes it; Go would write 1
+		Text:              rawOr(e.text, text),
+		ToolChoice:        rawOr(e.toolChoice, "auto"),
+		Tools:             rawOr(e.tools, []struct{}{}),
+		TopLogprobs:       rawOr(e.topLogprobs, 0),
+		TopP:              rawOr(e.topP, json.RawMessage("1.0")),
+		Truncation:        rawOr(e.truncation, "disabled"),
+		User:              rawOr(e.user, nil),
+		Metadata:          rawOr(e.metadata, struct{}{}),
 	}, nil
 }
 

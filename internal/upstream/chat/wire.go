@@ -48,15 +48,32 @@ func (e *encoder) marshal(v any) ([]byte, error) {
 	return b, err
 }
 
-// rawOr is a value taken from the request as it came, or def when it was absent or null.
-func rawOr(v json.RawMessage, def string) json.RawMessage {
+// rawOr is a value taken from the request as it came, or def (OpenAI's default) when it was
+// absent or null. The defaults are Go values: encoding/json validates a json.RawMessage again
+// each time it encodes one, and a stream encodes its Response three times.
+func rawOr(v json.RawMessage, def any) any {
 	if v == nil {
-		return json.RawMessage(def)
+		return def
 	}
 	return v
 }
 
-// response is the Response object.
+// The defaults of a Response's fields that are objects.
+type (
+	defaultReasoning struct {
+		Effort  *string `json:"effort"`
+		Summary *string `json:"summary"`
+	}
+	defaultText struct {
+		Format struct {
+			Type string `json:"type"`
+		} `json:"format"`
+		Verbosity string `json:"verbosity"`
+	}
+)
+
+// response is the Response object. A field of type any holds the request's value (json.RawMessage)
+// or OpenAI's default as a Go value (rawOr).
 type response struct {
 	ID                 string             `json:"id"`
 	Object             string             `json:"object"`
@@ -66,28 +83,28 @@ type response struct {
 	Background         bool               `json:"background"`
 	Error              *responseError     `json:"error"`
 	IncompleteDetails  *incompleteDetails `json:"incomplete_details"`
-	Instructions       json.RawMessage    `json:"instructions"`
-	MaxOutputTokens    json.RawMessage    `json:"max_output_tokens"`
-	MaxToolCalls       json.RawMessage    `json:"max_tool_calls"`
+	Instructions       any                `json:"instructions"`
+	MaxOutputTokens    any                `json:"max_output_tokens"`
+	MaxToolCalls       any                `json:"max_tool_calls"`
 	Model              string             `json:"model"`
 	Output             []any              `json:"output"`
-	ParallelToolCalls  json.RawMessage    `json:"parallel_tool_calls"`
+	ParallelToolCalls  any                `json:"parallel_tool_calls"`
 	PreviousResponseID *string            `json:"previous_response_id"`
-	PromptCacheKey     json.RawMessage    `json:"prompt_cache_key"`
-	Reasoning          json.RawMessage    `json:"reasoning"`
-	SafetyIdentifier   json.RawMessage    `json:"safety_identifier"`
+	PromptCacheKey     any                `json:"prompt_cache_key"`
+	Reasoning          any                `json:"reasoning"`
+	SafetyIdentifier   any                `json:"safety_identifier"`
 	ServiceTier        any                `json:"service_tier"` // json.RawMessage from the request, or the upstream's string
-	Store              json.RawMessage    `json:"store"`
-	Temperature        json.RawMessage    `json:"temperature"`
-	Text               json.RawMessage    `json:"text"`
-	ToolChoice         json.RawMessage    `json:"tool_choice"`
-	Tools              json.RawMessage    `json:"tools"`
-	TopLogprobs        json.RawMessage    `json:"top_logprobs"`
-	TopP               json.RawMessage    `json:"top_p"`
-	Truncation         json.RawMessage    `json:"truncation"`
+	Store              any                `json:"store"`
+	Temperature        any                `json:"temperature"`
+	Text               any                `json:"text"`
+	ToolChoice         any                `json:"tool_choice"`
+	Tools              any                `json:"tools"`
+	TopLogprobs        any                `json:"top_logprobs"`
+	TopP               any                `json:"top_p"`
+	Truncation         any                `json:"truncation"`
 	Usage              *responseUsage     `json:"usage"`
-	User               json.RawMessage    `json:"user"`
-	Metadata           json.RawMessage    `json:"metadata"`
+	User               any                `json:"user"`
+	Metadata           any                `json:"metadata"`
 }
 
 type responseError struct {
