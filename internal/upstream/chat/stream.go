@@ -171,15 +171,46 @@ func (s *Stream) Next(data []byte) ([]sse.Event, error) {
 	if !root.IsObject() {
 		return s.fail(shapeError(errors.New("a chunk is not a JSON object")))
 	}
+	// Every event of a long stream pays for reading its chunk: one pass over each object, a
+	// switch on the key (readFields compares each key with every field).
 	var choices, usage, errObj, object, created, model, tier gjson.Result
-	readFields(root, field{"choices", &choices}, field{"usage", &usage}, field{"error", &errObj}, field{"object", &object},
-		field{"created", &created}, field{"model", &model}, field{"service_tier", &tier})
+	root.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "choices":
+			setFirst(&choices, v)
+		case "usage":
+			setFirst(&usage, v)
+		case "error":
+			setFirst(&errObj, v)
+		case "object":
+			setFirst(&object, v)
+		case "created":
+			setFirst(&created, v)
+		case "model":
+			setFirst(&model, v)
+		case "service_tier":
+			setFirst(&tier, v)
+		}
+		return true
+	})
 	// The choice with index 0, the only one the translation asks for.
 	var delta, logprobs, finish gjson.Result
 	found := false
 	choices.ForEach(func(_, c gjson.Result) bool {
 		var index gjson.Result
-		readFields(c, field{"index", &index}, field{"delta", &delta}, field{"logprobs", &logprobs}, field{"finish_reason", &finish})
+		c.ForEach(func(k, v gjson.Result) bool {
+			switch k.Str {
+			case "index":
+				setFirst(&index, v)
+			case "delta":
+				setFirst(&delta, v)
+			case "logprobs":
+				setFirst(&logprobs, v)
+			case "finish_reason":
+				setFirst(&finish, v)
+			}
+			return true
+		})
 		if found = index.Int() == 0; found {
 			return false
 		}
@@ -300,8 +331,21 @@ func (s *Stream) delta(d, logprobs gjson.Result) error {
 		return shapeError(errors.New("a delta is not an object"))
 	}
 	var reasoningContent, reasoning, content, refusal, calls gjson.Result
-	readFields(d, field{"reasoning_content", &reasoningContent}, field{"reasoning", &reasoning}, field{"content", &content},
-		field{"refusal", &refusal}, field{"tool_calls", &calls})
+	d.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "content":
+			setFirst(&content, v)
+		case "tool_calls":
+			setFirst(&calls, v)
+		case "reasoning_content":
+			setFirst(&reasoningContent, v)
+		case "reasoning":
+			setFirst(&reasoning, v)
+		case "refusal":
+			setFirst(&refusal, v)
+		}
+		return true
+	})
 	reasoning, content, refusal = text(reasoning), text(content), text(refusal)
 	if t := text(reasoningContent); t.Exists() {
 		reasoning = t // the same text as reasoning where a server sends both
@@ -345,6 +389,14 @@ func (s *Stream) delta(d, logprobs gjson.Result) error {
 		})
 	}
 	return err
+}
+
+// setFirst stores v in dst unless dst holds a value already: of duplicate keys the first counts,
+// as o.Get(key) reads it.
+func setFirst(dst *gjson.Result, v gjson.Result) {
+	if !dst.Exists() {
+		*dst = v
+	}
 }
 
 // text is v when it is a non-empty string, else nothing.
