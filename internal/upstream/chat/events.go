@@ -4,6 +4,7 @@ package chat
 
 import (
 	"encoding/json"
+	"strconv"
 
 	"github.com/ciproxy/ciproxy/internal/sse"
 )
@@ -48,24 +49,79 @@ type partEvent struct {
 	Part         any    `json:"part"`
 }
 
-// outputTextDeltaEvent is output_text.delta. Delta is the text as decoded: encoded again, it is
-// escaped as every other string of the stream, whatever escapes the upstream chose.
-type outputTextDeltaEvent struct {
-	head
-	ItemID       string            `json:"item_id"`
-	OutputIndex  int               `json:"output_index"`
-	ContentIndex int               `json:"content_index"`
-	Delta        string            `json:"delta"`
-	Logprobs     []json.RawMessage `json:"logprobs"`
-}
+// The delta events (output_text.delta, reasoning_text.delta, refusal.delta and
+// function_call_arguments.delta) are most of a stream's events. Encoding each one's struct cost
+// several times what the rest of its translation does, so what every delta of a part or call
+// repeats is encoded once (deltaFrame) and each delta adds its sequence number (strconv) and
+// its text (the stream's encoder) between. TestDeltaEvents holds them to the bytes
+// encoding/json writes for the event structs in OpenAI's key order.
 
-// textDeltaEvent is reasoning_text.delta and refusal.delta.
-type textDeltaEvent struct {
-	head
+// partRef is the keys after sequence_number of a content part's delta events.
+type partRef struct {
 	ItemID       string `json:"item_id"`
 	OutputIndex  int    `json:"output_index"`
 	ContentIndex int    `json:"content_index"`
-	Delta        string `json:"delta"`
+}
+
+// callRef is the keys after sequence_number of a call's function_call_arguments.delta.
+type callRef struct {
+	ItemID      string `json:"item_id"`
+	OutputIndex int    `json:"output_index"`
+}
+
+// deltaFrame is the JSON around a delta event's sequence number and delta:
+// {"type":…,"sequence_number": (head), ,"item_id":…,"output_index":…[,"content_index":…],"delta": (ref).
+type deltaFrame struct {
+	typ       string
+	head, ref []byte
+}
+
+// frame returns f, encoding it first if it is new. ref gives the *partRef or *callRef its
+// keys after sequence_number encode (a func, so that a frame already encoded costs nothing).
+func (s *Stream) frame(f *deltaFrame, typ string, ref func() any) (*deltaFrame, error) {
+	if f.head != nil {
+		return f, nil
+	}
+	t, err := s.enc.appendJSON(nil, typ)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.enc.appendJSON(nil, ref())
+	if err != nil {
+		return nil, err
+	}
+	f.typ = typ
+	f.head = append(append([]byte(`{"type":`), t...), `,"sequence_number":`...)
+	f.ref = append(append([]byte{','}, r[1:len(r)-1]...), `,"delta":`...) // r without its braces
+	return f, nil
+}
+
+// deltaEvent sends the delta event of frame f with this delta, and for output_text.delta the
+// logprobs that came with it (nil: the event has none).
+func (s *Stream) deltaEvent(f *deltaFrame, err error, delta string, logprobs *[]json.RawMessage) {
+	mark := len(s.enc.buf)
+	if err == nil {
+		b := append(s.enc.buf, f.head...)
+		b = strconv.AppendInt(b, int64(s.seq), 10)
+		s.seq++
+		s.enc.buf = append(b, f.ref...)
+		s.deltaText = delta
+		err = s.enc.encode(&s.deltaText)
+	}
+	if err == nil && logprobs != nil {
+		s.enc.buf = append(s.enc.buf, `,"logprobs":`...)
+		err = s.enc.encode(logprobs)
+	}
+	if err != nil {
+		s.enc.buf = s.enc.buf[:mark]
+		if s.encErr == nil {
+			s.encErr = err
+		}
+		return
+	}
+	s.enc.buf = append(s.enc.buf, '}')
+	n := len(s.enc.buf)
+	s.out = append(s.out, sse.Event{Name: f.typ, Data: s.enc.buf[mark:n:n]})
 }
 
 // textDoneEvent is output_text.done, reasoning_text.done (Text) and refusal.done (Refusal).
@@ -151,21 +207,21 @@ func (s *Stream) partAdded(it *streamItem, k int, p *streamPart) {
 	s.emit("response.content_part.added", &partEvent{head: s.next("response.content_part.added"), ItemID: it.id, OutputIndex: it.index, ContentIndex: k, Part: p.empty()})
 }
 
-// textDelta sends a delta with the logprobs that came with it. The event
-// structs are the stream's own, reused: a delta is the event of a long stream.
+// textDelta sends a delta with the logprobs that came with it.
 func (s *Stream) textDelta(it *streamItem, k int, p *streamPart, delta string, logprobs []json.RawMessage) {
+	ref := func() any { return &partRef{ItemID: it.id, OutputIndex: it.index, ContentIndex: k} }
 	switch p.kind {
 	case textPart:
-		s.textEv = outputTextDeltaEvent{head: s.next("response.output_text.delta"), ItemID: it.id, OutputIndex: it.index, ContentIndex: k,
-			Delta: delta, Logprobs: nonNil(logprobs)}
-		s.emit(s.textEv.Type, &s.textEv)
+		f, err := s.frame(&p.frame, "response.output_text.delta", ref)
+		s.lps = nonNil(logprobs)
+		s.deltaEvent(f, err, delta, &s.lps)
+		s.lps = nil
+	case reasoningPart:
+		f, err := s.frame(&p.frame, "response.reasoning_text.delta", ref)
+		s.deltaEvent(f, err, delta, nil)
 	default:
-		typ := "response.reasoning_text.delta"
-		if p.kind == refusalPart {
-			typ = "response.refusal.delta"
-		}
-		s.otherEv = textDeltaEvent{head: s.next(typ), ItemID: it.id, OutputIndex: it.index, ContentIndex: k, Delta: delta}
-		s.emit(typ, &s.otherEv)
+		f, err := s.frame(&p.frame, "response.refusal.delta", ref)
+		s.deltaEvent(f, err, delta, nil)
 	}
 }
 
@@ -191,8 +247,8 @@ func (s *Stream) partDone(it *streamItem, k int, p *streamPart) {
 
 // argsDelta sends a piece of arguments.
 func (s *Stream) argsDelta(it *streamItem, delta string) {
-	s.argsEv = argsDeltaEvent{head: s.next("response.function_call_arguments.delta"), ItemID: it.id, OutputIndex: it.index, Delta: delta}
-	s.emit(s.argsEv.Type, &s.argsEv)
+	f, err := s.frame(&it.frame, "response.function_call_arguments.delta", func() any { return &callRef{ItemID: it.id, OutputIndex: it.index} })
+	s.deltaEvent(f, err, delta, nil)
 }
 
 // nonNil is lps, written [] when there are none.

@@ -80,10 +80,10 @@ type Stream struct {
 	encErr error       // the first event that could not be encoded
 	out    []sse.Event // the events of the current call
 
-	// The delta events, reused.
-	textEv  outputTextDeltaEvent
-	otherEv textDeltaEvent
-	argsEv  argsDeltaEvent
+	// A delta event's text and logprobs as the encoder reads them (a field, so that passing its
+	// address does not allocate).
+	deltaText string
+	lps       []json.RawMessage
 }
 
 type itemKind uint8
@@ -109,6 +109,7 @@ type streamItem struct {
 	args         strings.Builder
 	argsSent     int
 	cut          bool // the arguments went past maxArgs: nothing more of them is kept
+	frame        deltaFrame
 }
 
 type partKind uint8
@@ -128,6 +129,7 @@ type streamPart struct {
 	opened   bool // content_part.added was sent
 	closed   bool // no more deltas will come
 	doneSent bool
+	frame    deltaFrame
 }
 
 // NewStream returns the translator for the upstream's stream of this request. id is the
@@ -521,8 +523,26 @@ func (s *Stream) toolCall(tc gjson.Result) error {
 		return shapeError(errors.New("a tool call delta is not an object"))
 	}
 	var id, index, fn, name, args gjson.Result
-	readFields(tc, field{"id", &id}, field{"index", &index}, field{"function", &fn})
-	readFields(fn, field{"name", &name}, field{"arguments", &args})
+	tc.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "index":
+			setFirst(&index, v)
+		case "function":
+			setFirst(&fn, v)
+		case "id":
+			setFirst(&id, v)
+		}
+		return true
+	})
+	fn.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "arguments":
+			setFirst(&args, v)
+		case "name":
+			setFirst(&name, v)
+		}
+		return true
+	})
 	idx := int64(0)
 	switch {
 	case index.Type == gjson.Number:

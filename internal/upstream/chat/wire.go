@@ -39,6 +39,15 @@ func (e *encoder) encode(v any) error {
 	return nil
 }
 
+// appendJSON appends v's JSON to dst, leaving buf as it was.
+func (e *encoder) appendJSON(dst []byte, v any) ([]byte, error) {
+	buf := e.buf
+	e.buf = dst
+	err := e.encode(v)
+	dst, e.buf = e.buf, buf
+	return dst, err
+}
+
 // marshal returns v's JSON in a fresh slice.
 func (e *encoder) marshal(v any) ([]byte, error) {
 	e.buf = nil
