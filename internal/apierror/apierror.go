@@ -30,6 +30,8 @@ const (
 	CodeInvalidValue              = "invalid_value"
 	CodeMissingRequiredParameter  = "missing_required_parameter"
 	CodeUnsupportedValue          = "unsupported_value"
+	CodeUnsupportedParameter      = "unsupported_parameter"
+	CodeEmptyArray                = "empty_array"
 	CodeArrayAboveMaxLength       = "array_above_max_length"
 	CodeStringAboveMaxLength      = "string_above_max_length"
 	CodeIntegerBelowMinValue      = "integer_below_min_value"

@@ -14,9 +14,9 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/sse"
 	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
-	"github.com/ciproxy/ciproxy/internal/upstream"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -166,7 +166,7 @@ func testClientDisconnect(t *testing.T, api upstreamAPI) {
 // readUntil reads client events until one of type typ.
 func readUntil(t *testing.T, r io.Reader, typ string) {
 	t.Helper()
-	rd := upstream.NewSSEReader(r)
+	rd := sse.NewReader(r)
 	for {
 		ev, err := rd.Next()
 		if errors.Is(err, io.EOF) || err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/sse"
 	"github.com/ciproxy/ciproxy/internal/store"
 	"github.com/ciproxy/ciproxy/internal/store/embedded"
 	"github.com/ciproxy/ciproxy/internal/store/storetest"
@@ -302,7 +303,7 @@ type sseEvent struct {
 
 func parseSSE(t *testing.T, b []byte) []sseEvent {
 	t.Helper()
-	rd := upstream.NewSSEReader(bytes.NewReader(b))
+	rd := sse.NewReader(bytes.NewReader(b))
 	var out []sseEvent
 	for {
 		ev, err := rd.Next()

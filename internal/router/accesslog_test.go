@@ -11,8 +11,8 @@ import (
 
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ciproxy/ciproxy/internal/sse"
 	"github.com/ciproxy/ciproxy/internal/testutil"
-	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
 func TestAccessLog(t *testing.T) {
@@ -136,9 +136,9 @@ func TestSSEThroughChain(t *testing.T) {
 			if ct := resp.Header.Get("Content-Type"); resp.StatusCode != http.StatusOK || ct != "text/event-stream" {
 				t.Fatalf("status %d, content type %q", resp.StatusCode, ct)
 			}
-			sse := upstream.NewSSEReader(resp.Body)
+			rd := sse.NewReader(resp.Body)
 			for i := range events {
-				ev, err := sse.Next()
+				ev, err := rd.Next()
 				if err != nil {
 					t.Fatalf("event %d: %v", i, err)
 				}
@@ -153,7 +153,7 @@ func TestSSEThroughChain(t *testing.T) {
 					}
 				}
 			}
-			if _, err := sse.Next(); err != io.EOF {
+			if _, err := rd.Next(); err != io.EOF {
 				t.Errorf("after the last event: %v; want io.EOF", err)
 			}
 		})

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/ciproxy/ciproxy/internal/config"
@@ -86,28 +85,6 @@ func BenchmarkProxySSE20(b *testing.B) {
 			_ = rc.Flush()
 		}
 	})
-}
-
-func BenchmarkSSEReader(b *testing.B) {
-	stream := strings.Join(benchSSE(), "")
-	b.SetBytes(int64(len(stream)))
-	b.ReportAllocs()
-	rd := strings.NewReader(stream)
-	for b.Loop() {
-		rd.Reset(stream)
-		r := NewSSEReader(rd)
-		n := 0
-		for {
-			_, err := r.Next()
-			if err != nil {
-				break
-			}
-			n++
-		}
-		if n != 20 {
-			b.Fatalf("%d events; want 20", n)
-		}
-	}
 }
 
 func BenchmarkRewriteModel(b *testing.B) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/upstream/chat"
 )
 
 // TestStreamIdleTimeout: an upstream that sends its headers (and maybe a little) and then stalls
@@ -75,7 +76,7 @@ func TestStreamIdleTimeout(t *testing.T) {
 			}
 			var api ResponsesAPI = target
 			if tt.chat {
-				api = NewChatAPI(target, ChatOptions{})
+				api = NewChatAPI(target, chat.Options{})
 			}
 			ev, err := api.Responses(ctx, body, http.Header{})
 			if err == nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sse"
 )
 
 func gzipped(t testing.TB, s string) []byte {
@@ -133,7 +134,7 @@ func TestProxyFlushesEachEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	r := NewSSEReader(resp.Body)
+	r := sse.NewReader(resp.Body)
 	for i := range events {
 		ev, err := r.Next()
 		if err != nil {

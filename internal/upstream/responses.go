@@ -14,6 +14,8 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/sse"
+	"github.com/ciproxy/ciproxy/internal/upstream/chat"
 )
 
 // ResponsesAPI is an upstream that answers OpenAI Responses API requests: the seam between the
@@ -109,6 +111,10 @@ func readErrorBody(r io.Reader, status int) []byte {
 	return fmt.Appendf(nil, `{"error":{"message":"The upstream answered %d with an error body over %d bytes, which this proxy does not relay.","type":"`+apierror.TypeUpstream+`","param":null,"code":null}}`, status, maxErrorBody)
 }
 
+// ValidUTF8 returns b with each run of bytes that is not UTF-8 replaced by U+FFFD (see
+// chat.ValidUTF8): what an upstream sends is made valid where it enters, whichever API it speaks.
+func ValidUTF8(b []byte) []byte { return chat.ValidUTF8(b) }
+
 var _ ResponsesAPI = (*Target)(nil)
 
 // Responses implements [ResponsesAPI.Responses] for an upstream that speaks the Responses API:
@@ -142,14 +148,14 @@ func ReadAnswer(ctx context.Context, resp *http.Response) (ResponseEvents, error
 		return nil, &StatusError{Status: resp.StatusCode, Header: resp.Header, Body: b}
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
-		return &sseAnswer{rd: NewSSEReader(resp.Body), body: resp.Body}, nil
+		return &sseAnswer{rd: sse.NewReader(resp.Body), body: resp.Body}, nil
 	}
 	return &jsonAnswer{body: resp.Body}, nil
 }
 
 // sseAnswer is a streamed Responses answer.
 type sseAnswer struct {
-	rd   *SSEReader
+	rd   *sse.Reader
 	body io.Closer
 }
 

@@ -1,4 +1,6 @@
-package upstream
+// Package sse reads server-sent events (text/event-stream): the upstream client reads a Responses
+// upstream's stream with it, and the Chat Completions seam a chat upstream's chunks.
+package sse
 
 import (
 	"bytes"
@@ -7,13 +9,13 @@ import (
 	"io"
 )
 
-// DefaultMaxEventSize is the largest event data an SSEReader from NewSSEReader accepts. A Responses
+// DefaultMaxEventSize is the largest event data a Reader from NewReader accepts. A Responses
 // API event carries at most one output item, but a response.completed event repeats the whole
 // response, images included, so the cap is generous.
 const DefaultMaxEventSize = 16 << 20
 
 // ErrEventTooLarge is returned when an event's data, or a single line, exceeds the reader's cap.
-var ErrEventTooLarge = errors.New("upstream: server-sent event too large")
+var ErrEventTooLarge = errors.New("sse: server-sent event too large")
 
 // Event is one server-sent event.
 type Event struct {
@@ -23,15 +25,15 @@ type Event struct {
 	Data []byte
 }
 
-// SSEReader decodes a text/event-stream (the WHATWG EventSource format): lines end with LF, CRLF or
+// Reader decodes a text/event-stream (the WHATWG EventSource format): lines end with LF, CRLF or
 // CR; lines starting with ":" are comments; one space after "field:" is dropped; "id" and "retry"
 // are ignored; an event without data lines is not dispatched. "data: [DONE]" is an ordinary event
 // whose Data is "[DONE]". An event left open when the stream ends is still returned, so a server
 // that omits the final blank line loses nothing; a stream cut mid-event shows up to the caller as
 // invalid or incomplete data.
 //
-// An SSEReader is not safe for concurrent use.
-type SSEReader struct {
+// A Reader is not safe for concurrent use.
+type Reader struct {
 	r        io.Reader
 	buf      []byte
 	start    int   // first unread byte of buf
@@ -49,21 +51,21 @@ type SSEReader struct {
 	lastName string // reused, so repeated event names cost no allocation
 }
 
-// NewSSEReader returns a reader of the events in r, with events capped at DefaultMaxEventSize.
-func NewSSEReader(r io.Reader) *SSEReader { return NewSSEReaderSize(r, DefaultMaxEventSize) }
+// NewReader returns a reader of the events in r, with events capped at DefaultMaxEventSize.
+func NewReader(r io.Reader) *Reader { return NewReaderSize(r, DefaultMaxEventSize) }
 
-// NewSSEReaderSize returns a reader whose events (and lines) may hold at most max bytes of data;
+// NewReaderSize returns a reader whose events (and lines) may hold at most max bytes of data;
 // max <= 0 means DefaultMaxEventSize.
-func NewSSEReaderSize(r io.Reader, max int) *SSEReader {
+func NewReaderSize(r io.Reader, max int) *Reader {
 	if max <= 0 {
 		max = DefaultMaxEventSize
 	}
-	return &SSEReader{r: r, max: max, lineMax: max + len("event: \r\n")}
+	return &Reader{r: r, max: max, lineMax: max + len("event: \r\n")}
 }
 
 // Next returns the next event, or io.EOF after the last one. Any other error (ErrEventTooLarge, or
 // r's read error) ends the stream; later calls return it again.
-func (s *SSEReader) Next() (Event, error) {
+func (s *Reader) Next() (Event, error) {
 	if s.err != nil {
 		return Event{}, s.err
 	}
@@ -117,7 +119,7 @@ func (s *SSEReader) Next() (Event, error) {
 	}
 }
 
-func (s *SSEReader) dispatch() Event {
+func (s *Reader) dispatch() Event {
 	ev := Event{Name: s.name, Data: make([]byte, len(s.data))}
 	copy(ev.Data, s.data)
 	s.name, s.hasData = "", false
@@ -131,7 +133,7 @@ func (s *SSEReader) dispatch() Event {
 
 // readLine returns the next line without its ending. The slice is valid until the next call. At
 // the end of r, an unterminated last line is returned before the error.
-func (s *SSEReader) readLine() ([]byte, error) {
+func (s *Reader) readLine() ([]byte, error) {
 	for {
 		if s.skipLF && s.start < s.end {
 			if s.buf[s.start] == '\n' {
@@ -188,7 +190,7 @@ func (s *SSEReader) readLine() ([]byte, error) {
 }
 
 // fill reads more of r into buf, making room first.
-func (s *SSEReader) fill() {
+func (s *Reader) fill() {
 	if s.start == s.end {
 		s.start, s.end = 0, 0
 		if cap(s.buf) > 1<<16 {

@@ -1,4 +1,4 @@
-package upstream
+package chat
 
 import (
 	"bytes"
@@ -21,20 +21,20 @@ import (
 var chatFlavours = []struct {
 	name     string
 	server   []upstreamtest.Option
-	opts     ChatOptions
+	opts     Options
 	thinking bool // the server sends reasoning text
 }{
-	{"OpenAI", nil, ChatOptions{MaxCompletionTokens: true}, false},
-	{"vLLM", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM)}, ChatOptions{ReasoningField: "reasoning_content"}, true},
-	{"vLLM 0.10", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM), upstreamtest.WithChatReasoningField("reasoning")}, ChatOptions{ReasoningField: "reasoning"}, true},
-	{"llama.cpp", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatLlamaCpp)}, ChatOptions{ReasoningField: "reasoning_content"}, true},
-	{"OpenAI with the SDK's nulls", []upstreamtest.Option{upstreamtest.WithChatNulls()}, ChatOptions{MaxCompletionTokens: true}, false},
-	{"vLLM with the SDK's nulls", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM), upstreamtest.WithChatNulls()}, ChatOptions{ReasoningField: "reasoning_content"}, true},
+	{"OpenAI", nil, Options{MaxCompletionTokens: true}, false},
+	{"vLLM", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM)}, Options{ReasoningField: "reasoning_content"}, true},
+	{"vLLM 0.10", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM), upstreamtest.WithChatReasoningField("reasoning")}, Options{ReasoningField: "reasoning"}, true},
+	{"llama.cpp", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatLlamaCpp)}, Options{ReasoningField: "reasoning_content"}, true},
+	{"OpenAI with the SDK's nulls", []upstreamtest.Option{upstreamtest.WithChatNulls()}, Options{MaxCompletionTokens: true}, false},
+	{"vLLM with the SDK's nulls", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM), upstreamtest.WithChatNulls()}, Options{ReasoningField: "reasoning_content"}, true},
 }
 
 // exchange posts the translated request to the scripted server and translates its answer into
 // the final Response (from the stream's terminal event when streaming).
-func exchange(t *testing.T, s *upstreamtest.Server, r *ChatRequest) ([]byte, error) {
+func exchange(t *testing.T, s *upstreamtest.Server, r *Request) ([]byte, error) {
 	t.Helper()
 	resp, err := http.Post(s.URL()+"/chat/completions", "application/json", bytes.NewReader(r.Body))
 	if err != nil {
@@ -46,7 +46,7 @@ func exchange(t *testing.T, s *upstreamtest.Server, r *ChatRequest) ([]byte, err
 		t.Fatal(err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, ChatError(resp.StatusCode, resp.Header, body)
+		return nil, UpstreamError(resp.StatusCode, resp.Header, body)
 	}
 	if !r.Stream {
 		return r.Response(body, "resp_rt", 1767225600)
@@ -82,7 +82,7 @@ func TestChatRoundTrip(t *testing.T) {
 					`,"tool_choice":"auto","parallel_tool_calls":true,"max_output_tokens":256,"store":false,"stream":` + map[bool]string{true: "true", false: "false"}[stream] + `}`
 				opts := fl.opts
 				opts.NewID = counterIDs()
-				r, err := NewChatRequest([]byte(first), opts)
+				r, err := NewRequest([]byte(first), opts)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -124,7 +124,7 @@ func TestChatRoundTrip(t *testing.T) {
 				}
 				in, _ := json.Marshal(input)
 				second := strings.Replace(first, `"input":"run it"`, `"input":`+string(in), 1)
-				r2, err := NewChatRequest([]byte(second), opts)
+				r2, err := NewRequest([]byte(second), opts)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -166,13 +166,13 @@ func TestChatRoundTripFailures(t *testing.T) {
 		sentinel error
 		status   int
 	}{
-		{"an OpenAI error chunk", nil, upstreamtest.Turn{Fail: &upstreamtest.Failure{After: 1}, Items: []upstreamtest.Item{upstreamtest.Text("a")}}, true, ErrChatStream, 502},
+		{"an OpenAI error chunk", nil, upstreamtest.Turn{Fail: &upstreamtest.Failure{After: 1}, Items: []upstreamtest.Item{upstreamtest.Text("a")}}, true, ErrStream, 502},
 		{"a vLLM error chunk", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM)},
-			upstreamtest.Turn{Fail: &upstreamtest.Failure{}}, true, ErrChatStream, 500},
+			upstreamtest.Turn{Fail: &upstreamtest.Failure{}}, true, ErrStream, 500},
 		{"llama.cpp's error line, which SSE ignores", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatLlamaCpp)},
-			upstreamtest.Turn{Fail: &upstreamtest.Failure{}}, true, ErrChatStreamCut, 502},
-		{"a cut stream", nil, upstreamtest.Turn{Cut: true, CutAfter: 2, Items: []upstreamtest.Item{upstreamtest.Text("abcdefghij")}}, true, ErrChatStreamCut, 502},
-		{"a cut JSON answer", nil, upstreamtest.Turn{Cut: true, CutAfter: 20, Items: []upstreamtest.Item{upstreamtest.Text("abc")}}, false, ErrChatShape, 502},
+			upstreamtest.Turn{Fail: &upstreamtest.Failure{}}, true, ErrStreamCut, 502},
+		{"a cut stream", nil, upstreamtest.Turn{Cut: true, CutAfter: 2, Items: []upstreamtest.Item{upstreamtest.Text("abcdefghij")}}, true, ErrStreamCut, 502},
+		{"a cut JSON answer", nil, upstreamtest.Turn{Cut: true, CutAfter: 20, Items: []upstreamtest.Item{upstreamtest.Text("abc")}}, false, ErrShape, 502},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -182,7 +182,7 @@ func TestChatRoundTripFailures(t *testing.T) {
 			if tt.stream {
 				body = `{"model":"m","input":"x","stream":true}`
 			}
-			r := newTestChatRequest(t, body, ChatOptions{})
+			r := newTestChatRequest(t, body, Options{})
 			resp, err := http.Post(s.URL()+"/chat/completions", "application/json", bytes.NewReader(r.Body))
 			if err != nil {
 				t.Fatal(err)

@@ -16,11 +16,12 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/upstream/chat"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
 // chatAPI returns the chat seam over one deployment served by up.
-func chatAPI(t *testing.T, up *upstreamtest.Server, opts ChatOptions) *ChatAPI {
+func chatAPI(t *testing.T, up *upstreamtest.Server, opts chat.Options) *ChatAPI {
 	t.Helper()
 	d := config.Deployment{ModelName: "m", Provider: "openai", UpstreamModel: "m-up", APIBase: up.URL(), API: config.APIChatCompletions}
 	return NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), opts)
@@ -113,7 +114,7 @@ func TestChatAPIErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			up := upstreamtest.New(t, upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM))
 			up.Enqueue(tt.turn)
-			_, err := chatAPI(t, up, ChatOptions{}).Responses(context.Background(), []byte(`{"model":"m","input":"x"}`), http.Header{})
+			_, err := chatAPI(t, up, chat.Options{}).Responses(context.Background(), []byte(`{"model":"m","input":"x"}`), http.Header{})
 			var se *StatusError
 			if !errors.As(err, &se) || se.Status != tt.status {
 				t.Fatalf("Responses = %v; want a StatusError %d", err, tt.status)
@@ -142,7 +143,7 @@ func TestChatAPIErrors(t *testing.T) {
 				_, _ = io.WriteString(w, tc.body)
 			})
 			d := config.Deployment{ModelName: "m", Provider: "openai", UpstreamModel: "m-up", APIBase: up.URL, API: config.APIChatCompletions}
-			_, err := NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), ChatOptions{}).Responses(context.Background(), []byte(`{"model":"m","input":"x"}`), http.Header{})
+			_, err := NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), chat.Options{}).Responses(context.Background(), []byte(`{"model":"m","input":"x"}`), http.Header{})
 			var se *StatusError
 			switch {
 			case tc.status < 400 && !errors.Is(err, ErrMalformed):
@@ -155,9 +156,9 @@ func TestChatAPIErrors(t *testing.T) {
 
 	t.Run("an untranslatable field is a 400 naming it, and nothing is sent", func(t *testing.T) {
 		up := upstreamtest.New(t)
-		_, err := chatAPI(t, up, ChatOptions{}).Responses(context.Background(), []byte(`{"model":"m","input":"x","tools":[{"type":"web_search"}]}`), http.Header{})
+		_, err := chatAPI(t, up, chat.Options{}).Responses(context.Background(), []byte(`{"model":"m","input":"x","tools":[{"type":"web_search"}]}`), http.Header{})
 		var ae *apierror.Error
-		if !errors.As(err, &ae) || ae.Status != 400 || ae.Param != "tools[0].type" || !errors.Is(err, ErrChatUnsupported) {
+		if !errors.As(err, &ae) || ae.Status != 400 || ae.Param != "tools[0].type" || !errors.Is(err, chat.ErrUnsupported) {
 			t.Errorf("Responses = %v; want a 400 naming tools[0].type", err)
 		}
 		if n := len(up.Requests()); n != 0 {
@@ -169,7 +170,7 @@ func TestChatAPIErrors(t *testing.T) {
 		t.Run(fl.name+" an error chunk ends the stream as a Responses upstream fails", func(t *testing.T) {
 			up := upstreamtest.New(t, fl.server...)
 			up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("partial")}, Fail: &upstreamtest.Failure{After: 1, Code: "server_error", Message: "boom"}})
-			ev, err := chatAPI(t, up, ChatOptions{}).Responses(context.Background(), []byte(`{"model":"m","input":"x","stream":true}`), http.Header{})
+			ev, err := chatAPI(t, up, chat.Options{}).Responses(context.Background(), []byte(`{"model":"m","input":"x","stream":true}`), http.Header{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -177,8 +178,8 @@ func TestChatAPIErrors(t *testing.T) {
 			types := eventTypes(evs)
 			if fl.name == "llama.cpp" {
 				// llama.cpp's "error:" line is not SSE: the stream just ends, cut.
-				if !errors.Is(err, ErrChatStreamCut) {
-					t.Errorf("reading = %v after %v; want ErrChatStreamCut", err, types)
+				if !errors.Is(err, chat.ErrStreamCut) {
+					t.Errorf("reading = %v after %v; want chat.ErrStreamCut", err, types)
 				}
 				return
 			}
@@ -196,7 +197,7 @@ func TestChatAPIErrors(t *testing.T) {
 		t.Run(fmt.Sprintf("a JSON answer cut after %d bytes ended early", cut), func(t *testing.T) {
 			up := upstreamtest.New(t, upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM))
 			up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("hello there")}, Cut: true, CutAfter: cut})
-			_, err := chatAPI(t, up, ChatOptions{}).Responses(context.Background(), []byte(`{"model":"m","input":"x"}`), http.Header{})
+			_, err := chatAPI(t, up, chat.Options{}).Responses(context.Background(), []byte(`{"model":"m","input":"x"}`), http.Header{})
 			var ae *apierror.Error
 			if !errors.As(err, &ae) || ae.Status != 502 || ae.Code != "upstream_error" || ae.Message != "The upstream's response ended early." {
 				t.Errorf("Responses = %v; want 502 upstream_error, ended early", err)
@@ -207,7 +208,7 @@ func TestChatAPIErrors(t *testing.T) {
 	t.Run("a stream cut before finish_reason is an error", func(t *testing.T) {
 		up := upstreamtest.New(t, upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM))
 		up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("hello there")}, Cut: true, CutAfter: 2})
-		ev, err := chatAPI(t, up, ChatOptions{}).Responses(context.Background(), []byte(`{"model":"m","input":"x","stream":true}`), http.Header{})
+		ev, err := chatAPI(t, up, chat.Options{}).Responses(context.Background(), []byte(`{"model":"m","input":"x","stream":true}`), http.Header{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +235,7 @@ func TestChatAPITooDeep(t *testing.T) {
 				_, _ = io.WriteString(w, tt.body)
 			})
 			d := config.Deployment{ModelName: "m", UpstreamModel: "m-up", APIBase: up.URL + "/v1", API: config.APIChatCompletions}
-			api := NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), ChatOptions{})
+			api := NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), chat.Options{})
 			ev, err := api.Responses(context.Background(), []byte(`{"model":"m","input":"x","stream":`+map[bool]string{false: "false", true: "true"}[tt.stream]+`}`), http.Header{})
 			if err == nil {
 				_, err = drain(t, ev)
@@ -249,19 +250,19 @@ func TestChatAPITooDeep(t *testing.T) {
 func TestChatOptionsFor(t *testing.T) {
 	tests := []struct {
 		provider, base string
-		want           ChatOptions
+		want           chat.Options
 	}{
-		{"openai", "https://api.openai.com/v1", ChatOptions{MaxCompletionTokens: true}},
-		{"openai", "http://llama:8080/v1", ChatOptions{ReasoningField: "reasoning_content"}},
-		{"", "http://sglang:30000/v1", ChatOptions{ReasoningField: "reasoning_content"}},
-		{"azure", "https://r.openai.azure.com", ChatOptions{MaxCompletionTokens: true}},
-		{"deepseek", "https://api.deepseek.com/v1", ChatOptions{ReasoningField: "reasoning_content"}},
-		{"hosted_vllm", "http://vllm:8000/v1", ChatOptions{ReasoningField: "reasoning_content"}},
-		{"openrouter", "https://openrouter.ai/api/v1", ChatOptions{ReasoningField: "reasoning"}},
-		{"ollama", "http://localhost:11434/v1", ChatOptions{ReasoningField: "reasoning"}},
-		{"mistral", "https://api.mistral.ai/v1", ChatOptions{}},
-		{"gemini", "https://generativelanguage.googleapis.com/v1beta/openai", ChatOptions{}},
-		{"anthropic", "https://api.anthropic.com/v1", ChatOptions{}},
+		{"openai", "https://api.openai.com/v1", chat.Options{MaxCompletionTokens: true}},
+		{"openai", "http://llama:8080/v1", chat.Options{ReasoningField: "reasoning_content"}},
+		{"", "http://sglang:30000/v1", chat.Options{ReasoningField: "reasoning_content"}},
+		{"azure", "https://r.openai.azure.com", chat.Options{MaxCompletionTokens: true}},
+		{"deepseek", "https://api.deepseek.com/v1", chat.Options{ReasoningField: "reasoning_content"}},
+		{"hosted_vllm", "http://vllm:8000/v1", chat.Options{ReasoningField: "reasoning_content"}},
+		{"openrouter", "https://openrouter.ai/api/v1", chat.Options{ReasoningField: "reasoning"}},
+		{"ollama", "http://localhost:11434/v1", chat.Options{ReasoningField: "reasoning"}},
+		{"mistral", "https://api.mistral.ai/v1", chat.Options{}},
+		{"gemini", "https://generativelanguage.googleapis.com/v1beta/openai", chat.Options{}},
+		{"anthropic", "https://api.anthropic.com/v1", chat.Options{}},
 	}
 	for _, tt := range tests {
 		got := ChatOptionsFor(config.Deployment{Provider: tt.provider, APIBase: tt.base})
@@ -349,7 +350,7 @@ func TestChatResponseShape(t *testing.T) {
 			d := config.Deployment{ModelName: "m", Provider: "openai", UpstreamModel: "m-up", APIBase: up.URL()}
 			nev, err := newTestClient(t, nil).Target([]config.Deployment{d}).Responses(context.Background(), body, http.Header{})
 			native := final(t, nev, err)
-			tev, err := chatAPI(t, up, ChatOptions{}).Responses(context.Background(), body, http.Header{})
+			tev, err := chatAPI(t, up, chat.Options{}).Responses(context.Background(), body, http.Header{})
 			translated := final(t, tev, err)
 			if n, tr := shape(native, ""), shape(translated, ""); !slices.Equal(n, tr) {
 				t.Errorf("Response shapes differ:\nnative:     %v\ntranslated: %v", n, tr)
@@ -364,4 +365,47 @@ func TestChatResponseShape(t *testing.T) {
 			}
 		})
 	}
+}
+
+// chunk is one data line of a chat stream with one choice: delta, finish_reason (raw JSON, ""
+// for none) and more top-level members (raw, "" for none).
+func chunk(delta, finish, more string) string {
+	var b strings.Builder
+	b.WriteString(`data: {"object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":`)
+	b.WriteString(delta)
+	if finish != "" {
+		b.WriteString(`,"logprobs":null,"finish_reason":`)
+		b.WriteString(finish)
+	}
+	b.WriteString("}]")
+	if more != "" {
+		b.WriteString(",")
+		b.WriteString(more)
+	}
+	b.WriteString("}\n\n")
+	return b.String()
+}
+
+func apiErr(err error) *apierror.Error {
+	var ae *apierror.Error
+	if errors.As(err, &ae) {
+		return ae
+	}
+	return nil
+}
+
+// chatFlavours are the servers the seam is run against (chat's round trips use the same), with the options a deployment of
+// each would get.
+var chatFlavours = []struct {
+	name     string
+	server   []upstreamtest.Option
+	opts     chat.Options
+	thinking bool // the server sends reasoning text
+}{
+	{"OpenAI", nil, chat.Options{MaxCompletionTokens: true}, false},
+	{"vLLM", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM)}, chat.Options{ReasoningField: "reasoning_content"}, true},
+	{"vLLM 0.10", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM), upstreamtest.WithChatReasoningField("reasoning")}, chat.Options{ReasoningField: "reasoning"}, true},
+	{"llama.cpp", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatLlamaCpp)}, chat.Options{ReasoningField: "reasoning_content"}, true},
+	{"OpenAI with the SDK's nulls", []upstreamtest.Option{upstreamtest.WithChatNulls()}, chat.Options{MaxCompletionTokens: true}, false},
+	{"vLLM with the SDK's nulls", []upstreamtest.Option{upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM), upstreamtest.WithChatNulls()}, chat.Options{ReasoningField: "reasoning_content"}, true},
 }

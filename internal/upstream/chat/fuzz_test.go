@@ -1,4 +1,4 @@
-package upstream
+package chat
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/sse"
 	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 )
 
@@ -22,7 +23,7 @@ func deeplyNested(key string, n int) []byte {
 }
 
 // FuzzNewChatRequest feeds any body to the request translation. It must not panic or modify its
-// input; a body it refuses gives a 400 that wraps ErrChatInvalid or ErrChatUnsupported; a body it
+// input; a body it refuses gives a 400 that wraps ErrInvalid or ErrUnsupported; a body it
 // accepts gives a JSON object with messages, whose Response renders.
 func FuzzNewChatRequest(f *testing.F) {
 	for _, seed := range []string{
@@ -42,15 +43,15 @@ func FuzzNewChatRequest(f *testing.F) {
 	chat := []byte(`{"choices":[{"index":0,"message":{"role":"assistant","content":"a","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":1}}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		orig := bytes.Clone(body)
-		for _, opts := range []ChatOptions{{}, {ReasoningField: "reasoning_content", MaxCompletionTokens: true}} {
-			r, err := NewChatRequest(body, opts)
+		for _, opts := range []Options{{}, {ReasoningField: "reasoning_content", MaxCompletionTokens: true}} {
+			r, err := NewRequest(body, opts)
 			if !bytes.Equal(body, orig) {
-				t.Fatal("NewChatRequest modified its input")
+				t.Fatal("NewRequest modified its input")
 			}
 			if err != nil {
 				var ae *apierror.Error
-				if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || !(errors.Is(err, ErrChatInvalid) || errors.Is(err, ErrChatUnsupported)) {
-					t.Fatalf("NewChatRequest(%q) error = %#v; want a 400 wrapping a sentinel", clipBytes(body), err)
+				if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || !(errors.Is(err, ErrInvalid) || errors.Is(err, ErrUnsupported)) {
+					t.Fatalf("NewRequest(%q) error = %#v; want a 400 wrapping a sentinel", clipBytes(body), err)
 				}
 				continue
 			}
@@ -69,10 +70,10 @@ func FuzzNewChatRequest(f *testing.F) {
 }
 
 // FuzzChatStream feeds any byte stream, read as server-sent events, to the stream translation.
-// It must not panic; its errors wrap ErrChatStream or ErrChatShape; each event's data is JSON
+// It must not panic; its errors wrap ErrStream or ErrShape; each event's data is JSON
 // on one line; and what it emits, ended by Fail on an error, is always a valid Responses stream.
 func FuzzChatStream(f *testing.F) {
-	cases, _ := filepath.Glob("testdata/responses_chat/*.chat.sse")
+	cases, _ := filepath.Glob("testdata/*.chat.sse")
 	for _, c := range cases {
 		b, err := os.ReadFile(c)
 		if err != nil {
@@ -83,14 +84,14 @@ func FuzzChatStream(f *testing.F) {
 	f.Add([]byte("data: " + string(deeplyNested("choices", 12000)) + "\n\n"))
 	f.Add([]byte(`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":{"a":[1]}}}]},"finish_reason":"tool_calls"}]}` + "\n\n"))
 	f.Add([]byte("data: {\"choices\":[{\"index\":0,\n" + `data: "delta":{"content":"a"},"logprobs":{"content":[{"token":"a",` + "\ndata: " + `"logprob":0}]},"finish_reason":"stop"}]}` + "\n\n"))
-	req, err := NewChatRequest([]byte(`{"model":"m","input":"x","stream":true,"include":["message.output_text.logprobs"]}`), ChatOptions{NewID: counterIDs()})
+	req, err := NewRequest([]byte(`{"model":"m","input":"x","stream":true,"include":["message.output_text.logprobs"]}`), Options{NewID: counterIDs()})
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		s := req.NewStream("resp_f", 1)
 		var out bytes.Buffer
-		write := func(evs []Event) {
+		write := func(evs []sse.Event) {
 			for _, ev := range evs {
 				if !json.Valid(ev.Data) || bytes.ContainsAny(ev.Data, "\r\n") {
 					t.Fatalf("event %s data %q is not JSON on one line", ev.Name, clipBytes(ev.Data))
@@ -98,10 +99,10 @@ func FuzzChatStream(f *testing.F) {
 				fmt.Fprintf(&out, "event: %s\ndata: %s\n\n", ev.Name, ev.Data)
 			}
 		}
-		rd := NewSSEReader(bytes.NewReader(stream))
+		rd := sse.NewReader(bytes.NewReader(stream))
 		for !s.Done() {
 			ev, rerr := rd.Next()
-			var evs []Event
+			var evs []sse.Event
 			var err error
 			switch {
 			case rerr == io.EOF:
@@ -114,7 +115,7 @@ func FuzzChatStream(f *testing.F) {
 			}
 			write(evs)
 			if err != nil {
-				if !errors.Is(err, ErrChatStream) && !errors.Is(err, ErrChatShape) {
+				if !errors.Is(err, ErrStream) && !errors.Is(err, ErrShape) {
 					t.Fatalf("error %v wraps no sentinel", err)
 				}
 				write(s.Fail(err))
@@ -138,7 +139,7 @@ func FuzzChatResponse(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	req, err := NewChatRequest([]byte(`{"model":"m","input":"x","include":["message.output_text.logprobs"]}`), ChatOptions{})
+	req, err := NewRequest([]byte(`{"model":"m","input":"x","include":["message.output_text.logprobs"]}`), Options{})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -1,9 +1,10 @@
-package upstream
+package chat
 
 // Responses ⇄ Chat Completions, the request side's input: Responses input items become chat
-// messages (see responses_chat.go for the rest of the request).
+// messages (see request.go for the rest of the request).
 
 import (
+	"encoding/json"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -12,7 +13,7 @@ import (
 // messageList builds the chat messages from input items.
 type messageList struct {
 	list  []chatMessage
-	field string // ChatOptions.ReasoningField
+	field string // Options.ReasoningField
 	// open is the index of the assistant message that function calls join (the last message,
 	// when it is an assistant's and only reasoning came after it), or -1.
 	open int
@@ -125,7 +126,7 @@ func (m *messageList) item(param string, it gjson.Result) error {
 		return m.functionOutput(param, f)
 	case "reasoning":
 		if m.field != "reasoning_content" && m.field != "reasoning" {
-			return nil // this upstream takes no reasoning back (ChatOptions.ReasoningField)
+			return nil // this upstream takes no reasoning back (Options.ReasoningField)
 		}
 		// The reasoning text itself (content); a summary or encrypted content only is not the
 		// model's reasoning and cannot be given back.
@@ -169,7 +170,7 @@ func (m *messageList) message(param string, it inputItem) error {
 		msg := chatMessage{Role: "assistant"}
 		switch {
 		case content.Type == gjson.String:
-			msg.Content = content.Raw
+			msg.Content = raw(content)
 		case content.IsArray():
 			var text, refusal strings.Builder
 			hasText, hasRefusal := false, false
@@ -192,13 +193,13 @@ func (m *messageList) message(param string, it inputItem) error {
 				return err
 			}
 			if hasText {
-				msg.Content = string(appendString(nil, text.String()))
+				msg.Content = text.String()
 			}
 			if hasRefusal {
-				msg.Refusal = string(appendString(nil, refusal.String()))
+				msg.Refusal = refusal.String()
 			}
 			if !hasText && !hasRefusal {
-				msg.Content = `""`
+				msg.Content = ""
 			}
 		default:
 			return invalidType(param+".content", "a string or an array of content parts")
@@ -215,7 +216,7 @@ func (m *messageList) message(param string, it inputItem) error {
 // inputContent translates the content of a user, system or developer message.
 func inputContent(param string, content gjson.Result, role string) (chatMessage, error) {
 	if content.Type == gjson.String {
-		return chatMessage{Content: content.Raw}, nil
+		return chatMessage{Content: raw(content)}, nil
 	}
 	if !content.IsArray() {
 		return chatMessage{}, invalidType(param, "a string or an array of content parts")
@@ -292,7 +293,7 @@ func inputContent(param string, content gjson.Result, role string) (chatMessage,
 		// One text part is the plain string every server takes (some take no part arrays).
 		return chatMessage{Content: parts[0].Text}, nil
 	}
-	return chatMessage{Parts: parts}, nil
+	return chatMessage{Content: parts}, nil
 }
 
 func (m *messageList) functionCall(param string, it inputItem) error {
@@ -315,10 +316,10 @@ func (m *messageList) functionCall(param string, it inputItem) error {
 		m.calls[callID.Str] = len(m.callOrder)
 		m.callOrder = append(m.callOrder, callSeen{id: callID.Str, item: m.items - 1})
 	}
-	call := chatToolCall{ID: callID.Str, Name: name.Str, Arguments: raw(args)}
+	call := chatToolCall{ID: callID.Str, Type: "function", Function: chatFunction{Name: name.Str, Arguments: raw(args)}}
 	if m.open < 0 {
 		// A turn that starts with calls: the message has no text.
-		m.add(chatMessage{Role: "assistant", Content: "null"})
+		m.add(chatMessage{Role: "assistant", Content: json.RawMessage("null")})
 	}
 	msg := &m.list[m.open]
 	msg.ToolCalls = append(msg.ToolCalls, call)
@@ -338,7 +339,7 @@ func (m *messageList) functionOutput(param string, it inputItem) error {
 	}
 	m.callOrder[k].answered = true
 	out := it.output
-	var content string
+	var content any
 	switch {
 	case out.Type == gjson.String:
 		content = raw(out)
@@ -359,7 +360,7 @@ func (m *messageList) functionOutput(param string, it inputItem) error {
 		if err != nil {
 			return err
 		}
-		content = string(appendString(nil, b.String()))
+		content = b.String()
 	default:
 		return invalidType(param+".output", "a string or an array of content parts")
 	}

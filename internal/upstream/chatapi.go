@@ -1,7 +1,7 @@
 package upstream
 
 // The Responses seam over a Chat Completions upstream: each Responses request is translated
-// (responses_chat*.go), posted to /chat/completions, and its answer translated back into the
+// (package chat), posted to /chat/completions, and its answer translated back into the
 // events a Responses upstream streams.
 
 import (
@@ -18,6 +18,8 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/sse"
+	"github.com/ciproxy/ciproxy/internal/upstream/chat"
 )
 
 // ChatAPI is the Responses seam (ResponsesAPI) for deployments that speak only Chat Completions.
@@ -26,25 +28,25 @@ import (
 // keeps no responses either. It is safe for concurrent use.
 type ChatAPI struct {
 	t    *Target
-	opts ChatOptions
+	opts chat.Options
 }
 
 // NewChatAPI returns the seam that sends Responses requests to t's deployments as chat
 // completions built with opts (see ChatOptionsFor).
-func NewChatAPI(t *Target, opts ChatOptions) *ChatAPI { return &ChatAPI{t: t, opts: opts} }
+func NewChatAPI(t *Target, opts chat.Options) *ChatAPI { return &ChatAPI{t: t, opts: opts} }
 
 var _ ResponsesAPI = (*ChatAPI)(nil)
 
-// Responses implements [ResponsesAPI.Responses]: body is translated by NewChatRequest (a field
+// Responses implements [ResponsesAPI.Responses]: body is translated by chat.NewRequest (a field
 // that cannot be translated is its 400 *apierror.Error, and nothing is sent) and posted to
 // /chat/completions with Post's failover. A streamed answer is translated chunk by chunk as the
-// events are read (ChatStream); a JSON answer is read whole here and arrives as one terminal
+// events are read (chat.Stream); a JSON answer is read whole here and arrives as one terminal
 // event, so an error object sent with a 2xx status is returned here as the *apierror.Error it
 // maps to, and so is a body that breaks off (502 upstream_error "ended early") or cannot be
-// read (502 upstream_error, wrapping ErrMalformed or ErrChatShape). A non-2xx answer is a *StatusError with the upstream's status and retry headers, and
-// its body as it came when it is OpenAI's error shape, else mapped into it (ChatError).
+// read (502 upstream_error, wrapping ErrMalformed or chat.ErrShape). A non-2xx answer is a *StatusError with the upstream's status and retry headers, and
+// its body as it came when it is OpenAI's error shape, else mapped into it (chat.UpstreamError).
 func (c *ChatAPI) Responses(ctx context.Context, body []byte, h http.Header) (ResponseEvents, error) {
-	r, err := NewChatRequest(body, c.opts)
+	r, err := chat.NewRequest(body, c.opts)
 	if err != nil {
 		return nil, err
 	}
@@ -63,9 +65,9 @@ func (c *ChatAPI) Responses(ctx context.Context, body []byte, h http.Header) (Re
 		}
 		return nil, chatStatusError(resp.StatusCode, resp.Header, b)
 	}
-	id := r.newID("resp_")
+	id := r.NewID("resp_")
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
-		return &chatStreamAnswer{rd: NewSSEReader(resp.Body), body: resp.Body, s: r.NewStream(id, 0)}, nil
+		return &chatStreamAnswer{rd: sse.NewReader(resp.Body), body: resp.Body, s: r.NewStream(id, 0)}, nil
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody+1))
@@ -115,15 +117,15 @@ func (a *terminalAnswer) Close() error { return nil }
 
 // chatStreamAnswer is a streamed chat completion, translated as it is read.
 type chatStreamAnswer struct {
-	rd   *SSEReader
+	rd   *sse.Reader
 	body io.Closer
-	s    *ChatStream
-	evs  []Event // translated events not yet returned
-	err  error   // returned once evs are drained
+	s    *chat.Stream
+	evs  []sse.Event // translated events not yet returned
+	err  error       // returned once evs are drained
 }
 
 // Next returns the next translated event. An error chunk from the upstream ends the events as a
-// Responses upstream ends a failed stream (the error event, then response.failed: ChatStream.Fail);
+// Responses upstream ends a failed stream (the error event, then response.failed: chat.Stream.Fail);
 // a stream cut before its finish_reason is an error, and so is a chunk that cannot be read
 // (wrapping ErrMalformed), as for a native upstream whose stream breaks.
 func (a *chatStreamAnswer) Next() ([]byte, error) {
@@ -139,7 +141,7 @@ func (a *chatStreamAnswer) Next() ([]byte, error) {
 		if a.s.Done() {
 			return nil, io.EOF
 		}
-		var evs []Event
+		var evs []sse.Event
 		ev, err := a.rd.Next()
 		switch {
 		case err == io.EOF:
@@ -155,9 +157,9 @@ func (a *chatStreamAnswer) Next() ([]byte, error) {
 		}
 		switch {
 		case err == nil:
-		case errors.Is(err, ErrChatStreamCut):
+		case errors.Is(err, chat.ErrStreamCut):
 			a.err = err
-		case errors.Is(err, ErrChatStream): // the upstream's own error chunk
+		case errors.Is(err, chat.ErrStream): // the upstream's own error chunk
 			evs = append(evs, a.s.Fail(err)...)
 		default:
 			a.err = fmt.Errorf("%w: %w", ErrMalformed, err)
@@ -170,9 +172,9 @@ func (a *chatStreamAnswer) Close() error { return a.body.Close() }
 
 // chatStatusError is a chat upstream's non-2xx answer as the client gets it: its status (one
 // outside 400-599 is 502) and headers, and its body as it came when it is OpenAI's error object
-// already, else the OpenAI-shaped error ChatError reads from it.
+// already, else the OpenAI-shaped error chat.UpstreamError reads from it.
 func chatStatusError(status int, header http.Header, body []byte) *StatusError {
-	e := ChatError(status, header, body)
+	e := chat.UpstreamError(status, header, body)
 	if openAIErrorBody(body, e.Type) {
 		return &StatusError{Status: e.Status, Header: header, Body: body}
 	}
@@ -185,7 +187,7 @@ func chatStatusError(status int, header http.Header, body []byte) *StatusError {
 }
 
 // openAIErrorBody reports whether body is exactly OpenAI's {"error":{"message","type","param",
-// "code"}}, with the type a client can rely on (typ, the one ChatError settled on).
+// "code"}}, with the type a client can rely on (typ, the one chat.UpstreamError settled on).
 func openAIErrorBody(body []byte, typ string) bool {
 	body = bytes.TrimSpace(body)
 	if !jsondepth.Within(body, jsondepth.Max) || !gjson.ValidBytes(body) {
@@ -215,26 +217,26 @@ func openAIErrorBody(body []byte, typ string) bool {
 //   - openrouter, ollama, ollama_chat: reasoning text back as reasoning, the field they use;
 //   - every other provider: max_tokens, and no reasoning sent back (Mistral, Gemini, Anthropic's
 //     compatibility layer and others refuse or ignore unknown message fields).
-func ChatOptionsFor(d config.Deployment) ChatOptions {
+func ChatOptionsFor(d config.Deployment) chat.Options {
 	switch d.Provider {
 	case "azure":
-		return ChatOptions{MaxCompletionTokens: true}
+		return chat.Options{MaxCompletionTokens: true}
 	case "openai", "":
 		if d.Provider == "openai" && d.APIBase == config.KnownAPIBase("openai") {
-			return ChatOptions{MaxCompletionTokens: true}
+			return chat.Options{MaxCompletionTokens: true}
 		}
-		return ChatOptions{ReasoningField: "reasoning_content"}
+		return chat.Options{ReasoningField: "reasoning_content"}
 	case "deepseek", "hosted_vllm":
-		return ChatOptions{ReasoningField: "reasoning_content"}
+		return chat.Options{ReasoningField: "reasoning_content"}
 	case "openrouter", "ollama", "ollama_chat":
-		return ChatOptions{ReasoningField: "reasoning"}
+		return chat.Options{ReasoningField: "reasoning"}
 	}
-	return ChatOptions{}
+	return chat.Options{}
 }
 
 // SameRequest returns the deployments of deps (in the order to try) that can be sent the
 // /v1/responses request built for deps[0]: those speaking the same API, and for Chat
-// Completions taking the same ChatOptions, so failover never posts a body to a deployment that
+// Completions taking the same chat.Options, so failover never posts a body to a deployment that
 // would read it differently.
 func SameRequest(deps []config.Deployment) []config.Deployment {
 	if len(deps) == 0 {

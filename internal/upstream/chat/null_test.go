@@ -1,4 +1,4 @@
-package upstream
+package chat
 
 import (
 	"bytes"
@@ -55,11 +55,11 @@ func TestChatNullsAreAbsent(t *testing.T) {
 	for _, tt := range streams {
 		t.Run("stream/"+tt.name, func(t *testing.T) {
 			for _, body := range []string{defaultStreamRequest, `{"model":"m","input":"hi","stream":true,"include":["message.output_text.logprobs"]}`} {
-				want, err := translateStream(t, newTestChatRequest(t, body, ChatOptions{}), []byte(tt.without))
+				want, err := translateStream(t, newTestChatRequest(t, body, Options{}), []byte(tt.without))
 				if err != nil {
 					t.Fatalf("without nulls: %v\n%s", err, want)
 				}
-				got, err := translateStream(t, newTestChatRequest(t, body, ChatOptions{}), []byte(tt.withNulls))
+				got, err := translateStream(t, newTestChatRequest(t, body, Options{}), []byte(tt.withNulls))
 				if err != nil {
 					t.Fatalf("with nulls: %v\n%s", err, got)
 				}
@@ -88,11 +88,11 @@ func TestChatNullsAreAbsent(t *testing.T) {
 	for _, tt := range completions {
 		t.Run("json/"+tt.name, func(t *testing.T) {
 			for _, body := range []string{`{"model":"m","input":"hi"}`, `{"model":"m","input":"hi","include":["message.output_text.logprobs"]}`} {
-				want, err := newTestChatRequest(t, body, ChatOptions{}).Response([]byte(tt.without), "resp_x", 0)
+				want, err := newTestChatRequest(t, body, Options{}).Response([]byte(tt.without), "resp_x", 0)
 				if err != nil {
 					t.Fatalf("without nulls: %v", err)
 				}
-				got, err := newTestChatRequest(t, body, ChatOptions{}).Response([]byte(tt.withNulls), "resp_x", 0)
+				got, err := newTestChatRequest(t, body, Options{}).Response([]byte(tt.withNulls), "resp_x", 0)
 				if err != nil {
 					t.Fatalf("with nulls: %v", err)
 				}

@@ -1,4 +1,4 @@
-package upstream
+package chat
 
 // Responses ⇄ Chat Completions, errors: what chat servers answer when they refuse, in their own
 // shapes, mapped into OpenAI's {"error":{"message","type","param","code"}}; and the 400s of the
@@ -20,7 +20,7 @@ import (
 // maxErrorMessage bounds an error message taken from an upstream's plain-text or unknown body.
 const maxErrorMessage = 1024
 
-// ChatError returns a non-2xx answer of a Chat Completions upstream (its status, headers and
+// UpstreamError returns a non-2xx answer of a Chat Completions upstream (its status, headers and
 // body) as the OpenAI-shaped error the client gets. The status is kept (one outside 400-599
 // becomes 502), and so are the headers that tell a client when to retry (Retry-After,
 // Retry-After-Ms, X-Should-Retry). The message, type, param and code are read from the
@@ -38,7 +38,7 @@ const maxErrorMessage = 1024
 //
 // A type that is not one of OpenAI's snake_case kinds (vLLM's "BadRequestError") is replaced by
 // the kind the status implies: invalid_request_error for 4xx, requests for 429, server_error for 5xx.
-func ChatError(status int, header http.Header, body []byte) *apierror.Error {
+func UpstreamError(status int, header http.Header, body []byte) *apierror.Error {
 	if status < 400 || status > 599 {
 		status = http.StatusBadGateway
 	}
@@ -70,7 +70,7 @@ func ChatError(status int, header http.Header, body []byte) *apierror.Error {
 	return e
 }
 
-// bodyError returns the error object of a JSON answer or stream chunk (see isErrorObject), in
+// bodyError returns the error object of a JSON answer or stream chunk (one with an error member, or whose object is "error"), in
 // OpenAI's shape; status is used when the object names none.
 func bodyError(root gjson.Result, status int) *apierror.Error {
 	e := errorFromBody(root, status)
@@ -84,13 +84,7 @@ func bodyError(root gjson.Result, status int) *apierror.Error {
 	return e
 }
 
-// isErrorObject reports whether a JSON answer (or stream chunk) is an error instead of a
-// completion.
-func isErrorObject(root gjson.Result) bool {
-	return present(root.Get("error")) || root.Get("object").String() == "error"
-}
-
-// errorFromBody reads an error body in any of the shapes ChatError lists. It returns nil when
+// errorFromBody reads an error body in any of the shapes UpstreamError lists. It returns nil when
 // root holds no error it knows. status is the one to use when the body names none.
 func errorFromBody(root gjson.Result, status int) *apierror.Error {
 	if root.IsArray() {
@@ -180,13 +174,13 @@ func fillErrorKind(e *apierror.Error) {
 		case e.Status == http.StatusTooManyRequests:
 			e.Type = "requests"
 		case e.Status >= 500:
-			e.Type = "server_error"
+			e.Type = apierror.TypeServer
 		default:
-			e.Type = "invalid_request_error"
+			e.Type = apierror.TypeInvalidRequest
 		}
 	}
 	if e.Status == http.StatusTooManyRequests && e.Code == "" {
-		e.Code = "rate_limit_exceeded"
+		e.Code = apierror.CodeRateLimitExceeded
 	}
 }
 
@@ -205,32 +199,32 @@ func isSnakeCase(s string) bool {
 // Errors of the request translation: client-visible 400s naming the field.
 
 func unsupported(param, msg string) error {
-	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "unsupported_parameter", Message: msg, Err: ErrChatUnsupported}
+	return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: param, Code: apierror.CodeUnsupportedParameter, Message: msg, Err: ErrUnsupported}
 }
 
 func unsupportedValue(param, msg string) error {
-	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "unsupported_value", Message: msg, Err: ErrChatUnsupported}
+	return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: param, Code: apierror.CodeUnsupportedValue, Message: msg, Err: ErrUnsupported}
 }
 
 func invalid(param, msg string) error {
-	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Message: msg, Err: ErrChatInvalid}
+	return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: param, Message: msg, Err: ErrInvalid}
 }
 
 func invalidType(param, want string) error {
-	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "invalid_type",
-		Message: "Invalid type for '" + param + "': expected " + want + ".", Err: ErrChatInvalid}
+	return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: param, Code: apierror.CodeInvalidType,
+		Message: "Invalid type for '" + param + "': expected " + want + ".", Err: ErrInvalid}
 }
 
 func invalidValue(param, msg string) error {
-	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "invalid_value", Message: msg, Err: ErrChatInvalid}
+	return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: param, Code: apierror.CodeInvalidValue, Message: msg, Err: ErrInvalid}
 }
 
 func missing(param string) error {
-	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "missing_required_parameter",
-		Message: "Missing required parameter: '" + param + "'.", Err: ErrChatInvalid}
+	return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: param, Code: apierror.CodeMissingRequiredParameter,
+		Message: "Missing required parameter: '" + param + "'.", Err: ErrInvalid}
 }
 
 func emptyArray(param string) error {
-	return &apierror.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "empty_array",
-		Message: "Invalid '" + param + "': empty array. Expected an array with minimum length 1, but got an empty array instead.", Err: ErrChatInvalid}
+	return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: param, Code: apierror.CodeEmptyArray,
+		Message: "Invalid '" + param + "': empty array. Expected an array with minimum length 1, but got an empty array instead.", Err: ErrInvalid}
 }

@@ -1,4 +1,4 @@
-package upstream
+package sse
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 )
 
 // decodeAll reads every event of r and the error that ended the stream.
-func decodeAll(r *SSEReader) ([]Event, error) {
+func decodeAll(r *Reader) ([]Event, error) {
 	var evs []Event
 	for {
 		ev, err := r.Next()
@@ -60,7 +60,7 @@ func TestSSEReader(t *testing.T) {
 	for _, tc := range tests {
 		for _, rd := range readers {
 			t.Run(tc.name+"/"+rd.name, func(t *testing.T) {
-				got, err := decodeAll(NewSSEReader(rd.wrap(strings.NewReader(tc.in))))
+				got, err := decodeAll(NewReader(rd.wrap(strings.NewReader(tc.in))))
 				if err != io.EOF {
 					t.Fatalf("Next error = %v; want io.EOF", err)
 				}
@@ -92,7 +92,7 @@ func TestSSEReaderOversize(t *testing.T) {
 				r = iotest.OneByteReader(r)
 			}
 			t.Run(name, func(t *testing.T) {
-				sr := NewSSEReaderSize(r, 32)
+				sr := NewReaderSize(r, 32)
 				got, err := decodeAll(sr)
 				if !errors.Is(err, ErrEventTooLarge) {
 					t.Fatalf("error = %v; want ErrEventTooLarge", err)
@@ -107,7 +107,7 @@ func TestSSEReaderOversize(t *testing.T) {
 		}
 	}
 	// Exactly at the cap is fine.
-	got, err := decodeAll(NewSSEReaderSize(strings.NewReader("data: "+strings.Repeat("x", 32)+"\n\n"), 32))
+	got, err := decodeAll(NewReaderSize(strings.NewReader("data: "+strings.Repeat("x", 32)+"\n\n"), 32))
 	if err != io.EOF || len(got) != 1 || len(got[0].Data) != 32 {
 		t.Errorf("event of exactly the cap: %d events, %v", len(got), err)
 	}
@@ -115,7 +115,7 @@ func TestSSEReaderOversize(t *testing.T) {
 
 func TestSSEReaderReadError(t *testing.T) {
 	boom := errors.New("connection reset")
-	r := NewSSEReader(io.MultiReader(strings.NewReader("data: a\n\ndata: partial"), iotest.ErrReader(boom)))
+	r := NewReader(io.MultiReader(strings.NewReader("data: a\n\ndata: partial"), iotest.ErrReader(boom)))
 	got, err := decodeAll(r)
 	if !errors.Is(err, boom) {
 		t.Fatalf("error = %v; want the read error", err)
@@ -126,7 +126,7 @@ func TestSSEReaderReadError(t *testing.T) {
 }
 
 func TestSSEReaderDataIsOwned(t *testing.T) {
-	r := NewSSEReader(strings.NewReader("data: first\n\ndata: second\n\n"))
+	r := NewReader(strings.NewReader("data: first\n\ndata: second\n\n"))
 	a, _ := r.Next()
 	b, _ := r.Next()
 	if string(a.Data) != "first" || string(b.Data) != "second" {
@@ -138,7 +138,7 @@ func TestSSEReaderLongLines(t *testing.T) {
 	// Lines much longer than the initial buffer, split over many reads.
 	big := strings.Repeat("0123456789", 50_000)
 	in := "event: big\ndata: " + big + "\r\n\r\ndata: small\n\n"
-	got, err := decodeAll(NewSSEReader(iotest.HalfReader(strings.NewReader(in))))
+	got, err := decodeAll(NewReader(iotest.HalfReader(strings.NewReader(in))))
 	if err != io.EOF || !eventsEqual(got, []Event{ev("big", big), ev("", "small")}) {
 		t.Errorf("long line: %d events, error %v", len(got), err)
 	}
@@ -183,8 +183,8 @@ func FuzzSSEReader(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data, sizes []byte) {
 		const max = 64
-		whole, werr := decodeAll(NewSSEReaderSize(bytes.NewReader(data), max))
-		chunked, cerr := decodeAll(NewSSEReaderSize(&chunkReader{data: data, sizes: sizes}, max))
+		whole, werr := decodeAll(NewReaderSize(bytes.NewReader(data), max))
+		chunked, cerr := decodeAll(NewReaderSize(&chunkReader{data: data, sizes: sizes}, max))
 		if (werr == io.EOF) != (cerr == io.EOF) || errors.Is(werr, ErrEventTooLarge) != errors.Is(cerr, ErrEventTooLarge) {
 			t.Fatalf("errors differ: whole %v, chunked %v", werr, cerr)
 		}

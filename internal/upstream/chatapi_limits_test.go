@@ -17,6 +17,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/upstream/chat"
 )
 
 // hostileChat is a chat server whose answer is written piece by piece, never held whole: head,
@@ -34,7 +35,7 @@ func hostileChat(t *testing.T, ct, head, piece, tail string, n int) *ChatAPI {
 		_, _ = io.WriteString(w, tail)
 	})
 	d := config.Deployment{ModelName: "m", UpstreamModel: "m-up", APIBase: up.URL + "/v1", API: config.APIChatCompletions}
-	return NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), ChatOptions{MaxCodeSize: 1 << 20})
+	return NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), chat.Options{MaxCodeSize: 1 << 20})
 }
 
 func heapInUse() uint64 {
@@ -52,7 +53,7 @@ func heapInUse() uint64 {
 func TestChatAnswerBounded(t *testing.T) {
 	const (
 		maxCode = 1 << 20
-		limit   = maxCode + argsSlack
+		limit   = maxCode + chat.ArgsSlack
 		mib     = 1 << 20
 	)
 	piece := strings.Repeat("a", 64<<10)
@@ -180,7 +181,7 @@ func TestChatInvalidUTF8(t *testing.T) {
 				_, _ = io.WriteString(w, tt.body)
 			})
 			d := config.Deployment{ModelName: "m", UpstreamModel: "m-up", APIBase: up.URL + "/v1", API: config.APIChatCompletions}
-			api := NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), ChatOptions{})
+			api := NewChatAPI(newTestClient(t, nil).Target([]config.Deployment{d}), chat.Options{})
 			ev, err := api.Responses(context.Background(), []byte(`{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"stream":true}`), http.Header{})
 			var out [][]byte
 			if err == nil {

@@ -1,4 +1,4 @@
-package upstream
+package chat
 
 import (
 	"bytes"
@@ -20,24 +20,24 @@ func TestNewChatRequest(t *testing.T) {
 	tests := []struct {
 		name string
 		body string
-		opts ChatOptions
+		opts Options
 		want string
 	}{
 		{"a string input after instructions becomes a system and a user message",
 			`{"model":"m","instructions":"Be brief.","input":"hi <b>"}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"hi <b>"}]}`},
+			Options{}, `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"hi <b>"}]}`},
 		{"null fields are not set",
 			`{"model":"m","input":"hi","instructions":null,"temperature":null,"tools":null,"tool_choice":null,"background":null,"previous_response_id":null,"conversation":null}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`},
 		{"one text part is a string, several stay parts, developer becomes system",
 			`{"model":"m","input":[{"type":"message","role":"developer","content":[{"type":"input_text","text":"Rules."}]},` +
 				`{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_text","text":"b"}]}]}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"system","content":"Rules."},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}`},
+			Options{}, `{"model":"m","messages":[{"role":"system","content":"Rules."},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}`},
 		{"images and files become image_url and file parts",
 			`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"What is it?"},` +
 				`{"type":"input_image","image_url":"data:image/png;base64,iVBOR","detail":"high"},{"type":"input_image","image_url":"https://x/y.png"},` +
 				`{"type":"input_file","filename":"a.pdf","file_data":"data:application/pdf;base64,JVBER"}]}]}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"What is it?"},` +
+			Options{}, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"What is it?"},` +
 				`{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBOR","detail":"high"}},{"type":"image_url","image_url":{"url":"https://x/y.png"}},` +
 				`{"type":"file","file":{"filename":"a.pdf","file_data":"data:application/pdf;base64,JVBER"}}]}]}`},
 		{"consecutive calls are one assistant message, each output a tool message",
@@ -47,7 +47,7 @@ func TestNewChatRequest(t *testing.T) {
 				`{"type":"function_call_output","call_id":"call_1","output":"1"},` +
 				`{"type":"function_call_output","call_id":"call_2","output":[{"type":"input_text","text":"a"},{"type":"input_text","text":"b"}]},` +
 				`{"type":"message","role":"assistant","status":"completed","content":[{"type":"output_text","text":"Done.","annotations":[]}]}]}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"go"},` +
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"go"},` +
 				`{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"python","arguments":"{\"code\":\"1\"}"}},{"id":"call_2","type":"function","function":{"name":"lookup","arguments":"{}"}}]},` +
 				`{"role":"tool","content":"1","tool_call_id":"call_1"},{"role":"tool","content":"ab","tool_call_id":"call_2"},` +
 				`{"role":"assistant","content":"Done."}]}`},
@@ -55,7 +55,7 @@ func TestNewChatRequest(t *testing.T) {
 			`{"model":"m","input":[{"role":"assistant","content":"Let me run it."},` +
 				`{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"a","output":"x"},` +
 				`{"type":"function_call","call_id":"b","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"b","output":"y"}]}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"assistant","content":"Let me run it.","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},` +
+			Options{}, `{"model":"m","messages":[{"role":"assistant","content":"Let me run it.","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},` +
 				`{"role":"tool","content":"x","tool_call_id":"a"},` +
 				`{"role":"assistant","content":null,"tool_calls":[{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]},` +
 				`{"role":"tool","content":"y","tool_call_id":"b"}]}`},
@@ -64,92 +64,92 @@ func TestNewChatRequest(t *testing.T) {
 		{"an output after a message still answers its call, right after it",
 			`{"model":"m","input":[{"role":"user","content":"go"},{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},` +
 				`{"role":"user","content":"and hurry"},{"type":"function_call_output","call_id":"a","output":"x"}]}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"go"},` +
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"go"},` +
 				`{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},` +
 				`{"role":"tool","content":"x","tool_call_id":"a"},{"role":"user","content":"and hurry"}]}`},
 		{"outputs in another order than their calls follow the calls' order",
 			`{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call","call_id":"b","name":"g","arguments":"{}"},` +
 				`{"type":"function_call_output","call_id":"b","output":"y"},{"role":"assistant","content":"half done"},{"type":"function_call_output","call_id":"a","output":"x"}]}`,
-			ChatOptions{}, `{"model":"m","messages":[` +
+			Options{}, `{"model":"m","messages":[` +
 				`{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"b","type":"function","function":{"name":"g","arguments":"{}"}}]},` +
 				`{"role":"tool","content":"x","tool_call_id":"a"},{"role":"tool","content":"y","tool_call_id":"b"},{"role":"assistant","content":"half done"}]}`},
 		{"outputs of two turns, given after both",
 			`{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"role":"user","content":"next"},` +
 				`{"type":"function_call","call_id":"b","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"b","output":"y"},{"type":"function_call_output","call_id":"a","output":"x"}]}`,
-			ChatOptions{}, `{"model":"m","messages":[` +
+			Options{}, `{"model":"m","messages":[` +
 				`{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"x","tool_call_id":"a"},` +
 				`{"role":"user","content":"next"},` +
 				`{"role":"assistant","content":null,"tool_calls":[{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"y","tool_call_id":"b"}]}`},
 		{"reasoning is dropped by default",
 			`{"model":"m","input":[{"role":"user","content":"q"},{"type":"reasoning","id":"rs_1","summary":[],"content":[{"type":"reasoning_text","text":"think"}]},{"role":"assistant","content":"a"}]}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}`},
 		{"reasoning rides on the next assistant message as reasoning_content",
 			`{"model":"m","input":[{"role":"user","content":"q"},{"type":"reasoning","id":"rs_1","summary":[],"content":[{"type":"reasoning_text","text":"think"}]},` +
 				`{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"reasoning","id":"rs_2","summary":[],"content":[{"type":"reasoning_text","text":"more"}]},` +
 				`{"type":"function_call","call_id":"b","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"a","output":"x"},{"type":"function_call_output","call_id":"b","output":"y"},` +
 				`{"type":"reasoning","id":"rs_3","summary":[{"type":"summary_text","text":"only a summary"}],"encrypted_content":"gAAA"},{"role":"assistant","content":"a"}]}`,
-			ChatOptions{ReasoningField: "reasoning_content"},
+			Options{ReasoningField: "reasoning_content"},
 			`{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"reasoning_content":"think\n\nmore","tool_calls":[` +
 				`{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]},` +
 				`{"role":"tool","content":"x","tool_call_id":"a"},{"role":"tool","content":"y","tool_call_id":"b"},{"role":"assistant","content":"a"}]}`},
 		{"reasoning as reasoning, and none for a user message",
 			`{"model":"m","input":[{"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"lost"}]},{"role":"user","content":"q"},` +
 				`{"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"kept"}]},{"role":"assistant","content":[{"type":"output_text","text":"a"},{"type":"refusal","refusal":"no"}]}]}`,
-			ChatOptions{ReasoningField: "reasoning"},
+			Options{ReasoningField: "reasoning"},
 			`{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a","refusal":"no","reasoning":"kept"}]}`},
 		{"function tools keep strict; tool_choice, parallel_tool_calls and sampling pass",
 			`{"model":"m","input":"x","tools":[` + fnTool + `,{"type":"function","name":"f"}],"tool_choice":"required","parallel_tool_calls":false,"temperature":0.5,"top_p":0.9,"max_output_tokens":100}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[` + fnChat + `,{"type":"function","function":{"name":"f"}}],` +
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[` + fnChat + `,{"type":"function","function":{"name":"f"}}],` +
 				`"tool_choice":"required","parallel_tool_calls":false,"max_tokens":100,"temperature":0.5,"top_p":0.9}`},
 		{"a named function",
 			`{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"f"}}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}}}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}}}`},
 		{"allowed_tools cuts the tools list down and keeps its mode",
 			`{"model":"m","input":"x","tools":[{"type":"function","name":"a"},{"type":"function","name":"b"},{"type":"function","name":"c"}],` +
 				`"tool_choice":{"type":"allowed_tools","mode":"required","tools":[{"type":"function","name":"c"},{"type":"function","name":"a"}]}}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"c"}},{"type":"function","function":{"name":"a"}}],"tool_choice":"required"}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"c"}},{"type":"function","function":{"name":"a"}}],"tool_choice":"required"}`},
 		{"auto, none and parallel_tool_calls without tools are left out",
 			`{"model":"m","input":"x","tool_choice":"none","parallel_tool_calls":true}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"}]}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"x"}]}`},
 		{"max_completion_tokens when the deployment wants it",
 			`{"model":"m","input":"x","max_output_tokens":64}`,
-			ChatOptions{MaxCompletionTokens: true}, `{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":64}`},
+			Options{MaxCompletionTokens: true}, `{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":64}`},
 		{"json_schema, verbosity and reasoning effort",
 			`{"model":"m","input":"x","text":{"format":{"type":"json_schema","name":"out","description":"d","schema":{"type":"object"},"strict":true},"verbosity":"low"},"reasoning":{"effort":"high","summary":"auto"}}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"out","description":"d","schema":{"type":"object"},"strict":true}},"reasoning_effort":"high","verbosity":"low"}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"out","description":"d","schema":{"type":"object"},"strict":true}},"reasoning_effort":"high","verbosity":"low"}`},
 		{"json_object, and text format text is the default",
 			`{"model":"m","input":"x","text":{"format":{"type":"json_object"}}}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}`},
 		{"a stream asks for usage",
 			`{"model":"m","input":"x","stream":true,"stream_options":{"include_obfuscation":false}}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true}}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true}}`},
 		{"identity and caching fields pass; store, metadata, include and truncation are the proxy's",
 			`{"model":"m","input":"x","user":"u","safety_identifier":"s","prompt_cache_key":"k","prompt_cache_retention":"24h","service_tier":"flex",` +
 				`"store":false,"metadata":{"a":"b"},"include":["reasoning.encrypted_content"],"truncation":"auto","max_tool_calls":3,"top_logprobs":2,"background":false}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"user":"u","safety_identifier":"s","prompt_cache_key":"k","prompt_cache_retention":"24h","service_tier":"flex"}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"user":"u","safety_identifier":"s","prompt_cache_key":"k","prompt_cache_retention":"24h","service_tier":"flex"}`},
 		{"logprobs when included",
 			`{"model":"m","input":"x","include":["message.output_text.logprobs"],"top_logprobs":2}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2}`},
 		{"fields Responses does not define pass through",
 			`{"model":"m","input":"x","top_k":20,"chat_template_kwargs":{"enable_thinking":false},"top_k":40}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"top_k":40,"chat_template_kwargs":{"enable_thinking":false}}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"x"}],"top_k":40,"chat_template_kwargs":{"enable_thinking":false}}`},
 		{"calls at the end may stay unanswered",
 			`{"model":"m","input":[{"role":"user","content":"x"},{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call","call_id":"b","name":"f","arguments":"{}"}]}`,
-			ChatOptions{}, `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`},
+			Options{}, `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			in := []byte(tt.body)
 			orig := bytes.Clone(in)
-			r, err := NewChatRequest(in, tt.opts)
+			r, err := NewRequest(in, tt.opts)
 			if err != nil {
-				t.Fatalf("NewChatRequest() error = %v", err)
+				t.Fatalf("NewRequest() error = %v", err)
 			}
 			if !bytes.Equal(in, orig) {
-				t.Error("NewChatRequest modified its input")
+				t.Error("NewRequest modified its input")
 			}
 			if string(r.Body) != tt.want {
-				t.Errorf("NewChatRequest(%s).Body =\n%s\nwant\n%s", tt.body, r.Body, tt.want)
+				t.Errorf("NewRequest(%s).Body =\n%s\nwant\n%s", tt.body, r.Body, tt.want)
 			}
 			if r.Stream != gjson.Get(tt.body, "stream").Bool() {
 				t.Errorf("Stream = %v", r.Stream)
@@ -166,58 +166,58 @@ func TestNewChatRequestRefuses(t *testing.T) {
 		param    string
 		code     string
 	}{
-		{"a body that is not JSON", `{"model":`, ErrChatInvalid, "", ""},
-		{"a body that is not an object", `["model"]`, ErrChatInvalid, "", ""},
-		{"no model", `{"input":"x"}`, ErrChatInvalid, "model", "missing_required_parameter"},
-		{"a model that is not a string", `{"model":1,"input":"x"}`, ErrChatInvalid, "model", "invalid_type"},
-		{"background mode", `{"model":"m","input":"x","background":true}`, ErrChatUnsupported, "background", "unsupported_parameter"},
-		{"an unresolved previous_response_id", `{"model":"m","input":"x","previous_response_id":"resp_1"}`, ErrChatUnsupported, "previous_response_id", "unsupported_parameter"},
-		{"a conversation", `{"model":"m","input":"x","conversation":"conv_1"}`, ErrChatUnsupported, "conversation", "unsupported_parameter"},
-		{"a stored prompt", `{"model":"m","prompt":{"id":"pmpt_1"}}`, ErrChatUnsupported, "prompt", "unsupported_parameter"},
-		{"context management", `{"model":"m","input":"x","context_management":[{"type":"compaction"}]}`, ErrChatUnsupported, "context_management", "unsupported_parameter"},
-		{"a built-in tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"},{"type":"web_search"}]}`, ErrChatUnsupported, "tools[1].type", "unsupported_value"},
-		{"code_interpreter left in", `{"model":"m","input":"x","tools":[{"type":"code_interpreter","container":{"type":"auto"}}]}`, ErrChatUnsupported, "tools[0].type", "unsupported_value"},
-		{"a custom tool", `{"model":"m","input":"x","tools":[{"type":"custom","name":"c"}]}`, ErrChatUnsupported, "tools[0].type", "unsupported_value"},
-		{"a function without a name", `{"model":"m","input":"x","tools":[{"type":"function","parameters":{}}]}`, ErrChatInvalid, "tools[0].name", "missing_required_parameter"},
-		{"parameters that are not an object", `{"model":"m","input":"x","tools":[{"type":"function","name":"f","parameters":[]}]}`, ErrChatInvalid, "tools[0].parameters", "invalid_type"},
-		{"a tool_choice naming no tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"g"}}`, ErrChatInvalid, "tool_choice", "invalid_value"},
-		{"required without tools", `{"model":"m","input":"x","tool_choice":"required"}`, ErrChatInvalid, "tool_choice", "invalid_value"},
-		{"an unknown tool_choice", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":"any"}`, ErrChatInvalid, "tool_choice", "invalid_value"},
-		{"allowed_tools with a hosted tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"allowed_tools","mode":"auto","tools":[{"type":"file_search"}]}}`, ErrChatUnsupported, "tool_choice.tools[0].type", "unsupported_value"},
-		{"allowed_tools naming no tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"allowed_tools","mode":"auto","tools":[{"type":"function","name":"g"}]}}`, ErrChatInvalid, "tool_choice.tools[0]", "invalid_value"},
-		{"allowed_tools with a bad mode", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"allowed_tools","mode":"any","tools":[]}}`, ErrChatInvalid, "tool_choice.mode", "invalid_value"},
-		{"an item reference", `{"model":"m","input":[{"type":"item_reference","id":"msg_1"}]}`, ErrChatUnsupported, "input[0]", "unsupported_value"},
-		{"a code_interpreter_call item", `{"model":"m","input":[{"role":"user","content":"x"},{"type":"code_interpreter_call","id":"ci_1","code":"1","outputs":null}]}`, ErrChatUnsupported, "input[1].type", "unsupported_value"},
-		{"an image by file id", `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","file_id":"file-1"}]}]}`, ErrChatUnsupported, "input[0].content[0].file_id", "unsupported_parameter"},
-		{"a file by url", `{"model":"m","input":[{"role":"user","content":[{"type":"input_file","file_url":"https://x/a.pdf"}]}]}`, ErrChatUnsupported, "input[0].content[0].file_url", "unsupported_parameter"},
-		{"an image in a system message", `{"model":"m","input":[{"role":"system","content":[{"type":"input_image","image_url":"https://x"}]}]}`, ErrChatInvalid, "input[0].content[0].type", "invalid_value"},
-		{"an unknown content part", `{"model":"m","input":[{"role":"user","content":[{"type":"input_audio"}]}]}`, ErrChatUnsupported, "input[0].content[0].type", "unsupported_value"},
-		{"an unknown role", `{"model":"m","input":[{"role":"critic","content":"x"}]}`, ErrChatInvalid, "input[0].role", "invalid_value"},
-		{"a call without call_id", `{"model":"m","input":[{"type":"function_call","name":"f","arguments":"{}"}]}`, ErrChatInvalid, "input[0].call_id", "missing_required_parameter"},
-		{"arguments that are not a string", `{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":{}}]}`, ErrChatInvalid, "input[0].arguments", "invalid_type"},
-		{"an image in a function output", `{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"a","output":[{"type":"input_image","image_url":"https://x"}]}]}`, ErrChatUnsupported, "input[1].output[0].type", "unsupported_value"},
+		{"a body that is not JSON", `{"model":`, ErrInvalid, "", ""},
+		{"a body that is not an object", `["model"]`, ErrInvalid, "", ""},
+		{"no model", `{"input":"x"}`, ErrInvalid, "model", "missing_required_parameter"},
+		{"a model that is not a string", `{"model":1,"input":"x"}`, ErrInvalid, "model", "invalid_type"},
+		{"background mode", `{"model":"m","input":"x","background":true}`, ErrUnsupported, "background", "unsupported_parameter"},
+		{"an unresolved previous_response_id", `{"model":"m","input":"x","previous_response_id":"resp_1"}`, ErrUnsupported, "previous_response_id", "unsupported_parameter"},
+		{"a conversation", `{"model":"m","input":"x","conversation":"conv_1"}`, ErrUnsupported, "conversation", "unsupported_parameter"},
+		{"a stored prompt", `{"model":"m","prompt":{"id":"pmpt_1"}}`, ErrUnsupported, "prompt", "unsupported_parameter"},
+		{"context management", `{"model":"m","input":"x","context_management":[{"type":"compaction"}]}`, ErrUnsupported, "context_management", "unsupported_parameter"},
+		{"a built-in tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"},{"type":"web_search"}]}`, ErrUnsupported, "tools[1].type", "unsupported_value"},
+		{"code_interpreter left in", `{"model":"m","input":"x","tools":[{"type":"code_interpreter","container":{"type":"auto"}}]}`, ErrUnsupported, "tools[0].type", "unsupported_value"},
+		{"a custom tool", `{"model":"m","input":"x","tools":[{"type":"custom","name":"c"}]}`, ErrUnsupported, "tools[0].type", "unsupported_value"},
+		{"a function without a name", `{"model":"m","input":"x","tools":[{"type":"function","parameters":{}}]}`, ErrInvalid, "tools[0].name", "missing_required_parameter"},
+		{"parameters that are not an object", `{"model":"m","input":"x","tools":[{"type":"function","name":"f","parameters":[]}]}`, ErrInvalid, "tools[0].parameters", "invalid_type"},
+		{"a tool_choice naming no tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"g"}}`, ErrInvalid, "tool_choice", "invalid_value"},
+		{"required without tools", `{"model":"m","input":"x","tool_choice":"required"}`, ErrInvalid, "tool_choice", "invalid_value"},
+		{"an unknown tool_choice", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":"any"}`, ErrInvalid, "tool_choice", "invalid_value"},
+		{"allowed_tools with a hosted tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"allowed_tools","mode":"auto","tools":[{"type":"file_search"}]}}`, ErrUnsupported, "tool_choice.tools[0].type", "unsupported_value"},
+		{"allowed_tools naming no tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"allowed_tools","mode":"auto","tools":[{"type":"function","name":"g"}]}}`, ErrInvalid, "tool_choice.tools[0]", "invalid_value"},
+		{"allowed_tools with a bad mode", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"allowed_tools","mode":"any","tools":[]}}`, ErrInvalid, "tool_choice.mode", "invalid_value"},
+		{"an item reference", `{"model":"m","input":[{"type":"item_reference","id":"msg_1"}]}`, ErrUnsupported, "input[0]", "unsupported_value"},
+		{"a code_interpreter_call item", `{"model":"m","input":[{"role":"user","content":"x"},{"type":"code_interpreter_call","id":"ci_1","code":"1","outputs":null}]}`, ErrUnsupported, "input[1].type", "unsupported_value"},
+		{"an image by file id", `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","file_id":"file-1"}]}]}`, ErrUnsupported, "input[0].content[0].file_id", "unsupported_parameter"},
+		{"a file by url", `{"model":"m","input":[{"role":"user","content":[{"type":"input_file","file_url":"https://x/a.pdf"}]}]}`, ErrUnsupported, "input[0].content[0].file_url", "unsupported_parameter"},
+		{"an image in a system message", `{"model":"m","input":[{"role":"system","content":[{"type":"input_image","image_url":"https://x"}]}]}`, ErrInvalid, "input[0].content[0].type", "invalid_value"},
+		{"an unknown content part", `{"model":"m","input":[{"role":"user","content":[{"type":"input_audio"}]}]}`, ErrUnsupported, "input[0].content[0].type", "unsupported_value"},
+		{"an unknown role", `{"model":"m","input":[{"role":"critic","content":"x"}]}`, ErrInvalid, "input[0].role", "invalid_value"},
+		{"a call without call_id", `{"model":"m","input":[{"type":"function_call","name":"f","arguments":"{}"}]}`, ErrInvalid, "input[0].call_id", "missing_required_parameter"},
+		{"arguments that are not a string", `{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":{}}]}`, ErrInvalid, "input[0].arguments", "invalid_type"},
+		{"an image in a function output", `{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"a","output":[{"type":"input_image","image_url":"https://x"}]}]}`, ErrUnsupported, "input[1].output[0].type", "unsupported_value"},
 		// OpenAI's own errors for what a chat server would refuse in its terms (messages[...]).
-		{"no input", `{"model":"m","instructions":"be brief"}`, ErrChatInvalid, "input", "missing_required_parameter"},
-		{"an empty input", `{"model":"m","input":[]}`, ErrChatInvalid, "input", "empty_array"},
-		{"an output answering no call", `{"model":"m","input":[{"role":"user","content":"x"},{"type":"function_call_output","call_id":"a","output":"1"}]}`, ErrChatInvalid, "input", ""},
+		{"no input", `{"model":"m","instructions":"be brief"}`, ErrInvalid, "input", "missing_required_parameter"},
+		{"an empty input", `{"model":"m","input":[]}`, ErrInvalid, "input", "empty_array"},
+		{"an output answering no call", `{"model":"m","input":[{"role":"user","content":"x"},{"type":"function_call_output","call_id":"a","output":"1"}]}`, ErrInvalid, "input", ""},
 		{"a call unanswered before more input", `{"model":"m","input":[{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call","call_id":"b","name":"f","arguments":"{}"},` +
-			`{"type":"function_call_output","call_id":"b","output":"1"}]}`, ErrChatInvalid, "input", ""},
-		{"an item that is not an object", `{"model":"m","input":["x"]}`, ErrChatInvalid, "input[0]", "invalid_type"},
-		{"input that is a number", `{"model":"m","input":1}`, ErrChatInvalid, "input", "invalid_type"},
-		{"a temperature that is a string", `{"model":"m","input":"x","temperature":"hot"}`, ErrChatInvalid, "temperature", "invalid_type"},
-		{"max_output_tokens that is not an integer", `{"model":"m","input":"x","max_output_tokens":1.5}`, ErrChatInvalid, "max_output_tokens", "invalid_type"},
-		{"an unknown text format", `{"model":"m","input":"x","text":{"format":{"type":"grammar"}}}`, ErrChatUnsupported, "text.format.type", "unsupported_value"},
-		{"a json_schema without a name", `{"model":"m","input":"x","text":{"format":{"type":"json_schema","schema":{}}}}`, ErrChatInvalid, "text.format.name", "missing_required_parameter"},
-		{"a Chat Completions field", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, ErrChatUnsupported, "messages", "unsupported_parameter"},
-		{"max_tokens", `{"model":"m","input":"x","max_tokens":5}`, ErrChatUnsupported, "max_tokens", "unsupported_parameter"},
-		{"a hosted tool_choice without its tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"code_interpreter"}}`, ErrChatInvalid, "tool_choice", ""},
-		{"an unknown tool_choice type", `{"model":"m","input":"x","tool_choice":{"type":"telepathy"}}`, ErrChatUnsupported, "tool_choice.type", "unsupported_value"},
+			`{"type":"function_call_output","call_id":"b","output":"1"}]}`, ErrInvalid, "input", ""},
+		{"an item that is not an object", `{"model":"m","input":["x"]}`, ErrInvalid, "input[0]", "invalid_type"},
+		{"input that is a number", `{"model":"m","input":1}`, ErrInvalid, "input", "invalid_type"},
+		{"a temperature that is a string", `{"model":"m","input":"x","temperature":"hot"}`, ErrInvalid, "temperature", "invalid_type"},
+		{"max_output_tokens that is not an integer", `{"model":"m","input":"x","max_output_tokens":1.5}`, ErrInvalid, "max_output_tokens", "invalid_type"},
+		{"an unknown text format", `{"model":"m","input":"x","text":{"format":{"type":"grammar"}}}`, ErrUnsupported, "text.format.type", "unsupported_value"},
+		{"a json_schema without a name", `{"model":"m","input":"x","text":{"format":{"type":"json_schema","schema":{}}}}`, ErrInvalid, "text.format.name", "missing_required_parameter"},
+		{"a Chat Completions field", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, ErrUnsupported, "messages", "unsupported_parameter"},
+		{"max_tokens", `{"model":"m","input":"x","max_tokens":5}`, ErrUnsupported, "max_tokens", "unsupported_parameter"},
+		{"a hosted tool_choice without its tool", `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"code_interpreter"}}`, ErrInvalid, "tool_choice", ""},
+		{"an unknown tool_choice type", `{"model":"m","input":"x","tool_choice":{"type":"telepathy"}}`, ErrUnsupported, "tool_choice.type", "unsupported_value"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := NewChatRequest([]byte(tt.body), ChatOptions{})
+			_, err := NewRequest([]byte(tt.body), Options{})
 			if !errors.Is(err, tt.sentinel) {
-				t.Fatalf("NewChatRequest(%s) error = %v; want %v", tt.body, err, tt.sentinel)
+				t.Fatalf("NewRequest(%s) error = %v; want %v", tt.body, err, tt.sentinel)
 			}
 			var ae *apierror.Error
 			if !errors.As(err, &ae) {
@@ -276,7 +276,7 @@ func TestChatResponse(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := newTestChatRequest(t, req, ChatOptions{})
+			r := newTestChatRequest(t, req, Options{})
 			in := []byte(tt.chat)
 			orig := bytes.Clone(in)
 			out, err := r.Response(in, "resp_x", 0)
@@ -306,15 +306,15 @@ func TestChatResponseErrors(t *testing.T) {
 		status   int
 		message  string
 	}{
-		{"not JSON", `{"choices":[`, ErrChatShape, 502, "could not be read"},
-		{"no choices", `{"id":"x","choices":[]}`, ErrChatShape, 502, "could not be read"},
-		{"a call without a name", `{"choices":[{"index":0,"message":{"tool_calls":[{"id":"a","function":{"arguments":"{}"}}]}}]}`, ErrChatShape, 502, "could not be read"},
+		{"not JSON", `{"choices":[`, ErrShape, 502, "could not be read"},
+		{"no choices", `{"id":"x","choices":[]}`, ErrShape, 502, "could not be read"},
+		{"a call without a name", `{"choices":[{"index":0,"message":{"tool_calls":[{"id":"a","function":{"arguments":"{}"}}]}}]}`, ErrShape, 502, "could not be read"},
 		{"an error object answered with 200", `{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}`, nil, 502, "quota"},
 		{"a vLLM error answered with 200", `{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":400}`, nil, 400, "bad"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := newTestChatRequest(t, `{"model":"m","input":"x"}`, ChatOptions{}).Response([]byte(tt.chat), "resp_x", 1)
+			_, err := newTestChatRequest(t, `{"model":"m","input":"x"}`, Options{}).Response([]byte(tt.chat), "resp_x", 1)
 			var ae *apierror.Error
 			if !errors.As(err, &ae) {
 				t.Fatalf("error = %v; want an *apierror.Error", err)
@@ -364,9 +364,9 @@ func TestChatError(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := http.Header{"Retry-After": {"7"}, "X-Other": {"y"}}
-			e := ChatError(tt.status, h, []byte(tt.body))
+			e := UpstreamError(tt.status, h, []byte(tt.body))
 			if e.Status != tt.wantStatus || e.Message != tt.message || e.Type != tt.typ || e.Param != tt.param || e.Code != tt.code {
-				t.Errorf("ChatError() = %d %q %q %q %q; want %d %q %q %q %q", e.Status, e.Message, e.Type, e.Param, e.Code,
+				t.Errorf("UpstreamError() = %d %q %q %q %q; want %d %q %q %q %q", e.Status, e.Message, e.Type, e.Param, e.Code,
 					tt.wantStatus, tt.message, tt.typ, tt.param, tt.code)
 			}
 			if e.Header.Get("Retry-After") != "7" || e.Header.Get("X-Other") != "" {
@@ -384,7 +384,7 @@ func TestChatError(t *testing.T) {
 		})
 	}
 	long := strings.Repeat("é", 2000)
-	if e := ChatError(500, nil, []byte(long)); len(e.Message) > maxErrorMessage+len("…") || !strings.HasSuffix(e.Message, "…") || !json.Valid(e.JSON()) {
+	if e := UpstreamError(500, nil, []byte(long)); len(e.Message) > maxErrorMessage+len("…") || !strings.HasSuffix(e.Message, "…") || !json.Valid(e.JSON()) {
 		t.Errorf("long message not cut on a character boundary: %d bytes", len(e.Message))
 	}
 }
@@ -394,51 +394,11 @@ func TestChatError(t *testing.T) {
 func TestChatErrorTooDeep(t *testing.T) {
 	n := jsondepth.Max + 1
 	body := `{"error":{"message":"deep","type":"invalid_request_error","param":null,"code":"c","x":` + strings.Repeat("[", n) + strings.Repeat("]", n) + `}}`
-	e := ChatError(400, nil, []byte(body))
+	e := UpstreamError(400, nil, []byte(body))
 	if e.Message == "deep" || e.Code != "" || !strings.HasPrefix(e.Message, `{"error":{"message":"deep"`) {
-		t.Errorf("ChatError() = %q (code %q); want the body as text, not read as JSON", e.Message, e.Code)
+		t.Errorf("UpstreamError() = %q (code %q); want the body as text, not read as JSON", e.Message, e.Code)
 	}
 	if !json.Valid(e.JSON()) {
 		t.Errorf("JSON() = %s", e.JSON())
-	}
-}
-
-// The request body is written by hand; its raw values must come out as encoding/json's
-// RawMessage compaction left them, and its strings as its encoder writes them.
-func TestAppendCompacted(t *testing.T) {
-	for _, in := range []string{
-		`1`, `"a b"`, ` { "a" : [ 1 , 2 ] ,` + "\n\t\r" + ` "b\" c" : "d \\" , "e" : "\\\\" } `,
-		`"\" \\\" x"`, `[ "]" , "}" , "{ [" ]`, `{"k":"v \u2028 <&>"}`, "\"\xff \xc3\"",
-		strings.Repeat("[ ", 10000) + strings.Repeat("] ", 10000),
-	} {
-		var want bytes.Buffer
-		if err := json.Compact(&want, []byte(in)); err != nil {
-			t.Fatalf("json.Compact(%.40q): %v", in, err)
-		}
-		got, ok := appendCompacted([]byte("x"), in, maxClientDepth)
-		if !ok || string(got) != "x"+want.String() {
-			t.Errorf("appendCompacted(%.40q) = %.60q, %v; want %.60q", in, got, ok, want.String())
-		}
-	}
-	deep := strings.Repeat(`{"a":`, 10001) + "1" + strings.Repeat("}", 10001)
-	if err := json.Compact(new(bytes.Buffer), []byte(deep)); err == nil {
-		t.Fatal("json.Compact took 10001 levels")
-	}
-	if got, ok := appendCompacted([]byte("x"), deep, maxClientDepth); ok || string(got) != "x" {
-		t.Errorf("appendCompacted(10001 levels) = %.20q, %v; want nothing appended, false", got, ok)
-	}
-}
-
-func TestAppendGoString(t *testing.T) {
-	for _, in := range []string{"", "plain", "a\b\f\n\r\t\x00\x1f\x7f", `"\`, "<>&", "\u2028\u2029", "\xff\xc3", "é😀"} {
-		var want bytes.Buffer
-		enc := json.NewEncoder(&want)
-		enc.SetEscapeHTML(false)
-		if err := enc.Encode(in); err != nil {
-			t.Fatal(err)
-		}
-		if got := appendGoString(nil, in); string(got)+"\n" != want.String() {
-			t.Errorf("appendGoString(%q) = %s; want %s", in, got, want.String())
-		}
 	}
 }

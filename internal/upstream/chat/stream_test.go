@@ -1,4 +1,4 @@
-package upstream
+package chat
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
+	"github.com/ciproxy/ciproxy/internal/sse"
 	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 )
 
@@ -33,22 +34,22 @@ func counterIDs() func(string) string {
 	}
 }
 
-// translateStream feeds a chat SSE stream through a ChatStream, as the integration will: Next
+// translateStream feeds a chat SSE stream through a Stream, as the integration will: Next
 // per event, End at EOF, Fail on any error. It returns the Responses SSE bytes and the error.
-func translateStream(t testing.TB, req *ChatRequest, chat []byte) ([]byte, error) {
+func translateStream(t testing.TB, req *Request, chat []byte) ([]byte, error) {
 	t.Helper()
 	s := req.NewStream("resp_test", 0)
 	var out bytes.Buffer
-	write := func(evs []Event) {
+	write := func(evs []sse.Event) {
 		for _, ev := range evs {
 			fmt.Fprintf(&out, "event: %s\ndata: %s\n\n", ev.Name, ev.Data)
 		}
 	}
-	rd := NewSSEReader(bytes.NewReader(chat))
+	rd := sse.NewReader(bytes.NewReader(chat))
 	var err error
 	for {
 		ev, rerr := rd.Next()
-		var evs []Event
+		var evs []sse.Event
 		if rerr == io.EOF {
 			evs, err = s.End()
 		} else if rerr != nil {
@@ -68,7 +69,7 @@ func translateStream(t testing.TB, req *ChatRequest, chat []byte) ([]byte, error
 	return out.Bytes(), err
 }
 
-func newTestChatRequest(t testing.TB, body string, opts ChatOptions) *ChatRequest {
+func newTestChatRequest(t testing.TB, body string, opts Options) *Request {
 	t.Helper()
 	if opts.NewID == nil {
 		opts.NewID = counterIDs()
@@ -76,20 +77,20 @@ func newTestChatRequest(t testing.TB, body string, opts ChatOptions) *ChatReques
 	if opts.Now == nil {
 		opts.Now = func() time.Time { return time.Unix(1767225700, 0) }
 	}
-	r, err := NewChatRequest([]byte(body), opts)
+	r, err := NewRequest([]byte(body), opts)
 	if err != nil {
-		t.Fatalf("NewChatRequest(%s): %v", body, err)
+		t.Fatalf("NewRequest(%s): %v", body, err)
 	}
 	return r
 }
 
-// TestChatStreamGolden replays testdata/responses_chat/<case>.chat.sse (a chat stream as vLLM,
+// TestChatStreamGolden replays testdata/<case>.chat.sse (a chat stream as vLLM,
 // llama.cpp, DeepSeek, Gemini or OpenAI send it) through the translator, for the request in
 // <case>.request.json (default: a plain streamed request), and compares the Responses stream with
 // <case>.responses.sse. Every output must pass the Responses stream checker. -update rewrites the
 // expected streams.
 func TestChatStreamGolden(t *testing.T) {
-	cases, _ := filepath.Glob("testdata/responses_chat/*.chat.sse")
+	cases, _ := filepath.Glob("testdata/*.chat.sse")
 	if len(cases) < 10 {
 		t.Fatalf("%d golden cases; want the whole set", len(cases))
 	}
@@ -104,7 +105,7 @@ func TestChatStreamGolden(t *testing.T) {
 			if b, err := os.ReadFile(name + ".request.json"); err == nil {
 				body = string(b)
 			}
-			got, _ := translateStream(t, newTestChatRequest(t, body, ChatOptions{}), chat)
+			got, _ := translateStream(t, newTestChatRequest(t, body, Options{}), chat)
 			if _, err := streamcheck.Check(got); err != nil {
 				t.Fatalf("streamcheck: %v\n%s", err, got)
 			}
@@ -147,7 +148,7 @@ func assembleChat(t testing.TB, chat []byte) []byte {
 		usage, logprobs               []json.RawMessage
 		lastIdx                       int64 = -1
 	)
-	rd := NewSSEReader(bytes.NewReader(chat))
+	rd := sse.NewReader(bytes.NewReader(chat))
 	for {
 		ev, err := rd.Next()
 		if err != nil {
@@ -254,7 +255,7 @@ func assembleChat(t testing.TB, chat []byte) []byte {
 // renderings). Streams whose items interleave text and calls are left out: a stream shows them
 // as they came, the JSON answer cannot.
 func TestChatStreamMatchesJSON(t *testing.T) {
-	cases, _ := filepath.Glob("testdata/responses_chat/*.chat.sse")
+	cases, _ := filepath.Glob("testdata/*.chat.sse")
 	for _, in := range cases {
 		name := strings.TrimSuffix(in, ".chat.sse")
 		if strings.HasSuffix(name, "text_after_call") {
@@ -266,12 +267,12 @@ func TestChatStreamMatchesJSON(t *testing.T) {
 			if b, err := os.ReadFile(name + ".request.json"); err == nil {
 				body = string(b)
 			}
-			got, err := translateStream(t, newTestChatRequest(t, body, ChatOptions{}), chat)
+			got, err := translateStream(t, newTestChatRequest(t, body, Options{}), chat)
 			if err != nil {
 				t.Skipf("the stream fails (%v); covered by TestChatStreamErrors", err)
 			}
 			rep := streamcheck.Must(t, got)
-			resp, err := newTestChatRequest(t, body, ChatOptions{}).Response(assembleChat(t, chat), "resp_test", 0)
+			resp, err := newTestChatRequest(t, body, Options{}).Response(assembleChat(t, chat), "resp_test", 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -433,7 +434,7 @@ func TestChatStreamEvents(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			base := "testdata/responses_chat/" + tt.name
+			base := "testdata/" + tt.name
 			chat, err := os.ReadFile(base + ".chat.sse")
 			if err != nil {
 				t.Fatal(err)
@@ -442,7 +443,7 @@ func TestChatStreamEvents(t *testing.T) {
 			if b, err := os.ReadFile(base + ".request.json"); err == nil {
 				body = string(b)
 			}
-			got, _ := translateStream(t, newTestChatRequest(t, body, ChatOptions{}), chat)
+			got, _ := translateStream(t, newTestChatRequest(t, body, Options{}), chat)
 			tt.check(t, streamcheck.Must(t, got))
 		})
 	}
@@ -507,30 +508,30 @@ func TestChatStreamErrors(t *testing.T) {
 		code      string
 		wantInMsg string
 	}{
-		{"an OpenAI-shaped error chunk", []string{`{"error":{"message":"boom","type":"server_error","code":"server_error"}}`}, ErrChatStream, 502, "server_error", "boom"},
-		{"a vLLM error chunk", []string{chunk(`{"content":"a"}`, ""), `{"object":"error","message":"len","type":"BadRequestError","param":null,"code":400}`}, ErrChatStream, 400, "", "len"},
-		{"Ollama's error string", []string{`{"error":"model crashed"}`}, ErrChatStream, 502, "", "model crashed"},
-		{"a cut before finish_reason", []string{chunk(`{"content":"a"}`, ""), "EOF"}, ErrChatStreamCut, 502, "upstream_error", "ended early"},
-		{"[DONE] before finish_reason", []string{chunk(`{"content":"a"}`, ""), "[DONE]"}, ErrChatStreamCut, 502, "upstream_error", "ended early"},
-		{"nothing at all", []string{"EOF"}, ErrChatStreamCut, 502, "upstream_error", "ended early"},
-		{"a chunk that is not JSON", []string{`{"choices":`}, ErrChatShape, 502, "upstream_error", "could not be read"},
-		{"a chunk that is an array", []string{`[1]`}, ErrChatShape, 502, "upstream_error", "could not be read"},
-		{"a delta that is a string", []string{chunk(`"x"`, "")}, ErrChatShape, 502, "upstream_error", ""},
-		{"a tool call without a name", []string{chunk(`{"tool_calls":[{"index":0,"id":"c","function":{"arguments":"{}"}}]}`, "tool_calls")}, ErrChatShape, 502, "upstream_error", ""},
-		{"content after finish_reason", []string{chunk(`{"content":"a"}`, "stop"), chunk(`{"content":"b"}`, "")}, ErrChatShape, 502, "upstream_error", ""},
+		{"an OpenAI-shaped error chunk", []string{`{"error":{"message":"boom","type":"server_error","code":"server_error"}}`}, ErrStream, 502, "server_error", "boom"},
+		{"a vLLM error chunk", []string{chunk(`{"content":"a"}`, ""), `{"object":"error","message":"len","type":"BadRequestError","param":null,"code":400}`}, ErrStream, 400, "", "len"},
+		{"Ollama's error string", []string{`{"error":"model crashed"}`}, ErrStream, 502, "", "model crashed"},
+		{"a cut before finish_reason", []string{chunk(`{"content":"a"}`, ""), "EOF"}, ErrStreamCut, 502, "upstream_error", "ended early"},
+		{"[DONE] before finish_reason", []string{chunk(`{"content":"a"}`, ""), "[DONE]"}, ErrStreamCut, 502, "upstream_error", "ended early"},
+		{"nothing at all", []string{"EOF"}, ErrStreamCut, 502, "upstream_error", "ended early"},
+		{"a chunk that is not JSON", []string{`{"choices":`}, ErrShape, 502, "upstream_error", "could not be read"},
+		{"a chunk that is an array", []string{`[1]`}, ErrShape, 502, "upstream_error", "could not be read"},
+		{"a delta that is a string", []string{chunk(`"x"`, "")}, ErrShape, 502, "upstream_error", ""},
+		{"a tool call without a name", []string{chunk(`{"tool_calls":[{"index":0,"id":"c","function":{"arguments":"{}"}}]}`, "tool_calls")}, ErrShape, 502, "upstream_error", ""},
+		{"content after finish_reason", []string{chunk(`{"content":"a"}`, "stop"), chunk(`{"content":"b"}`, "")}, ErrShape, 502, "upstream_error", ""},
 		{"arguments after a complete call", []string{
 			chunk(`{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{}"}}]}`, ""),
 			chunk(`{"tool_calls":[{"index":1,"id":"b","function":{"name":"g","arguments":"{}"}}]}`, ""),
 			chunk(`{"tool_calls":[{"index":0,"function":{"arguments":"x"}}]}`, ""),
-		}, ErrChatShape, 502, "upstream_error", ""},
+		}, ErrShape, 502, "upstream_error", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newTestChatRequest(t, defaultStreamRequest, ChatOptions{}).NewStream("resp_x", 1)
+			s := newTestChatRequest(t, defaultStreamRequest, Options{}).NewStream("resp_x", 1)
 			var raw bytes.Buffer
 			var err error
 			for _, d := range tt.events {
-				var evs []Event
+				var evs []sse.Event
 				if d == "EOF" {
 					evs, err = s.End()
 				} else {
@@ -564,35 +565,5 @@ func TestChatStreamErrors(t *testing.T) {
 				t.Error("Fail after Fail sent more events")
 			}
 		})
-	}
-}
-
-// The stream reads chunks with rawCursor on the understanding that it walks a value exactly as
-// gjson's Result.ForEach does; this holds it to that, odd shapes included.
-func TestRawCursorWalksAsForEach(t *testing.T) {
-	for _, in := range []string{
-		`{"a":1,"b":"x","c":{"d":[1,2]},"e":null,"f":true,"g":-1.5e3}`,
-		` { "a" : [ 1 , "]" , { "}" : "\"" } ] , "b\u0063" : "\\" , "" : "" } `,
-		`[1,"a",{"k":"v"},[],{},null]`, `[]`, `{}`, `"s"`, `12`, `null`, `false`,
-		`{"dup":1,"dup":2}`, `{"k\"q":"v\\\"w"}`,
-	} {
-		var want []string
-		gjson.Parse(in).ForEach(func(k, v gjson.Result) bool {
-			want = append(want, k.Str+"="+v.Raw)
-			return true
-		})
-		var got []string
-		c := rawCursor{s: strings.TrimSpace(in)}
-		c.each(func(k string) { got = append(got, k+"="+c.raw()) })
-		if strings.Join(got, "|") != strings.Join(want, "|") {
-			t.Errorf("walk of %s = %q; ForEach gives %q", in, got, want)
-		}
-		// A value fn leaves is skipped, and the walk goes on after it.
-		n := 0
-		c = rawCursor{s: strings.TrimSpace(in)}
-		c.each(func(string) { n++ })
-		if n != len(want) {
-			t.Errorf("walk of %s leaving every value visited %d; want %d", in, n, len(want))
-		}
 	}
 }

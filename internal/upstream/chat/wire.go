@@ -1,0 +1,211 @@
+package chat
+
+// The JSON this package writes, as structs in the key order of OpenAI's own traffic, encoded by
+// one encoder: encoding/json with HTML left alone, as OpenAI's servers and the intercept
+// renderer write it. Values taken from the request or the upstream as they came are
+// json.RawMessage.
+
+import (
+	"encoding/json"
+)
+
+// encoder appends JSON to buf. One serves one request translation or one stream; it is not safe
+// for concurrent use.
+type encoder struct {
+	buf []byte
+	enc *json.Encoder
+}
+
+func newEncoder() *encoder {
+	e := &encoder{}
+	e.enc = json.NewEncoder(e)
+	e.enc.SetEscapeHTML(false)
+	return e
+}
+
+// Write is the json.Encoder's output: it appends to buf.
+func (e *encoder) Write(p []byte) (int, error) {
+	e.buf = append(e.buf, p...)
+	return len(p), nil
+}
+
+// encode appends v's JSON to buf, without the newline json.Encoder ends a value with. On error
+// nothing is appended.
+func (e *encoder) encode(v any) error {
+	if err := e.enc.Encode(v); err != nil {
+		return err
+	}
+	e.buf = e.buf[:len(e.buf)-1]
+	return nil
+}
+
+// appendJSON appends v's JSON to dst, leaving buf as it was.
+func (e *encoder) appendJSON(dst []byte, v any) ([]byte, error) {
+	buf := e.buf
+	e.buf = dst
+	err := e.encode(v)
+	dst, e.buf = e.buf, buf
+	return dst, err
+}
+
+// marshal returns v's JSON in a fresh slice.
+func (e *encoder) marshal(v any) ([]byte, error) {
+	e.buf = nil
+	err := e.encode(v)
+	b := e.buf
+	e.buf = nil
+	return b, err
+}
+
+// rawOr is a value taken from the request as it came, or def (OpenAI's default) when it was
+// absent or null. The defaults are Go values: encoding/json validates a json.RawMessage again
+// each time it encodes one, and a stream encodes its Response three times.
+func rawOr(v json.RawMessage, def any) any {
+	if v == nil {
+		return def
+	}
+	return v
+}
+
+// The defaults of a Response's fields that are objects.
+type (
+	defaultReasoning struct {
+		Effort  *string `json:"effort"`
+		Summary *string `json:"summary"`
+	}
+	defaultText struct {
+		Format struct {
+			Type string `json:"type"`
+		} `json:"format"`
+		Verbosity string `json:"verbosity"`
+	}
+)
+
+// response is the Response object. A field of type any holds the request's value (json.RawMessage)
+// or OpenAI's default as a Go value (rawOr).
+type response struct {
+	ID                 string             `json:"id"`
+	Object             string             `json:"object"`
+	CreatedAt          int64              `json:"created_at"`
+	Status             string             `json:"status"`
+	CompletedAt        *int64             `json:"completed_at"`
+	Background         bool               `json:"background"`
+	Error              *responseError     `json:"error"`
+	IncompleteDetails  *incompleteDetails `json:"incomplete_details"`
+	Instructions       any                `json:"instructions"`
+	MaxOutputTokens    any                `json:"max_output_tokens"`
+	MaxToolCalls       any                `json:"max_tool_calls"`
+	Model              string             `json:"model"`
+	Output             []any              `json:"output"`
+	ParallelToolCalls  any                `json:"parallel_tool_calls"`
+	PreviousResponseID *string            `json:"previous_response_id"`
+	PromptCacheKey     any                `json:"prompt_cache_key"`
+	Reasoning          any                `json:"reasoning"`
+	SafetyIdentifier   any                `json:"safety_identifier"`
+	ServiceTier        any                `json:"service_tier"` // json.RawMessage from the request, or the upstream's string
+	Store              any                `json:"store"`
+	Temperature        any                `json:"temperature"`
+	Text               any                `json:"text"`
+	ToolChoice         any                `json:"tool_choice"`
+	Tools              any                `json:"tools"`
+	TopLogprobs        any                `json:"top_logprobs"`
+	TopP               any                `json:"top_p"`
+	Truncation         any                `json:"truncation"`
+	Usage              *responseUsage     `json:"usage"`
+	User               any                `json:"user"`
+	Metadata           any                `json:"metadata"`
+}
+
+type responseError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+type incompleteDetails struct {
+	Reason string `json:"reason"`
+}
+
+// responseUsage is token usage in the Responses API's terms.
+type responseUsage struct {
+	InputTokens        int64 `json:"input_tokens"`
+	InputTokensDetails struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	OutputTokens        int64 `json:"output_tokens"`
+	OutputTokensDetails struct {
+		ReasoningTokens int64 `json:"reasoning_tokens"`
+	} `json:"output_tokens_details"`
+	TotalTokens int64 `json:"total_tokens"`
+}
+
+// Output items, shared by both renderings.
+
+type messageOut struct {
+	ID      string `json:"id"`
+	Type    string `json:"type"` // message
+	Status  string `json:"status"`
+	Content []any  `json:"content"` // *textOut, *refusalOut
+	Role    string `json:"role"`
+}
+
+func newMessageOut(id, status string, parts []any) *messageOut {
+	if parts == nil {
+		parts = []any{}
+	}
+	return &messageOut{ID: id, Type: "message", Status: status, Content: parts, Role: "assistant"}
+}
+
+// textOut is an output_text part; Logprobs are the logprob objects as the upstream sent them.
+type textOut struct {
+	Type        string            `json:"type"` // output_text
+	Annotations []struct{}        `json:"annotations"`
+	Logprobs    []json.RawMessage `json:"logprobs"`
+	Text        string            `json:"text"`
+}
+
+func newTextOut(text string, logprobs []json.RawMessage) *textOut {
+	if logprobs == nil {
+		logprobs = []json.RawMessage{}
+	}
+	return &textOut{Type: "output_text", Annotations: []struct{}{}, Logprobs: logprobs, Text: text}
+}
+
+type refusalOut struct {
+	Type    string `json:"type"` // refusal
+	Refusal string `json:"refusal"`
+}
+
+type reasoningTextOut struct {
+	Type string `json:"type"` // reasoning_text
+	Text string `json:"text"`
+}
+
+// reasoningOut holds the reasoning text as one reasoning_text part, or no content yet (for
+// output_item.added).
+type reasoningOut struct {
+	ID      string             `json:"id"`
+	Type    string             `json:"type"` // reasoning
+	Summary []struct{}         `json:"summary"`
+	Content []reasoningTextOut `json:"content"`
+}
+
+func newReasoningOut(id, text string, done bool) *reasoningOut {
+	it := &reasoningOut{ID: id, Type: "reasoning", Summary: []struct{}{}, Content: []reasoningTextOut{}}
+	if done {
+		it.Content = append(it.Content, reasoningTextOut{Type: "reasoning_text", Text: text})
+	}
+	return it
+}
+
+type callOut struct {
+	ID        string `json:"id"`
+	Type      string `json:"type"` // function_call
+	Status    string `json:"status"`
+	Arguments string `json:"arguments"`
+	CallID    string `json:"call_id"`
+	Name      string `json:"name"`
+}
+
+func newCallOut(id, status, args, callID, name string) *callOut {
+	return &callOut{ID: id, Type: "function_call", Status: status, Arguments: args, CallID: callID, Name: name}
+}
