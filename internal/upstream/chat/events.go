@@ -135,13 +135,6 @@ type textDoneEvent struct {
 	Logprobs     any     `json:"logprobs,omitempty"`
 }
 
-type argsDeltaEvent struct {
-	head
-	ItemID      string `json:"item_id"`
-	OutputIndex int    `json:"output_index"`
-	Delta       string `json:"delta"`
-}
-
 type argsDoneEvent struct {
 	head
 	ItemID      string `json:"item_id"`
