@@ -55,15 +55,7 @@ func (c *ChatAPI) Responses(ctx context.Context, body []byte, h http.Header) (Re
 		return nil, err
 	}
 	if resp.StatusCode/100 != 2 {
-		defer resp.Body.Close()
-		if resp.StatusCode < 400 {
-			return nil, fmt.Errorf("%w: the upstream answered %d (redirects are not followed)", ErrMalformed, resp.StatusCode)
-		}
-		b := readErrorBody(resp.Body, resp.StatusCode)
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("reading the upstream's error: %w", ctx.Err())
-		}
-		return nil, chatStatusError(resp.StatusCode, resp.Header, b)
+		return nil, failedAnswer(ctx, resp, func(b []byte) error { return chatStatusError(resp.StatusCode, resp.Header, b) })
 	}
 	id := r.NewID("resp_")
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {

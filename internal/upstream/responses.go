@@ -137,20 +137,28 @@ func (t *Target) Responses(ctx context.Context, body []byte, h http.Header) (Res
 // events.
 func ReadAnswer(ctx context.Context, resp *http.Response) (ResponseEvents, error) {
 	if resp.StatusCode/100 != 2 {
-		defer resp.Body.Close()
-		if resp.StatusCode < 400 {
-			return nil, fmt.Errorf("%w: the upstream answered %d (redirects are not followed)", ErrMalformed, resp.StatusCode)
-		}
-		b := readErrorBody(resp.Body, resp.StatusCode)
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("reading the upstream's error: %w", ctx.Err())
-		}
-		return nil, &StatusError{Status: resp.StatusCode, Header: resp.Header, Body: b}
+		return nil, failedAnswer(ctx, resp, func(b []byte) error {
+			return &StatusError{Status: resp.StatusCode, Header: resp.Header, Body: b}
+		})
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
 		return &sseAnswer{rd: sse.NewReader(resp.Body), body: resp.Body}, nil
 	}
 	return &jsonAnswer{body: resp.Body}, nil
+}
+
+// failedAnswer closes a non-2xx answer and returns its error: a redirect is malformed, an
+// error status is what asError makes of its body (read within bounds), unless ctx ended first.
+func failedAnswer(ctx context.Context, resp *http.Response, asError func(body []byte) error) error {
+	defer resp.Body.Close()
+	if resp.StatusCode < 400 {
+		return fmt.Errorf("%w: the upstream answered %d (redirects are not followed)", ErrMalformed, resp.StatusCode)
+	}
+	b := readErrorBody(resp.Body, resp.StatusCode)
+	if ctx.Err() != nil {
+		return fmt.Errorf("reading the upstream's error: %w", ctx.Err())
+	}
+	return asError(b)
 }
 
 // sseAnswer is a streamed Responses answer.
