@@ -15,11 +15,6 @@ type head struct {
 	SequenceNumber int    `json:"sequence_number"`
 }
 
-type responseEvent struct {
-	head
-	Response *response `json:"response"`
-}
-
 // errorEvent is the error event of a failed stream, with its error nested as OpenAI sends it.
 type errorEvent struct {
 	head
@@ -169,7 +164,22 @@ func (s *Stream) emit(typ string, ev any) {
 // filled in).
 func (s *Stream) responseEvent(typ string, st responseState) {
 	st.id, st.createdAt, st.model, st.serviceTier = s.id, s.createdAt, s.model, s.tier
-	s.emit(typ, &responseEvent{head: s.next(typ), Response: s.r.response(st)})
+	mark := len(s.enc.buf)
+	err := s.enc.encode(s.next(typ))
+	if err == nil {
+		s.enc.buf = append(s.enc.buf[:len(s.enc.buf)-1], `,"response":`...) // the head without its closing brace
+		err = s.enc.appendResponse(s.r.frame, s.r.response(st))
+	}
+	if err != nil {
+		s.enc.buf = s.enc.buf[:mark]
+		if s.encErr == nil {
+			s.encErr = err
+		}
+		return
+	}
+	s.enc.buf = append(s.enc.buf, '}')
+	n := len(s.enc.buf)
+	s.out = append(s.out, sse.Event{Name: typ, Data: s.enc.buf[mark:n:n]})
 }
 
 // empty is the part as content_part.added announces it.

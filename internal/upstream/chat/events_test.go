@@ -3,7 +3,10 @@ package chat
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
+
+	"github.com/tidwall/gjson"
 )
 
 // TestDeltaEvents holds the delta events, written from frames, to what encoding/json writes for
@@ -79,5 +82,47 @@ func TestDeltaEvents(t *testing.T) {
 				t.Errorf("seq %d after the event, want 42", s.seq)
 			}
 		})
+	}
+}
+
+// TestResponseFrame holds a Response written with its request's echo groups framed to the bytes
+// encoding/json writes for the whole response struct, for requests that echo nothing and
+// everything, and for each state a stream's snapshots take.
+func TestResponseFrame(t *testing.T) {
+	completed := int64(1767225700)
+	states := []responseState{
+		{id: "resp_1", createdAt: 1767225600, status: "in_progress"},
+		{id: "resp_1", createdAt: 1767225600, completedAt: completed, status: "completed", model: "Qwen/Qwen3-8B",
+			serviceTier: gjson.Parse(`"flex"`), output: []any{newTextOut("hi <&>", nil)}, usage: &responseUsage{InputTokens: 3, OutputTokens: 2, TotalTokens: 5}},
+		{id: "resp_1", status: "incomplete", incomplete: "max_output_tokens"},
+		{id: "resp_1", status: "failed", err: &responseError{Code: "server_error", Message: "cut \"here\""}},
+	}
+	for _, body := range []string{
+		`{"model":"m","input":"hi","stream":true}`,
+		`{"model":"m","input":"hi","instructions":"be <brief>","max_output_tokens":50,"max_tool_calls":2,"parallel_tool_calls":false,` +
+			`"prompt_cache_key":"k","reasoning":{"effort":"low"},"safety_identifier":"u1","service_tier":"priority","store":false,` +
+			`"temperature":0.2,"text":{"format":{"type":"json_object"}},"tool_choice":"none","top_logprobs":2,"top_p":0.9,` +
+			`"truncation":"auto","user":"u","metadata":{"a":"b"},` +
+			`"tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"model":{"type":"string"}}}}]}`,
+	} {
+		req := newTestChatRequest(t, body, Options{})
+		for _, st := range states {
+			enc := newEncoder()
+			if err := enc.appendResponse(req.frame, req.response(st)); err != nil {
+				t.Fatal(err)
+			}
+			var direct bytes.Buffer
+			std := json.NewEncoder(&direct)
+			std.SetEscapeHTML(false)
+			if err := std.Encode(req.response(st)); err != nil {
+				t.Fatal(err)
+			}
+			if got := string(enc.buf); got != strings.TrimSuffix(direct.String(), "\n") {
+				t.Errorf("%s, %s:\nframed %s\nwhole  %s", body, st.status, got, direct.String())
+			}
+			if !json.Valid(enc.buf) {
+				t.Errorf("framed Response is not JSON: %s", enc.buf)
+			}
+		}
 	}
 }

@@ -79,7 +79,8 @@ type Request struct {
 	logprobs bool // the client included message.output_text.logprobs
 	maxArgs  int  // the bytes of one call's arguments kept: MaxCodeSize plus ArgsSlack
 	now      func() time.Time
-	tmpl     response // what its Responses repeat from the request (responseEcho.newTemplate)
+	tmpl     response       // what its Responses repeat from the request (responseEcho.newTemplate)
+	frame    *responseFrame // tmpl's echo groups, encoded
 }
 
 // responseEcho holds the request's values that a Response repeats, as raw JSON ("" when the
@@ -154,6 +155,10 @@ func NewRequest(body []byte, opts Options) (*Request, error) {
 		// A value the Response repeats (metadata, reasoning) nested past what clients decode.
 		return nil, invalid("", "The request body could not be translated: "+err.Error())
 	}
+	frame, err := newResponseFrame(newEncoder(), &tmpl)
+	if err != nil {
+		return nil, invalid("", "The request body could not be translated: "+err.Error())
+	}
 	maxArgs := opts.MaxCodeSize
 	if maxArgs <= 0 {
 		maxArgs = config.DefaultMaxCodeSize
@@ -162,7 +167,7 @@ func NewRequest(body []byte, opts Options) (*Request, error) {
 	if now == nil {
 		now = time.Now
 	}
-	return &Request{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, maxArgs: maxArgs + ArgsSlack, now: now, tmpl: tmpl}, nil
+	return &Request{Body: b, Stream: t.out.Stream, newID: newID, logprobs: t.logprobs, maxArgs: maxArgs + ArgsSlack, now: now, tmpl: tmpl, frame: frame}, nil
 }
 
 // NewID mints an id with the given prefix (resp_ for the Response itself) as Options.NewID says.

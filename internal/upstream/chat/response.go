@@ -150,14 +150,14 @@ func (r *Request) Response(chat []byte, id string, createdAt int64) ([]byte, err
 	if createdAt == 0 {
 		createdAt = created.Int()
 	}
-	b, err := newEncoder().marshal(r.response(responseState{
+	enc := newEncoder()
+	if err := enc.appendResponse(r.frame, r.response(responseState{
 		id: id, createdAt: createdAt, completedAt: r.completedAt(status), status: status, incomplete: reason,
 		model: model.String(), serviceTier: tier, output: items, usage: chatUsage(usage),
-	}))
-	if err != nil {
+	})); err != nil {
 		return nil, shapeError(err)
 	}
-	return b, nil
+	return enc.buf, nil
 }
 
 type chatCall struct {
@@ -289,26 +289,34 @@ func (e *responseEcho) newTemplate() (response, error) {
 	text := defaultText{Verbosity: "medium"}
 	text.Format.Type = "text"
 	return response{
-		Object:            "response",
-		Instructions:      rawOr(e.instructions, nil),
-		MaxOutputTokens:   rawOr(e.maxOutputTokens, nil),
-		MaxToolCalls:      rawOr(e.maxToolCalls, nil),
-		Model:             gjson.ParseBytes(e.model).String(),
-		ParallelToolCalls: rawOr(e.parallelToolCalls, true),
-		PromptCacheKey:    rawOr(e.promptCacheKey, nil),
-		Reasoning:         rawOr(e.reasoning, defaultReasoning{}),
-		SafetyIdentifier:  rawOr(e.safetyIdentifier, nil),
-		ServiceTier:       rawOr(e.serviceTier, "auto"),
-		Store:             rawOr(e.store, true),
-		Temperature:       rawOr(e.temperature, json.RawMessage("1.0")), // as OpenAI writes it; Go would write 1
-		Text:              rawOr(e.text, text),
-		ToolChoice:        rawOr(e.toolChoice, "auto"),
-		Tools:             rawOr(e.tools, []struct{}{}),
-		TopLogprobs:       rawOr(e.topLogprobs, 0),
-		TopP:              rawOr(e.topP, json.RawMessage("1.0")),
-		Truncation:        rawOr(e.truncation, "disabled"),
-		User:              rawOr(e.user, nil),
-		Metadata:          rawOr(e.metadata, struct{}{}),
+		responseHead: responseHead{Object: "response"},
+		echoBeforeModel: echoBeforeModel{
+			Instructions:    rawOr(e.instructions, nil),
+			MaxOutputTokens: rawOr(e.maxOutputTokens, nil),
+			MaxToolCalls:    rawOr(e.maxToolCalls, nil),
+		},
+		Model: gjson.ParseBytes(e.model).String(),
+		echoBeforeTier: echoBeforeTier{
+			ParallelToolCalls: rawOr(e.parallelToolCalls, true),
+			PromptCacheKey:    rawOr(e.promptCacheKey, nil),
+			Reasoning:         rawOr(e.reasoning, defaultReasoning{}),
+			SafetyIdentifier:  rawOr(e.safetyIdentifier, nil),
+		},
+		ServiceTier: rawOr(e.serviceTier, "auto"),
+		echoBeforeUsage: echoBeforeUsage{
+			Store:       rawOr(e.store, true),
+			Temperature: rawOr(e.temperature, json.RawMessage("1.0")), // as OpenAI writes it; Go would write 1
+			Text:        rawOr(e.text, text),
+			ToolChoice:  rawOr(e.toolChoice, "auto"),
+			Tools:       rawOr(e.tools, []struct{}{}),
+			TopLogprobs: rawOr(e.topLogprobs, 0),
+			TopP:        rawOr(e.topP, json.RawMessage("1.0")),
+			Truncation:  rawOr(e.truncation, "disabled"),
+		},
+		echoAfterUsage: echoAfterUsage{
+			User:     rawOr(e.user, nil),
+			Metadata: rawOr(e.metadata, struct{}{}),
+		},
 	}, nil
 }
 

@@ -48,18 +48,9 @@ func (e *encoder) appendJSON(dst []byte, v any) ([]byte, error) {
 	return dst, err
 }
 
-// marshal returns v's JSON in a fresh slice.
-func (e *encoder) marshal(v any) ([]byte, error) {
-	e.buf = nil
-	err := e.encode(v)
-	b := e.buf
-	e.buf = nil
-	return b, err
-}
-
 // rawOr is a value taken from the request as it came, or def (OpenAI's default) when it was
 // absent or null. The defaults are Go values: encoding/json validates a json.RawMessage again
-// each time it encodes one, and a stream encodes its Response three times.
+// each time it encodes one.
 func rawOr(v json.RawMessage, def any) any {
 	if v == nil {
 		return def
@@ -82,38 +73,113 @@ type (
 )
 
 // response is the Response object. A field of type any holds the request's value (json.RawMessage)
-// or OpenAI's default as a Go value (rawOr).
+// or OpenAI's default as a Go value (rawOr). The groups of fields that every Response of one
+// request repeats are structs of their own (encoding/json writes an embedded struct's fields in
+// place), so that a stream encodes them once (responseFrame).
 type response struct {
-	ID                 string             `json:"id"`
-	Object             string             `json:"object"`
-	CreatedAt          int64              `json:"created_at"`
-	Status             string             `json:"status"`
-	CompletedAt        *int64             `json:"completed_at"`
-	Background         bool               `json:"background"`
-	Error              *responseError     `json:"error"`
-	IncompleteDetails  *incompleteDetails `json:"incomplete_details"`
-	Instructions       any                `json:"instructions"`
-	MaxOutputTokens    any                `json:"max_output_tokens"`
-	MaxToolCalls       any                `json:"max_tool_calls"`
-	Model              string             `json:"model"`
-	Output             []any              `json:"output"`
-	ParallelToolCalls  any                `json:"parallel_tool_calls"`
-	PreviousResponseID *string            `json:"previous_response_id"`
-	PromptCacheKey     any                `json:"prompt_cache_key"`
-	Reasoning          any                `json:"reasoning"`
-	SafetyIdentifier   any                `json:"safety_identifier"`
-	ServiceTier        any                `json:"service_tier"` // json.RawMessage from the request, or the upstream's string
-	Store              any                `json:"store"`
-	Temperature        any                `json:"temperature"`
-	Text               any                `json:"text"`
-	ToolChoice         any                `json:"tool_choice"`
-	Tools              any                `json:"tools"`
-	TopLogprobs        any                `json:"top_logprobs"`
-	TopP               any                `json:"top_p"`
-	Truncation         any                `json:"truncation"`
-	Usage              *responseUsage     `json:"usage"`
-	User               any                `json:"user"`
-	Metadata           any                `json:"metadata"`
+	responseHead
+	echoBeforeModel
+	Model  string `json:"model"`
+	Output []any  `json:"output"`
+	echoBeforeTier
+	ServiceTier any `json:"service_tier"` // json.RawMessage from the request, or the upstream's string
+	echoBeforeUsage
+	Usage *responseUsage `json:"usage"`
+	echoAfterUsage
+}
+
+type responseHead struct {
+	ID                string             `json:"id"`
+	Object            string             `json:"object"`
+	CreatedAt         int64              `json:"created_at"`
+	Status            string             `json:"status"`
+	CompletedAt       *int64             `json:"completed_at"`
+	Background        bool               `json:"background"`
+	Error             *responseError     `json:"error"`
+	IncompleteDetails *incompleteDetails `json:"incomplete_details"`
+}
+
+type echoBeforeModel struct {
+	Instructions    any `json:"instructions"`
+	MaxOutputTokens any `json:"max_output_tokens"`
+	MaxToolCalls    any `json:"max_tool_calls"`
+}
+
+type echoBeforeTier struct {
+	ParallelToolCalls  any     `json:"parallel_tool_calls"`
+	PreviousResponseID *string `json:"previous_response_id"`
+	PromptCacheKey     any     `json:"prompt_cache_key"`
+	Reasoning          any     `json:"reasoning"`
+	SafetyIdentifier   any     `json:"safety_identifier"`
+}
+
+type echoBeforeUsage struct {
+	Store       any `json:"store"`
+	Temperature any `json:"temperature"`
+	Text        any `json:"text"`
+	ToolChoice  any `json:"tool_choice"`
+	Tools       any `json:"tools"`
+	TopLogprobs any `json:"top_logprobs"`
+	TopP        any `json:"top_p"`
+	Truncation  any `json:"truncation"`
+}
+
+type echoAfterUsage struct {
+	User     any `json:"user"`
+	Metadata any `json:"metadata"`
+}
+
+// responseFrame is the JSON of a request's echo groups, each as its keys follow a value in the
+// Response (a comma, the group's object without its braces). A stream's three snapshots of the
+// Response cost most of a short stream's translation when encoded whole each time; framed, each
+// encodes only its head, model, output, service tier and usage. TestResponseFrame holds it to
+// encoding the response struct.
+type responseFrame struct {
+	beforeModel, beforeTier, beforeUsage, afterUsage []byte
+}
+
+func newResponseFrame(enc *encoder, tmpl *response) (*responseFrame, error) {
+	var f responseFrame
+	for _, g := range []struct {
+		dst *[]byte
+		v   any
+	}{{&f.beforeModel, &tmpl.echoBeforeModel}, {&f.beforeTier, &tmpl.echoBeforeTier}, {&f.beforeUsage, &tmpl.echoBeforeUsage}, {&f.afterUsage, &tmpl.echoAfterUsage}} {
+		b, err := enc.appendJSON([]byte{','}, g.v)
+		if err != nil {
+			return nil, err
+		}
+		*g.dst = append(b[:1], b[2:len(b)-1]...) // the comma, then the object without its braces
+	}
+	return &f, nil
+}
+
+// appendResponse appends resp's JSON, its echo groups taken from f. On error nothing is appended.
+func (e *encoder) appendResponse(f *responseFrame, resp *response) error {
+	mark := len(e.buf)
+	err := e.encode(&resp.responseHead)
+	if err == nil {
+		e.buf = append(e.buf[:len(e.buf)-1], f.beforeModel...) // the head without its closing brace
+		e.buf = append(e.buf, `,"model":`...)
+		err = e.encode(resp.Model)
+	}
+	if err == nil {
+		e.buf = append(e.buf, `,"output":`...)
+		err = e.encode(resp.Output)
+	}
+	if err == nil {
+		e.buf = append(append(e.buf, f.beforeTier...), `,"service_tier":`...)
+		err = e.encode(resp.ServiceTier)
+	}
+	if err == nil {
+		e.buf = append(append(e.buf, f.beforeUsage...), `,"usage":`...)
+		err = e.encode(resp.Usage)
+	}
+	if err != nil {
+		e.buf = e.buf[:mark]
+		return err
+	}
+	e.buf = append(append(e.buf, f.afterUsage...), '}')
+	return nil
 }
 
 type responseError struct {
