@@ -119,6 +119,9 @@ type Request struct {
 	Config *config.Config
 	// Body is the request body as read; never modified.
 	Body []byte
+	// Checked says that Body is known to be a JSON object nested no deeper than jsondepth.Max
+	// (the router checks every body it routes), so Prepare does not scan it again.
+	Checked bool
 	// Upstream answers the loop's Responses requests for the request's model: *upstream.Target
 	// for an upstream that speaks the Responses API, or another implementation of the seam.
 	Upstream upstream.ResponsesAPI

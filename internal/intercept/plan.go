@@ -47,7 +47,7 @@ func (e *Engine) Prepare(ctx context.Context, in *Request) (*Plan, error) {
 func (e *Engine) prepare(ctx context.Context, in *Request, routed bool) (*Plan, error) {
 	p := &Plan{Request: in}
 	root := gjson.ParseBytes(in.Body)
-	if !jsondepth.Valid(in.Body) || !root.IsObject() {
+	if !(in.Checked || jsondepth.Valid(in.Body)) || !root.IsObject() {
 		if (!in.Stateless && !routed) || in.Config == nil {
 			return p, nil // the upstream answers what it makes of it
 		}

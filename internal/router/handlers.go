@@ -135,6 +135,7 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 	ir := &intercept.Request{
 		Config:   req.cfg,
 		Body:     req.body,
+		Checked:  true, // by resolve
 		Upstream: target,
 		Provider: deps[0].Provider,
 		Caller:   Caller(r.Context()),
