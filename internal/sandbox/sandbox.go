@@ -54,6 +54,48 @@ type KernelRestarter interface {
 	RestartKernel(ctx context.Context, h Handle) error
 }
 
+// Shell is implemented by providers that run shell commands in a sandbox beside its kernel, for
+// the hosted shell tool. A command runs with bash (bash -c) in a fresh non-interactive shell, in
+// the same sandbox as the kernel (its user, namespaces, cgroup, seccomp filter, limits and
+// network), with the working directory DataDir, stdin closed, no TTY and an environment holding
+// nothing of the proxy's.
+type Shell interface {
+	// Exec runs command in h and returns once it has ended and everything it started is gone. Its
+	// stdout and stderr go to opts.OnOutput as they arrive; nothing of them is kept. At
+	// opts.Timeout the command and every process it started are killed and the result says
+	// TimedOut; when ctx ends they are killed too and ctx's error is returned. A command that ran
+	// is not an error, whatever its exit status; an error means it could not run or its end is
+	// unknown (ErrNotFound: the sandbox is gone; ErrUnavailable: the backend cannot be reached).
+	Exec(ctx context.Context, h Handle, command string, opts ExecOptions) (ExecResult, error)
+}
+
+// ExecOptions are one command's choices.
+type ExecOptions struct {
+	// Timeout bounds the command; 0 means the backend default.
+	Timeout time.Duration
+	// OnOutput, when non-nil, is called with each piece of the command's output as it arrives,
+	// from the goroutine that called Exec, before Exec returns. Each piece is valid UTF-8 (a
+	// sequence cut between two reads is held for the next piece; invalid bytes become U+FFFD).
+	OnOutput func(stream Stream, text string)
+}
+
+// Stream names one of a command's two outputs.
+type Stream int
+
+const (
+	Stdout Stream = iota
+	Stderr
+)
+
+// ExecResult is how a command ended.
+type ExecResult struct {
+	// ExitCode is the command's exit status; for a command killed by a signal, 128 plus the
+	// signal's number, as a shell reports it. Meaningless when TimedOut.
+	ExitCode int
+	// TimedOut: the command was killed at ExecOptions.Timeout.
+	TimedOut bool
+}
+
 // Handle identifies a live sandbox. It is kept in the container's store record (never shown to a
 // client), so it holds only what is needed to reach the sandbox again, never a provider-wide
 // credential such as an API key.
