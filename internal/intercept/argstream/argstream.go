@@ -28,6 +28,10 @@
 // A field value that is not a string yields nothing. Only the first occurrence of the field at the
 // top level is streamed; a later one sets Duplicate, since json.Unmarshal keeps the last.
 //
+// NewStrings decodes a field whose value is an array of strings instead (the shell tool's
+// "commands"): Pieces returns what each chunk added to each element, by element index, and when
+// an element ended. An element that is not a string ends the streaming of the array.
+//
 // A Decoder is not safe for concurrent use.
 package argstream
 
@@ -56,6 +60,8 @@ const (
 	stSkip                    // inside a value that is skipped
 	stString                  // inside the field's string value: streaming
 	stAfterValue              // after a value: ',' or '}'
+	stElem                    // inside the field's array (NewStrings): an element or ']'
+	stAfterElem               // after an element: ',' or ']'
 	stEnd                     // after the closing '}'
 	stFailed                  // not JSON: nothing more is decoded
 )
@@ -82,6 +88,11 @@ type Decoder struct {
 	complete bool
 	dup      bool
 
+	// NewStrings only: the array's elements.
+	strings bool
+	elems   int    // elements begun
+	marks   []mark // where each element's text starts in out, for Pieces
+
 	// Streaming the value: pend holds raw bytes of an escape or UTF-8 sequence not yet complete.
 	pend []byte
 	in   []byte // scratch: pend + chunk
@@ -91,6 +102,43 @@ type Decoder struct {
 // New returns a Decoder for the top-level field named field (for example "code").
 func New(field string) *Decoder {
 	return &Decoder{field: field}
+}
+
+// NewStrings returns a Decoder for the top-level field named field whose value is an array of
+// strings (for example "commands").
+func NewStrings(field string) *Decoder {
+	return &Decoder{field: field, strings: true}
+}
+
+// Piece is what one chunk added to one element of a NewStrings field.
+type Piece struct {
+	Elem int    // the element's index in the array
+	Text string // the newly decoded part of its value, "" when it only began or ended
+	Done bool   // its closing quote was seen
+}
+
+type mark struct {
+	elem, from int
+	done       bool
+}
+
+// Pieces consumes the next chunk of the arguments of a NewStrings decoder and returns, in order,
+// a piece for every element the chunk began, added to or ended.
+func (d *Decoder) Pieces(chunk string) []Piece {
+	d.marks = d.marks[:0]
+	if d.st == stString {
+		d.marks = append(d.marks, mark{elem: d.elems - 1})
+	}
+	text := d.Write(chunk)
+	ps := make([]Piece, len(d.marks))
+	for i, m := range d.marks {
+		end := len(text)
+		if i+1 < len(d.marks) {
+			end = d.marks[i+1].from
+		}
+		ps[i] = Piece{Elem: m.elem, Text: text[m.from:end], Done: m.done}
+	}
+	return ps
 }
 
 // Started reports whether the field's string value has begun (its opening quote was seen).
@@ -157,6 +205,11 @@ func (d *Decoder) scan(in string) {
 				d.off += len(in) - i
 				return
 			}
+			if d.strings {
+				d.marks[len(d.marks)-1].done = true
+				d.st = stAfterElem
+				continue
+			}
 			d.complete = true
 			d.st = stAfterValue
 			continue
@@ -213,11 +266,17 @@ func (d *Decoder) scan(in string) {
 				break
 			}
 			if d.keyMatch {
-				if d.started {
+				switch {
+				case d.started:
 					d.dup = true
-				} else if c == '"' {
+				case c == '"' && !d.strings:
 					d.started = true
 					d.st = stString
+				case c == '[' && d.strings:
+					d.started = true
+					d.st = stElem
+				}
+				if d.st != stValue {
 					break
 				}
 			}
@@ -241,6 +300,27 @@ func (d *Decoder) scan(in string) {
 			default:
 				d.fail(c, "want ',' or '}'")
 				return
+			}
+		case stElem, stAfterElem:
+			switch {
+			case isSpace(c):
+			case c == '"' && d.st == stElem:
+				d.marks = append(d.marks, mark{elem: d.elems, from: len(d.out)})
+				d.elems++
+				d.st = stString
+			case c == ']' && (d.st == stAfterElem || d.elems == 0):
+				d.complete = true
+				d.st = stAfterValue
+			case c == ',' && d.st == stAfterElem:
+				d.st = stElem
+			default:
+				// Not a string element: what is left of the array is skipped, unstreamed.
+				d.st = stSkip
+				d.stack = append(d.stack[:0], ']')
+				d.skipStr, d.skipEsc, d.skipLit = false, false, false
+				if !d.skip(c) {
+					return
+				}
 			}
 		case stEnd:
 			if !isSpace(c) {
