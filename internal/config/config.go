@@ -227,14 +227,21 @@ type SandboxTool struct {
 
 // Interception is code_interpreter_interception_params.
 type Interception struct {
-	Enabled              bool          // default true
-	EnabledProviders     []string      // nil: every provider; empty: none
-	SandboxToolName      string        // default: the first sandbox tool
-	FunctionName         string        // default "python"
-	MaxIterations        int           // default 20
-	ExecutionTimeout     time.Duration // default 120s
-	ModelOutputLimit     int           // bytes of execution output the model sees, default 16384
-	ContainerIdleTimeout time.Duration // default 20m; 0 deletes the sandbox when the request ends
+	Enabled          bool     // default true
+	EnabledProviders []string // nil: every provider; empty: none
+	SandboxToolName  string   // default: the first sandbox tool
+	FunctionName     string   // default "python"
+	// Tools are the hosted tools the proxy runs itself: "code_interpreter" and "shell" (nil, as
+	// in a Config built in code: both). A request's other hosted tools pass as sent.
+	Tools []string
+	// The function that stands in for the shell tool towards the model (default "shell"), and
+	// its description ("": the built-in one).
+	ShellFunctionName        string
+	ShellFunctionDescription string
+	MaxIterations            int           // default 20
+	ExecutionTimeout         time.Duration // default 120s
+	ModelOutputLimit         int           // bytes of execution output the model sees, default 16384
+	ContainerIdleTimeout     time.Duration // default 20m; 0 deletes the sandbox when the request ends
 	// KernelIdleTimeout is how long a container's kernel may stay unused before it is restarted,
 	// giving back the memory of its Python state and keeping its files (local tools); default 5m;
 	// 0: never.
@@ -247,6 +254,17 @@ type Interception struct {
 	MaxExecutions     int   // default 64
 	MaxCodeSize       int   // default 1 MiB
 	MaxResponseOutput int64 // default 32 MiB
+}
+
+// HostedTools are the hosted tools the proxy can run itself.
+var HostedTools = []string{"code_interpreter", "shell"}
+
+// Intercepts reports whether the proxy runs the hosted tool named typ itself.
+func (in Interception) Intercepts(typ string) bool {
+	if in.Tools == nil {
+		return slices.Contains(HostedTools, typ)
+	}
+	return slices.Contains(in.Tools, typ)
 }
 
 // General is general_settings.

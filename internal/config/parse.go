@@ -22,6 +22,7 @@ import (
 // keeps the defaults of its own keys.
 const (
 	DefaultFunctionName         = "python"
+	DefaultShellFunctionName    = "shell"
 	DefaultMaxIterations        = 20
 	DefaultExecutionTimeout     = 120 * time.Second
 	DefaultModelOutputLimit     = 16384
@@ -371,6 +372,7 @@ func (d *decoder) litellmSettings(s *settings.Map, cfg *Config, tools map[string
 	given := s.Has("code_interpreter_interception_params") && !settings.IsNull(s.Node("code_interpreter_interception_params"))
 	p := d.Map(s.Node("code_interpreter_interception_params"), ipath, ipath, []string{
 		"enabled", "enabled_providers", "sandbox_tool_name", "function_name", "max_iterations",
+		"tools", "shell_function_name", "shell_function_description",
 		"execution_timeout", "model_output_limit", "container_idle_timeout", "kernel_idle_timeout",
 		"max_calls_per_turn", "max_executions", "max_code_size", "max_response_output",
 	}, nil)
@@ -400,6 +402,30 @@ func (d *decoder) litellmSettings(s *settings.Map, cfg *Config, tools map[string
 			in.FunctionName = v.S
 		}
 	}
+	in.Tools = slices.Clone(HostedTools)
+	if v, ok := p.StringList("tools"); ok {
+		in.Tools = []string{}
+		for _, t := range v {
+			if !slices.Contains(HostedTools, t) {
+				d.Errorf(p.ValueLine("tools"), "%s: %q is not a hosted tool this proxy runs (%s)", p.Key("tools"), t, strings.Join(HostedTools, ", "))
+				continue
+			}
+			in.Tools = append(in.Tools, t)
+		}
+	}
+	in.ShellFunctionName = DefaultShellFunctionName
+	if v := p.String("shell_function_name"); v.Present {
+		switch {
+		case !functionNameRE.MatchString(v.S):
+			d.Errorf(p.ValueLine("shell_function_name"), "%s: %s is not a valid function name (1 to 64 letters, digits, _ or -)", p.Key("shell_function_name"), v.Shown())
+		default:
+			in.ShellFunctionName = v.S
+		}
+	}
+	if in.ShellFunctionName == in.FunctionName {
+		d.Errorf(p.ValueLine("shell_function_name"), "%s: the shell tool's function needs a name of its own (function_name is %q)", p.Key("shell_function_name"), in.FunctionName)
+	}
+	in.ShellFunctionDescription = p.String("shell_function_description").S
 	in.MaxIterations = p.Int("max_iterations", DefaultMaxIterations, 1)
 	in.ExecutionTimeout = p.Duration("execution_timeout", DefaultExecutionTimeout, false)
 	limit, _ := p.Size("model_output_limit", DefaultModelOutputLimit)

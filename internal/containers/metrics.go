@@ -12,6 +12,7 @@ import (
 const (
 	opCreate    = "create"
 	opRun       = "run"
+	opShell     = "shell"
 	opDelete    = "delete"
 	opKeepAlive = "keepalive"
 	opRestart   = "restart"
@@ -33,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ciproxy_sandbox_operation_duration_seconds",
-			Help:    "Duration of sandbox operations by op (create, run, delete, keepalive, restart) and tool.",
+			Help:    "Duration of sandbox operations by op (create, run, shell, delete, keepalive, restart) and tool.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
 		}, []string{"op", "tool"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{

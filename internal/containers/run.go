@@ -35,17 +35,31 @@ func (c *Container) Run(ctx context.Context, code string, opts sandbox.RunOption
 }
 
 func (c *Container) runLocked(ctx context.Context, code string, opts sandbox.RunOptions) (sandbox.Result, error) {
+	var res sandbox.Result
+	restarted, err := c.use(ctx, opRun, opts.Timeout, func() error {
+		var err error
+		res, err = c.ent.Provider.Run(ctx, c.h, code, opts)
+		return err
+	})
+	res.KernelRestarted = restarted
+	return res, err
+}
+
+// use does op (one execution, run lock held) on the container: counted busy, so never reaped
+// meanwhile; its backend's lease first extended to outlast need (0: 5 minutes); afterwards the
+// use recorded, or, when op found the sandbox gone, the container expired. restarted reports
+// that its kernel was restarted while idle since its last use.
+func (c *Container) use(ctx context.Context, name string, need time.Duration, op func() error) (restarted bool, err error) {
 	s := c.s
 	s.mu.Lock()
 	if c.deleting {
 		s.mu.Unlock()
-		return sandbox.Result{}, fmt.Errorf("%w: container deleted", sandbox.ErrNotFound)
+		return false, fmt.Errorf("%w: container deleted", sandbox.ErrNotFound)
 	}
 	c.busy++
-	restarted := c.restarted
+	restarted = c.restarted
 	c.restarted = false
 	now := s.now()
-	need := opts.Timeout
 	if need <= 0 {
 		need = 5 * time.Minute
 	}
@@ -57,9 +71,8 @@ func (c *Container) runLocked(ctx context.Context, code string, opts sandbox.Run
 		s.keepAlive(ctx, c, keep)
 	}
 	start := time.Now()
-	res, err := c.ent.Provider.Run(ctx, c.h, code, opts)
-	s.m.observe(opRun, c.h.Tool, start, err)
-	res.KernelRestarted = restarted
+	err = op()
+	s.m.observe(name, c.h.Tool, start, err)
 
 	s.mu.Lock()
 	c.busy--
@@ -67,10 +80,58 @@ func (c *Container) runLocked(ctx context.Context, code string, opts sandbox.Run
 	s.mu.Unlock()
 	if errors.Is(err, sandbox.ErrNotFound) {
 		s.dropGone(ctx, c)
-		return res, err
+		return restarted, err
 	}
 	if terr := s.touch(ctx, c); terr != nil && !errors.Is(terr, ErrExpired) {
 		s.log.Warn("recording a container's use", zap.String("container", c.id), zap.Error(terr))
 	}
-	return res, err
+	return restarted, err
+}
+
+// ErrNoShell: the container's backend runs no shell commands (its provider is not a
+// sandbox.Shell).
+var ErrNoShell = errors.New("this sandbox backend cannot run shell commands")
+
+// Shell runs commands in the container one after the other, each as sandbox.Shell.Exec with
+// opts(i) as its options and ended(i, result) called when it has ended, and then records the
+// files they created or changed under DataDir as Execute does, all under one hold of the run
+// lock: a shell call and a code execution of one container never run at once. It stops at the
+// first command that could not run, with its error (ErrNoShell for a backend without commands).
+// When only the collection failed, err wraps ErrCollect.
+func (c *Container) Shell(ctx context.Context, commands []string, opts func(i int) sandbox.ExecOptions, ended func(i int, res sandbox.ExecResult), lim ContainerLimits) (Outputs, error) {
+	sh, ok := c.ent.Provider.(sandbox.Shell)
+	if !ok {
+		return Outputs{}, ErrNoShell
+	}
+	if err := c.lock(ctx); err != nil {
+		return Outputs{}, err
+	}
+	defer c.unlock()
+	fs, fsErr := c.fileSystem()
+	if fsErr == nil && c.baseline == nil {
+		if l, err := fs.ListFiles(ctx, c.h, maxListed); err == nil {
+			c.baseline = stamps(l)
+		}
+	}
+	for i, cmd := range commands {
+		o := opts(i)
+		var res sandbox.ExecResult
+		_, err := c.use(ctx, opShell, o.Timeout, func() error {
+			var err error
+			res, err = sh.Exec(ctx, c.h, cmd, o)
+			return err
+		})
+		if err != nil {
+			return Outputs{}, err
+		}
+		ended(i, res)
+	}
+	if fsErr != nil {
+		return Outputs{}, nil
+	}
+	out, err := c.collectLocked(ctx, fs, lim)
+	if err != nil {
+		return out, fmt.Errorf("%w: %w", ErrCollect, err)
+	}
+	return out, nil
 }

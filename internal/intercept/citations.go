@@ -156,7 +156,7 @@ var errNeedFiles = errors.New("intercept: a message links a container file; the 
 
 // needsFiles reports whether an event completes a text that links a file not known yet.
 func (t *translator) needsFiles(typ string, data []byte) bool {
-	if t.filesKnown || !t.req.code || !bytes.Contains(data, []byte(sandboxLink)) {
+	if t.filesKnown || !t.req.sandboxed() || !bytes.Contains(data, []byte(sandboxLink)) {
 		return false
 	}
 	unknown := func(text string) bool {
@@ -241,7 +241,7 @@ func (t *translator) citePart(s *slot, ci int, text string) []Event {
 		return nil
 	}
 	p.cited = true
-	if !t.req.code {
+	if !t.req.sandboxed() {
 		return nil
 	}
 	p.cites = t.cite(text)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -35,6 +34,9 @@ type heldContainer interface {
 	// containers.Container.Execute does (an execution whose files alone could not be collected
 	// returns its result and an error wrapping containers.ErrCollect).
 	Execute(ctx context.Context, code string, opts sandbox.RunOptions, lim containers.ContainerLimits) (sandbox.Result, containers.Outputs, error)
+	// Shell runs shell commands one after the other, then records the files they wrote, as
+	// containers.Container.Shell does.
+	Shell(ctx context.Context, commands []string, opts func(i int) sandbox.ExecOptions, ended func(i int, res sandbox.ExecResult), lim containers.ContainerLimits) (containers.Outputs, error)
 	// Release ends the request's use of the container; Discard also deletes it once nobody else
 	// holds it (its id never reached anyone).
 	Release(ctx context.Context)
@@ -113,8 +115,8 @@ func (f *containerFuture) ready() (heldContainer, bool) {
 func (r *run) startContainer(ctx context.Context) *apierror.Error {
 	f := &containerFuture{done: make(chan struct{})}
 	r.cont = f
-	if !r.req.code {
-		// No code_interpreter tool: no code runs, so no container is opened.
+	if !r.req.sandboxed() {
+		// Neither code nor hosted shell commands run, so no container is opened.
 		f.cancel = func() {}
 		f.err = errNoContainer
 		close(f.done)
@@ -126,7 +128,7 @@ func (r *run) startContainer(ctx context.Context) *apierror.Error {
 		close(f.done)
 		if f.err != nil {
 			if errors.Is(f.err, sandbox.ErrNotFound) {
-				return apierror.NotFound("Container with id '"+id+"' not found.", "tools["+strconv.Itoa(r.req.container.toolIndex)+"].container")
+				return apierror.NotFound("Container with id '"+id+"' not found.", r.req.container.param)
 			}
 			r.e.m.sandboxErr.WithLabelValues("open").Inc()
 			return sandboxUnavailable(f.err)

@@ -314,3 +314,61 @@ func (f *fakeContainers) Files(_ context.Context, _, id string, _ store.Containe
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return store.List[store.ContainerFile]{Items: out}, nil
 }
+
+// Shell "runs" each command with a small script language, parts separated by "; ": "echo T"
+// and "echoerr T" write T and a newline to stdout and stderr, "write P T" writes T to P under
+// /mnt/data, "exit N" ends with N, "hang" runs until its timeout. Commands are recorded as
+// "$ " + command among the codes.
+func (c *fakeBox) Shell(ctx context.Context, commands []string, opts func(int) sandbox.ExecOptions, ended func(int, sandbox.ExecResult), _ containers.ContainerLimits) (containers.Outputs, error) {
+	f := c.f
+	for i, cmd := range commands {
+		o := opts(i)
+		f.mu.Lock()
+		f.codes = append(f.codes, "$ "+cmd)
+		f.mu.Unlock()
+		res := sandbox.ExecResult{}
+	parts:
+		for _, part := range strings.Split(cmd, "; ") {
+			verb, arg, _ := strings.Cut(part, " ")
+			switch verb {
+			case "echo", "echoerr":
+				st := sandbox.Stdout
+				if verb == "echoerr" {
+					st = sandbox.Stderr
+				}
+				if o.OnOutput != nil {
+					o.OnOutput(st, arg+"\n")
+				}
+			case "write":
+				rel, data, _ := strings.Cut(arg, " ")
+				f.mu.Lock()
+				if _, err := f.box(c); err == nil {
+					c.fs[rel] = &fakeFile{data: []byte(data)}
+				}
+				f.mu.Unlock()
+			case "exit":
+				res.ExitCode, _ = strconv.Atoi(arg)
+				break parts
+			case "hang":
+				select {
+				case <-ctx.Done():
+					return containers.Outputs{}, ctx.Err()
+				case <-time.After(o.Timeout):
+				}
+				res.TimedOut = true
+				break parts
+			default:
+				res.ExitCode = 127
+				if o.OnOutput != nil {
+					o.OnOutput(sandbox.Stderr, "bash: "+verb+": command not found\n")
+				}
+			}
+		}
+		ended(i, res)
+	}
+	written, err := f.collect(c)
+	if err != nil {
+		return containers.Outputs{}, fmt.Errorf("%w: %w", containers.ErrCollect, err)
+	}
+	return containers.Outputs{Files: written}, nil
+}

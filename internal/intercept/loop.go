@@ -86,18 +86,34 @@ func (r *run) loop(ctx context.Context) error {
 		if len(calls) == 0 {
 			return r.complete(ctx, turns, nil)
 		}
-		// An incomplete response (max_output_tokens, content filter) or a call made with tools
-		// off ends the loop: its calls are shown, not run.
-		stop := none || r.req.noCode || end == outcomeIncomplete
+		// An incomplete response (max_output_tokens, content filter), a call made with tools off
+		// or a call of a tool that tool_choice rules out ends the loop: its calls are shown, not
+		// run.
+		ended := none || end == outcomeIncomplete
+		stopCode, stopShell := ended || r.req.noCode, ended || r.req.noShell
+		stop := ended
 		outputs := make([][]byte, 0, len(calls))
 		for i, c := range calls {
+			if c.shell {
+				stop = stop || stopShell
+				if !r.req.shell.hosted {
+					continue // the client runs it (clientCalls), and answers it in its next request
+				}
+				out, err := r.shell(ctx, c, i, stopShell)
+				if err != nil {
+					return err
+				}
+				outputs = append(outputs, functionOutput(c.callID, out))
+				continue
+			}
 			var ex execution
 			if err := r.emit(r.tr.interpreting(c.ref)); err != nil {
 				return err
 			}
+			stop = stop || stopCode
 			limited, over := r.overLimit(i)
 			switch {
-			case stop:
+			case stopCode:
 				ex = skipped()
 			case over:
 				ex = limited
@@ -111,7 +127,7 @@ func (r *run) loop(ctx context.Context) error {
 				return err
 			}
 			outputs = append(outputs, functionOutput(c.callID, ex.model))
-			if !stop && !over {
+			if !stopCode && !over {
 				// Only calls that went to the container are recorded: at most max_calls_per_turn
 				// a turn, however many the model made. A replayed item without a record is rebuilt
 				// from what the client sends (translateInputItem).

@@ -101,7 +101,7 @@ func applies(cfg *config.Config, provider string, root gjson.Result) bool {
 	if p := cfg.Interception.EnabledProviders; p != nil && !slices.Contains(p, provider) {
 		return false
 	}
-	return wants(root)
+	return wants(root, cfg.Interception)
 }
 
 // Container returns the container the request uses, the one rule for it on every replica:
@@ -120,7 +120,7 @@ func (p *Plan) Container(ctx context.Context, live func(ctx context.Context, id 
 
 // containerFor is Plan.Container.
 func (r *parsedRequest) containerFor(ctx context.Context, live func(ctx context.Context, id string) (bool, error)) (string, error) {
-	if !r.code {
+	if !r.sandboxed() {
 		return "", nil
 	}
 	if id := r.container.id; id != "" {

@@ -50,6 +50,12 @@ type parsedRequest struct {
 	// without it). A model that calls the stand-in anyway (servers that ignore tool_choice) gets
 	// its calls shown, never run.
 	noCode bool
+	// shell: the request's shell tool, when the proxy handles one; noShell: tool_choice rules it
+	// out, as noCode does code_interpreter.
+	shell   shellTool
+	noShell bool
+	// obfuscate: command deltas carry obfuscation (stream_options.include_obfuscation not false).
+	obfuscate bool
 
 	container containerSpec
 	// contextContainers are the containers the conversation used so far, oldest first: the
@@ -106,12 +112,17 @@ func CheckNetworkPolicy(np gjson.Result, param string) *apierror.Error {
 	}
 }
 
-// containerSpec is the code_interpreter tool's container.
+// containerSpec is the container of the request's tools (code_interpreter's and the shell
+// tool's are one).
 type containerSpec struct {
-	id          string // "cntr_..." when the tool names one
-	memoryLimit string // container.memory_limit of an auto container
-	toolIndex   int    // index of the code_interpreter tool in tools, for error params
+	id          string // "cntr_..." when a tool names one
+	memoryLimit string // memory_limit of an auto container
+	param       string // where id was named, for the error of an unknown one
 }
+
+// sandboxed reports whether the request runs anything in a container: code, or hosted shell
+// commands.
+func (r *parsedRequest) sandboxed() bool { return r.code || r.shell.hosted }
 
 // lookup is what parsing needs from the store: the records of responses and calls this proxy
 // minted, which only their owner may use.
@@ -145,15 +156,12 @@ func (lk lookup) fail(err error) {
 }
 
 // wants reports whether a request is one the engine intercepts: the tools list holds a
-// code_interpreter tool.
-func wants(root gjson.Result) bool {
+// code_interpreter tool or a shell tool, of those ic intercepts.
+func wants(root gjson.Result, ic config.Interception) bool {
 	found := false
 	root.Get("tools").ForEach(func(_, t gjson.Result) bool {
-		if t.Get("type").String() == "code_interpreter" {
-			found = true
-			return false
-		}
-		return true
+		found = ic.Intercepts(t.Get("type").String())
+		return !found
 	})
 	return found
 }
@@ -167,7 +175,7 @@ func parseRequest(body []byte, ic config.Interception, code bool) (*parsedReques
 	if !jsondepth.Valid(body) || !root.IsObject() {
 		return nil, apierror.BadRequest("The request body must be a JSON object.", "", "")
 	}
-	return parseRoot(root, body, ic, code && wants(root))
+	return parseRoot(root, body, ic, code && wants(root, ic))
 }
 
 // parseRoot is parseRequest of a body already checked (Prepare): root is body parsed, a JSON
@@ -180,20 +188,32 @@ func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool
 	if bad := checkTypes(root); bad != nil {
 		return nil, bad
 	}
+	sfn := ic.ShellFunctionName
+	if sfn == "" {
+		sfn = config.DefaultShellFunctionName
+	}
+	run := code // interception applies: the tools it intercepts are the proxy's to run
+	code = false
+	root.Get("tools").ForEach(func(_, t gjson.Result) bool {
+		code = run && t.Get("type").String() == "code_interpreter" && ic.Intercepts("code_interpreter")
+		return !code
+	})
 	r := &parsedRequest{
 		raw:          body,
 		fn:           fn,
 		code:         code,
+		obfuscate:    root.Get("stream_options.include_obfuscation").Type != gjson.False,
 		stream:       root.Get("stream").Bool(),
 		store:        root.Get("store").Type != gjson.False,
 		standInIndex: -1,
 	}
-	if r.code && root.Get("background").Bool() {
-		return nil, apierror.BadRequest("Background mode is not supported together with the code_interpreter tool.", "background", "")
+	shellTools := run && ic.Intercepts("shell") && wantsShell(root)
+	if (r.code || shellTools) && root.Get("background").Bool() {
+		return nil, apierror.BadRequest("Background mode is not supported together with the code_interpreter or shell tool.", "background", "")
 	}
-	if c := root.Get("conversation"); r.code && c.Exists() && c.Type != gjson.Null {
+	if c := root.Get("conversation"); (r.code || shellTools) && c.Exists() && c.Type != gjson.Null {
 		// Each upstream call of the loop would append the conversation's items again.
-		return nil, apierror.BadRequest("Conversations are not supported together with the code_interpreter tool on this server; use previous_response_id or send the items in input.", "conversation", "")
+		return nil, apierror.BadRequest("Conversations are not supported together with the code_interpreter or shell tool on this server; use previous_response_id or send the items in input.", "conversation", "")
 	}
 	r.model = rawOf(root.Get("model"))
 	r.tools = rawOf(root.Get("tools"))
@@ -208,7 +228,8 @@ func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool
 	// dropped (one kernel serves them all); a client function using the name is a clash.
 	tools := make([]byte, 0, len(r.tools)+1024)
 	tools = append(tools, '[')
-	seen := false
+	seen, shellSeen := false, false
+	var shellContainer containerSpec
 	n := 0 // tools written so far
 	var bad *apierror.Error
 	root.Get("tools").ForEach(func(k, t gjson.Result) bool {
@@ -218,27 +239,16 @@ func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool
 				return true
 			}
 			seen = true
-			r.container.toolIndex = int(k.Int())
 			c := t.Get("container")
 			param := "tools[" + k.String() + "].container"
+			r.container.param = param
 			switch {
 			case !c.Exists(), c.Type == gjson.Null:
 				// No container: an auto one, as the most lenient reading of a required field.
 			case c.Type == gjson.String:
 				r.container.id = c.String()
 			case c.IsObject() && c.Get("type").String() == "auto":
-				switch ml := c.Get("memory_limit"); {
-				case !ml.Exists(), ml.Type == gjson.Null:
-				case ml.Type == gjson.String && validMemoryLimit(ml.String()):
-					r.container.memoryLimit = ml.String()
-				default:
-					bad = apierror.BadRequest("Invalid value for '"+param+".memory_limit': expected one of '1g', '4g', '16g', '64g'.", param+".memory_limit", apierror.CodeInvalidValue)
-					return false
-				}
-				if bad = CheckNetworkPolicy(c.Get("network_policy"), param+".network_policy"); bad != nil {
-					return false
-				}
-				if r.files, bad = parseFileIDs(c.Get("file_ids"), param+".file_ids"); bad != nil {
+				if bad = r.parseAuto(c, param, &r.container); bad != nil {
 					return false
 				}
 			default:
@@ -247,8 +257,20 @@ func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool
 			}
 			r.standInIndex = n
 			tools = appendElem(tools, standInTool(fn))
+		case typ == "shell" && shellTools:
+			if shellSeen {
+				return true // one shell serves them all
+			}
+			shellSeen = true
+			if bad = r.parseShellTool(t, "tools["+k.String()+"]", sfn, &shellContainer); bad != nil {
+				return false
+			}
+			tools = appendElem(tools, shellStandIn(sfn, ic.ShellFunctionDescription))
 		case r.code && (typ == "function" || typ == "custom") && t.Get("name").String() == fn:
 			bad = apierror.BadRequest("The tool name '"+fn+"' is reserved for code_interpreter on this server; rename the function.", "tools", "")
+			return false
+		case shellTools && (typ == "function" || typ == "custom") && t.Get("name").String() == sfn:
+			bad = apierror.BadRequest("The tool name '"+sfn+"' is reserved for the shell tool on this server; rename the function.", "tools", "")
 			return false
 		default:
 			tools = appendElem(tools, []byte(t.Raw))
@@ -260,9 +282,12 @@ func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool
 		return nil, bad
 	}
 	tools = append(tools, ']')
+	if bad = r.shareContainer(shellContainer); bad != nil {
+		return nil, bad
+	}
 	// Files of the input go to the container too, as OpenAI's do; images by file_id go upstream
 	// as their bytes, code or not, and so do files when they go to no container.
-	in, inlined, bad := parseInputFiles(root.Get("input"), r.code)
+	in, inlined, bad := parseInputFiles(root.Get("input"), r.sandboxed())
 	if bad != nil {
 		return nil, bad
 	}
@@ -272,9 +297,17 @@ func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool
 		return nil, apierror.BadRequest(fmt.Sprintf("Too many files for the code interpreter's container: %d, at most %d per request.", len(r.files), maxPlacedFiles), "input", "")
 	}
 
-	if r.code {
-		r.toolChoiceFirst, r.toolChoiceLater = rewriteToolChoice(root.Get("tool_choice"), fn)
-		r.noCode = excludesCode(root.Get("tool_choice"))
+	if r.code || r.shell.fn != "" {
+		standIns := map[string]string{}
+		if r.code {
+			standIns["code_interpreter"] = fn
+		}
+		if r.shell.fn != "" {
+			standIns["shell"] = r.shell.fn
+		}
+		r.toolChoiceFirst, r.toolChoiceLater = rewriteToolChoice(root.Get("tool_choice"), standIns)
+		r.noCode = r.code && excludes(root.Get("tool_choice"), "code_interpreter")
+		r.noShell = r.shell.fn != "" && excludes(root.Get("tool_choice"), "shell")
 	}
 
 	// include: outputs are the proxy's business; encrypted reasoning is asked for when the
@@ -426,6 +459,11 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 	case in.Type == gjson.String:
 		r.input = append(append([][]byte(nil), pending...), userMessageOf(in))
 	default:
+		if r.shell.fn != "" {
+			if bad := checkShellPairs(in, prevRaw.String() != ""); bad != nil {
+				return bad
+			}
+		}
 		r.input = append(r.input, pending...)
 		k := 0
 		var unknown *apierror.Error
@@ -440,7 +478,7 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 					r.inlined[i].at = len(r.input)
 				}
 			}
-			items, container := translateInputItem(it, r.fn, lk)
+			items, container := translateInputItem(it, r.fn, r.shell.fn, lk)
 			if lk.stateless && len(items) == 1 && gjson.GetBytes(items[0], "type").String() == "item_reference" {
 				// Nobody upstream can resolve it: OpenAI's answer for an item it does not hold.
 				unknown = apierror.NotFound("Item with id '"+it.Get("id").String()+"' not found.", "input")
@@ -489,16 +527,16 @@ func (r *parsedRequest) useContainer(id string) {
 	r.contextContainers = append(r.contextContainers, id)
 }
 
-// excludesCode reports whether tool_choice rules code_interpreter out: "none", or an allowed_tools
-// list without it.
-func excludesCode(tc gjson.Result) bool {
+// excludes reports whether tool_choice rules the hosted tool typ out: "none", or an
+// allowed_tools list without it.
+func excludes(tc gjson.Result, typ string) bool {
 	switch {
 	case tc.Type == gjson.String:
 		return tc.String() == "none"
 	case tc.Get("type").String() == "allowed_tools":
 		found := false
 		tc.Get("tools").ForEach(func(_, t gjson.Result) bool {
-			found = t.Get("type").String() == "code_interpreter"
+			found = t.Get("type").String() == typ
 			return !found
 		})
 		return !found
@@ -507,9 +545,17 @@ func excludesCode(tc gjson.Result) bool {
 }
 
 // translateInputItem turns replayed code_interpreter_call items (and references to ones this
-// proxy minted) into the function_call + function_call_output pair the upstream saw, and
-// returns the container such an item ran in ("" for any other item).
-func translateInputItem(it gjson.Result, fn string, lk lookup) ([][]byte, string) {
+// proxy minted) into the function_call + function_call_output pair the upstream saw, shell_call
+// and shell_call_output items into the shell stand-in's call and output (sfn: its name; "": the
+// proxy handles no shell tool), and returns the container such an item ran in ("" for any other
+// item).
+func translateInputItem(it gjson.Result, fn, sfn string, lk lookup) ([][]byte, string) {
+	switch typ := it.Get("type").String(); {
+	case sfn != "" && typ == "shell_call":
+		return [][]byte{shellCallInput(it, sfn)}, it.Get("environment.container_id").String()
+	case sfn != "" && typ == "shell_call_output":
+		return [][]byte{functionOutput(it.Get("call_id").String(), shellOutputText(it.Get("output")))}, ""
+	}
 	switch it.Get("type").String() {
 	case "code_interpreter_call":
 		id := it.Get("id").String()

@@ -58,9 +58,9 @@ type functionChoice struct {
 }
 
 // rewriteToolChoice maps the client's tool_choice for the first upstream call and for the calls
-// after the model used a tool (a forced choice would loop forever). nil means "leave as is".
-func rewriteToolChoice(tc gjson.Result, fn string) (first, later []byte) {
-	fnChoice := marshal(functionChoice{Type: "function", Name: fn})
+// after the model used a tool (a forced choice would loop forever). standIns maps each hosted tool
+// the proxy runs (code_interpreter, shell) to its stand-in function. nil means "leave as is".
+func rewriteToolChoice(tc gjson.Result, standIns map[string]string) (first, later []byte) {
 	switch {
 	case !tc.Exists():
 		return nil, nil
@@ -69,14 +69,14 @@ func rewriteToolChoice(tc gjson.Result, fn string) (first, later []byte) {
 			return nil, []byte(`"auto"`)
 		}
 		return nil, nil
-	case tc.Get("type").String() == "code_interpreter":
-		return fnChoice, []byte(`"auto"`)
+	case standIns[tc.Get("type").String()] != "":
+		return marshal(functionChoice{Type: "function", Name: standIns[tc.Get("type").String()]}), []byte(`"auto"`)
 	case tc.Get("type").String() == "allowed_tools":
 		out := []byte(tc.Raw)
 		tools := []byte{'['}
 		tc.Get("tools").ForEach(func(_, t gjson.Result) bool {
-			if t.Get("type").String() == "code_interpreter" {
-				tools = appendElem(tools, fnChoice)
+			if fn := standIns[t.Get("type").String()]; fn != "" {
+				tools = appendElem(tools, marshal(functionChoice{Type: "function", Name: fn}))
 			} else {
 				tools = appendElem(tools, []byte(t.Raw))
 			}

@@ -115,7 +115,8 @@ type slot struct {
 
 	// Stand-in calls only.
 	ours     bool
-	ciID     string
+	shell    bool   // a call of the shell tool's stand-in (else code_interpreter's)
+	ciID     string // the client's item id: ci_… or sh_…
 	callID   string
 	dec      *argstream.Decoder
 	args     strings.Builder // the arguments so far
@@ -125,6 +126,12 @@ type slot struct {
 	parseErr error
 	tooBig   bool // the arguments are over maxArgs: nothing more of them is kept (limits.go)
 
+	// Shell calls only: the commands as streamed (command events sent for each), and the action
+	// from the complete arguments.
+	commands []string
+	cmdDone  int // commands whose .done was sent
+	action   shellAction
+
 	// Passed messages only: their output_text parts, by content index.
 	parts []*citedPart
 }
@@ -132,10 +139,12 @@ type slot struct {
 // standIn is one stand-in call of the current upstream call, as the loop runs it.
 type standIn struct {
 	ref      int    // the call's handle for interpreting and executed
-	ciID     string // the code_interpreter_call item id the client sees
+	ciID     string // the item id the client sees (code_interpreter_call or shell_call)
 	callID   string // the upstream's call_id
 	code     string
 	parseErr error // the arguments could not be read: nothing runs
+	shell    bool
+	action   shellAction // a shell call's
 }
 
 func newTranslator(req *parsedRequest, id string, createdAt int64, mint func(string) string) *translator {
@@ -143,7 +152,7 @@ func newTranslator(req *parsedRequest, id string, createdAt int64, mint func(str
 		mint = newID
 	}
 	// Without a code_interpreter tool there is no container, and no file to cite.
-	return &translator{req: req, id: id, createdAt: createdAt, mint: mint, byID: map[string]*slot{}, filesKnown: !req.code}
+	return &translator{req: req, id: id, createdAt: createdAt, mint: mint, byID: map[string]*slot{}, filesKnown: !req.sandboxed()}
 }
 
 // begin starts the next upstream call. stripEncrypted: the call asks for reasoning's encrypted
@@ -174,7 +183,7 @@ func (t *translator) needsContainer(typ string, data []byte) bool {
 	}
 	switch typ {
 	case "response.output_item.added":
-		return t.isOurs(gjson.GetBytes(data, "item"))
+		return t.runsInContainer(gjson.GetBytes(data, "item"))
 	case "response.output_item.done":
 		return t.startsCall(int(gjson.GetBytes(data, "output_index").Int()), gjson.GetBytes(data, "item"))
 	default:
@@ -193,7 +202,7 @@ func (t *translator) needsContainer(typ string, data []byte) bool {
 // startsCall reports whether a finished item at upstream output_index i is a stand-in call not
 // started yet.
 func (t *translator) startsCall(i int, item gjson.Result) bool {
-	if !t.isOurs(item) {
+	if !t.runsInContainer(item) {
 		return false
 	}
 	return i < 0 || i >= len(t.slots) || t.slots[i] == nil || !t.slots[i].ours
@@ -348,10 +357,25 @@ func (t *translator) slotAt(i int, upID string) *slot {
 	return s
 }
 
-// isOurs reports whether item calls the stand-in function. Without a code_interpreter tool in
-// the request, a function of that name is the client's own.
+// isOurs reports whether item calls a stand-in function. Without the tool it stands for in the
+// request, a function of that name is the client's own.
 func (t *translator) isOurs(item gjson.Result) bool {
-	return t.req.code && item.Get("type").String() == "function_call" && item.Get("name").String() == t.req.fn
+	if item.Get("type").String() != "function_call" {
+		return false
+	}
+	name := item.Get("name").String()
+	return t.req.code && name == t.req.fn || t.req.shell.fn != "" && name == t.req.shell.fn
+}
+
+// runsInContainer reports whether item is a stand-in call that runs in the container: code, or
+// a hosted shell call (a local one is the client's).
+func (t *translator) runsInContainer(item gjson.Result) bool {
+	return t.isOurs(item) && (t.req.shell.hosted || !t.isShell(item))
+}
+
+// isShell reports whether item, one of ours, calls the shell tool's stand-in.
+func (t *translator) isShell(item gjson.Result) bool {
+	return t.req.shell.fn != "" && item.Get("name").String() == t.req.shell.fn
 }
 
 func (t *translator) itemAdded(data []byte) []Event {
@@ -366,6 +390,7 @@ func (t *translator) itemAdded(data []byte) []Event {
 		return append(evs, t.pass(data))
 	}
 	s.callID = item.Get("call_id").String()
+	s.shell = t.isShell(item)
 	evs = append(evs, t.startCall(s)...)
 	if a := item.Get("arguments").String(); a != "" {
 		evs = append(evs, t.feedArgs(s, a)...)
@@ -376,6 +401,9 @@ func (t *translator) itemAdded(data []byte) []Event {
 // startCall announces a stand-in call as a code_interpreter_call, in the container handed over.
 func (t *translator) startCall(s *slot) []Event {
 	s.ours = true
+	if s.shell {
+		return t.startShellCall(s)
+	}
 	s.dec = argstream.New("code")
 	s.ciID = t.mint("ci_")
 	t.started++
@@ -391,6 +419,9 @@ func (t *translator) feedArgs(s *slot, chunk string) []Event {
 		return nil
 	}
 	s.args.WriteString(chunk)
+	if s.shell {
+		return t.feedCommands(s, chunk)
+	}
 	if d := s.dec.Write(chunk); d != "" {
 		s.streamed.WriteString(d)
 		return []Event{{Type: evCallCodeDelta, minted: codeDeltaEvent{callEvent{head{Type: evCallCodeDelta}, s.index, s.ciID}, d}}}
@@ -410,6 +441,9 @@ func (t *translator) codeDone(s *slot, args string) []Event {
 		evs = t.feedArgs(s, args)
 	}
 	s.codeDone = true
+	if s.shell {
+		return append(evs, t.commandsDone(s, args)...)
+	}
 	var m map[string]any
 	if s.parseErr = t.sizeErr(s, len(args)); s.parseErr != nil {
 		// Over max_code_size: not decoded, not run.
@@ -450,6 +484,7 @@ func (t *translator) itemDone(i int, item []byte) []Event {
 	}
 	if !s.ours {
 		s.callID = it.Get("call_id").String()
+		s.shell = t.isShell(it)
 		evs = append(evs, t.startCall(s)...)
 	}
 	if id := it.Get("call_id").String(); id != "" {
@@ -461,6 +496,9 @@ func (t *translator) itemDone(i int, item []byte) []Event {
 	}
 	evs = append(evs, t.codeDone(s, args)...)
 	t.dropArgs(s)
+	if s.shell {
+		evs = append(evs, t.shellCallDone(s)...)
+	}
 	return evs
 }
 
@@ -480,15 +518,19 @@ func (t *translator) calls() []standIn {
 	var out []standIn
 	for i, s := range t.slots {
 		if s != nil && s.ours {
-			out = append(out, standIn{ref: i, ciID: s.ciID, callID: s.callID, code: s.code, parseErr: s.parseErr})
+			out = append(out, standIn{ref: i, ciID: s.ciID, callID: s.callID, code: s.code, parseErr: s.parseErr, shell: s.shell, action: s.action})
 		}
 	}
 	return out
 }
 
-// clientCalls reports whether the current upstream call asked for a client's own function.
+// clientCalls reports whether the current upstream call asked for a client's own function, or
+// for a shell command the client runs (a shell tool without a container).
 func (t *translator) clientCalls() bool {
 	for _, s := range t.slots {
+		if s != nil && s.shell && !t.req.shell.hosted {
+			return true
+		}
 		if s != nil && !s.ours && s.upItem != nil {
 			switch gjson.GetBytes(s.upItem, "type").String() {
 			case "function_call", "custom_tool_call", "computer_call", "local_shell_call", "shell_call",

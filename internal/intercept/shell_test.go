@@ -1,0 +1,242 @@
+package intercept
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
+)
+
+func shellCall(commands ...string) upstreamtest.Item { return shellCallWith(nil, commands...) }
+
+// shellCallWith is a call with timeout_ms (nil: null).
+func shellCallWith(timeoutMS any, commands ...string) upstreamtest.Item {
+	args, _ := json.Marshal(map[string]any{"commands": commands, "timeout_ms": timeoutMS, "max_output_length": nil})
+	return upstreamtest.FunctionCall("shell", string(args))
+}
+
+func shellBody(env, extra string) string {
+	b := `{"model":"gpt-test","input":"run it","tools":[{"type":"shell"` + env + `}]`
+	if extra != "" {
+		b += "," + extra
+	}
+	return b + "}"
+}
+
+const containerAuto = `,"environment":{"type":"container_auto"}`
+
+// TestShellHosted: a hosted shell call runs each command in the container and answers with the
+// shell_call and its shell_call_output, streamed with the five shell events in order, the model
+// told the entries; the same items whether streamed or not.
+func TestShellHosted(t *testing.T) { forEachAPI(t, testShellHosted) }
+
+func testShellHosted(t *testing.T, api upstreamAPI) {
+	for _, stream := range []bool{true, false} {
+		name := "json"
+		if stream {
+			name = "stream"
+		}
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, onAPI(api))
+			h.up.Enqueue(
+				upstreamtest.Turn{Items: []upstreamtest.Item{shellCallWith(50, "echo hi; echoerr oops; exit 3", "write out.txt data; echo done", "hang")}},
+				text("Done: [out](sandbox:/mnt/data/out.txt)"),
+			)
+			extra := `"stream":false`
+			if stream {
+				extra = `"stream":true`
+			}
+			status, raw := h.post(shellBody(containerAuto, extra+`,"tool_choice":{"type":"shell"}`), "k1")
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, raw)
+			}
+			resp := raw
+			if stream {
+				evs := parseSSE(t, raw)
+				resp = finalResponse(t, evs)
+				var seq []string
+				for _, ev := range evs {
+					// Arguments come in as many deltas as the upstream sends: one stands for them all.
+					name := strings.TrimPrefix(ev.Name, "response.")
+					if (strings.Contains(name, "shell") || strings.HasPrefix(name, "output_item.")) &&
+						!(name == "shell_call_command.delta" && len(seq) > 0 && seq[len(seq)-1] == name) {
+						seq = append(seq, name)
+					}
+					if ev.Name == evShellCommandDelta && (!gjson.GetBytes(ev.Data, "obfuscation").Exists() || gjson.GetBytes(ev.Data, "item_id").Exists()) {
+						t.Errorf("command delta %s: want obfuscation and no item_id", ev.Data)
+					}
+					if ev.Name == evShellOutputDelta && gjson.GetBytes(ev.Data, "command_index").Int() == 0 &&
+						gjson.GetBytes(ev.Data, "delta").Raw != `{"stdout":"hi\n"}` && gjson.GetBytes(ev.Data, "delta").Raw != `{"stderr":"oops\n"}` {
+						t.Errorf("output delta %s", ev.Data)
+					}
+				}
+				want := "output_item.added,shell_call_command.added,shell_call_command.delta,shell_call_command.done," +
+					"shell_call_command.added,shell_call_command.delta,shell_call_command.done," +
+					"shell_call_command.added,shell_call_command.delta,shell_call_command.done,output_item.done," +
+					"output_item.added,shell_call_output_content.delta,shell_call_output_content.delta,shell_call_output_content.done," +
+					"shell_call_output_content.delta,shell_call_output_content.done,shell_call_output_content.done,output_item.done," +
+					"output_item.added,output_item.done"
+				if got := strings.Join(seq, ","); got != want {
+					t.Errorf("events:\n%s\nwant\n%s", got, want)
+				}
+			}
+			if got := strings.Join(types(resp), ","); got != "shell_call,shell_call_output,message" {
+				t.Fatalf("output types %s\n%s", got, resp)
+			}
+			call, out := gjson.GetBytes(resp, "output.0"), gjson.GetBytes(resp, "output.1")
+			cid := call.Get("environment.container_id").String()
+			if !strings.HasPrefix(call.Get("id").String(), "sh_") || call.Get("status").String() != "completed" ||
+				call.Get("environment.type").String() != "container_reference" || !strings.HasPrefix(cid, "cntr_") ||
+				call.Get("action.commands.#").Int() != 3 || call.Get("action.timeout_ms").Int() != 50 {
+				t.Errorf("shell_call %s", call.Raw)
+			}
+			if !strings.HasPrefix(out.Get("id").String(), "sho_") || out.Get("call_id").String() != call.Get("call_id").String() ||
+				out.Get("status").String() != "completed" || out.Get("max_output_length").Type != gjson.Null {
+				t.Errorf("shell_call_output %s", out.Raw)
+			}
+			wantOut := `[{"outcome":{"type":"exit","exit_code":3},"stderr":"oops\n","stdout":"hi\n"},` +
+				`{"outcome":{"type":"exit","exit_code":0},"stderr":"","stdout":"done\n"},{"outcome":{"type":"timeout"},"stderr":"","stdout":""}]`
+			if got := out.Get("output").Raw; got != wantOut {
+				t.Errorf("output\n%s\nwant\n%s", got, wantOut)
+			}
+			// The file the commands wrote is a container file, cited in the answer.
+			if ann := gjson.GetBytes(resp, "output.2.content.0.annotations.0"); ann.Get("type").String() != "container_file_citation" || ann.Get("container_id").String() != cid {
+				t.Errorf("annotation %s; want a container_file_citation in %s", ann.Raw, cid)
+			}
+			reqs := h.up.Requests()
+			if len(reqs) != 2 {
+				t.Fatalf("upstream requests %d", len(reqs))
+			}
+			if tc := gjson.GetBytes(reqs[0].Body, "tool_choice"); api.name == "responses" && tc.Get("name").String() != "shell" {
+				t.Errorf("first tool_choice %s; want the stand-in forced", tc.Raw)
+			}
+			outs := fcOutputs(reqs[1])
+			if len(outs) != 1 || !strings.HasPrefix(outs[0], wantOut) || !strings.Contains(outs[0], "sandbox:/mnt/data/out.txt") {
+				t.Errorf("the model was told %q", outs)
+			}
+		})
+	}
+}
+
+// TestShellSharesTheContainer: code_interpreter and the shell tool of one request run in one
+// container.
+func TestShellSharesTheContainer(t *testing.T) {
+	h := newHarness(t)
+	h.up.Enqueue(
+		upstreamtest.Turn{Items: []upstreamtest.Item{call("print(1)"), shellCall("echo 2")}},
+		text("ok"),
+	)
+	status, resp := h.post(`{"model":"gpt-test","input":"x","tools":[{"type":"code_interpreter","container":{"type":"auto"}},{"type":"shell","environment":{"type":"container_auto"}}]}`, "k1")
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	if got := strings.Join(types(resp), ","); got != "code_interpreter_call,shell_call,shell_call_output,message" {
+		t.Fatalf("output types %s", got)
+	}
+	ci, sh := gjson.GetBytes(resp, "output.0.container_id").String(), gjson.GetBytes(resp, "output.1.environment.container_id").String()
+	if ci == "" || ci != sh || h.fake.Created() != 1 {
+		t.Errorf("code_interpreter in %q, shell in %q, %d containers created; want one", ci, sh, h.fake.Created())
+	}
+}
+
+// TestShellLocal: a shell tool without a container is the client's to run: the response ends
+// with the shell_call, and the client's shell_call_output goes upstream as the stand-in's output.
+func TestShellLocal(t *testing.T) { forEachAPI(t, testShellLocal) }
+
+func testShellLocal(t *testing.T, api upstreamAPI) {
+	for _, env := range []string{`,"environment":{"type":"local"}`, ""} {
+		t.Run("env"+env, func(t *testing.T) {
+			h := newHarness(t, onAPI(api))
+			h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("ls -la")}}, text("listed"))
+			status, resp := h.post(shellBody(env, ""), "k1")
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, resp)
+			}
+			if got := strings.Join(types(resp), ","); got != "shell_call" || gjson.GetBytes(resp, "status").String() != "completed" {
+				t.Fatalf("output types %s, status %s", got, gjson.GetBytes(resp, "status"))
+			}
+			call := gjson.GetBytes(resp, "output.0")
+			if env == "" && call.Get("environment").Exists() || env != "" && call.Get("environment").Raw != `{"type":"local"}` {
+				t.Errorf("environment %s", call.Get("environment").Raw)
+			}
+			if h.fake.Created() != 0 {
+				t.Errorf("%d containers created for a local shell", h.fake.Created())
+			}
+			callID := call.Get("call_id").String()
+			next := `{"model":"gpt-test","previous_response_id":"` + gjson.GetBytes(resp, "id").String() + `","tools":[{"type":"shell"` + env + `}],` +
+				`"input":[{"type":"shell_call_output","call_id":"` + callID + `","output":[{"stdout":"a.txt\n","stderr":"","outcome":{"type":"exit","exit_code":0}}]}]}`
+			status, resp = h.post(next, "k1")
+			if status != 200 || strings.Join(types(resp), ",") != "message" {
+				t.Fatalf("second turn %d: %s", status, resp)
+			}
+			reqs := h.up.Requests()
+			outs := fcOutputs(reqs[len(reqs)-1])
+			if len(outs) != 1 || outs[0] != `[{"outcome":{"type":"exit","exit_code":0},"stderr":"","stdout":"a.txt\n"}]` {
+				t.Errorf("the model was told %q", outs)
+			}
+		})
+	}
+}
+
+// TestShellPairing: an output without its call, or a call without its output, is OpenAI's 400
+// before anything goes upstream.
+func TestShellPairing(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct{ name, input, msg string }{
+		{"output without call", `[{"type":"shell_call_output","call_id":"call_x","output":[]}]`, "No tool call found for shell call output with call_id call_x."},
+		{"call without output", `[{"type":"shell_call","call_id":"call_y","action":{"commands":["ls"]}},{"type":"message","role":"user","content":"go on"}]`, "No tool output found for shell call call_y."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, resp := h.post(`{"model":"gpt-test","tools":[{"type":"shell","environment":{"type":"local"}}],"input":`+tc.input+`}`, "k1")
+			if status != 400 || gjson.GetBytes(resp, "error.message").String() != tc.msg || gjson.GetBytes(resp, "error.param").String() != "input" {
+				t.Errorf("answer %d %s; want 400 %q", status, resp, tc.msg)
+			}
+		})
+	}
+	if n := len(h.up.Requests()); n != 0 {
+		t.Errorf("%d upstream requests; want none", n)
+	}
+}
+
+// TestShellReplay: a stateless client sends the hosted call and its output back; the upstream
+// gets the stand-in's call and output, and container_auto reuses the container they name.
+func TestShellReplay(t *testing.T) {
+	h := newHarness(t)
+	h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("echo one")}}, text("first"))
+	_, resp := h.post(shellBody(containerAuto, `"store":false`), "k1")
+	out := gjson.GetBytes(resp, "output")
+	cid := out.Get("0.environment.container_id").String()
+	h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("echo two")}}, text("second"))
+	status, resp := h.post(`{"model":"gpt-test","store":false,"tools":[{"type":"shell","environment":{"type":"container_auto"}}],"input":[`+
+		out.Get("0").Raw+`,`+out.Get("1").Raw+`,{"type":"message","role":"user","content":"again"}]}`, "k1")
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	if got := gjson.GetBytes(resp, "output.0.environment.container_id").String(); got != cid || h.fake.Created() != 1 {
+		t.Errorf("second turn in %q (%d created); want the first's %q", got, h.fake.Created(), cid)
+	}
+	reqs := h.up.Requests()
+	calls := inputItems(reqs[2], "function_call")
+	outs := fcOutputs(reqs[2])
+	if len(calls) != 1 || gjson.GetBytes(calls[0], "name").String() != "shell" || !strings.Contains(gjson.GetBytes(calls[0], "arguments").String(), `"echo one"`) ||
+		len(outs) != 1 || !strings.Contains(outs[0], `"stdout":"one\n"`) {
+		t.Errorf("replayed as %s and %q", calls, outs)
+	}
+}
+
+// TestShellContainerReference: a container_reference that names no container of the caller is a
+// 404 naming the parameter; two tools naming different containers are refused.
+func TestShellContainerReference(t *testing.T) {
+	h := newHarness(t)
+	status, resp := h.post(shellBody(`,"environment":{"type":"container_reference","container_id":"cntr_nope"}`, ""), "k1")
+	if status != 404 || gjson.GetBytes(resp, "error.param").String() != "tools[0].environment.container_id" {
+		t.Errorf("answer %d %s; want 404 naming tools[0].environment.container_id", status, resp)
+	}
+	status, resp = h.post(`{"model":"gpt-test","input":"x","tools":[{"type":"code_interpreter","container":"cntr_a"},{"type":"shell","environment":{"type":"container_reference","container_id":"cntr_b"}}]}`, "k1")
+	if status != 400 {
+		t.Errorf("two containers: %d %s; want 400", status, resp)
+	}
+}
