@@ -7,6 +7,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -55,6 +56,9 @@ func testShellHosted(t *testing.T, api upstreamAPI) {
 			}
 			resp := raw
 			if stream {
+				if _, err := streamcheck.Check(raw); err != nil {
+					t.Errorf("the stream breaks OpenAI's event grammar: %v", err)
+				}
 				evs := parseSSE(t, raw)
 				resp = finalResponse(t, evs)
 				var seq []string

@@ -139,7 +139,8 @@ type payload struct {
 	ContentIndex   *int            `json:"content_index"`
 	SummaryIndex   *int            `json:"summary_index"`
 	ItemID         *string         `json:"item_id"`
-	Delta          *string         `json:"delta"`
+	Delta          *string         `json:"-"` // a string delta
+	RawDelta       json.RawMessage `json:"delta"`
 	Text           *string         `json:"text"`
 	Refusal        *string         `json:"refusal"`
 	Code           *string         `json:"code"`
@@ -264,7 +265,13 @@ func Validate(events []Event) (Report, error) {
 func (c *checker) event() error {
 	ev := c.events[c.i]
 	c.p = payload{}
-	if err := json.Unmarshal(ev.Data, &c.p); err != nil {
+	err := json.Unmarshal(ev.Data, &c.p)
+	if err == nil && len(c.p.RawDelta) > 0 && c.p.RawDelta[0] == '"' {
+		// The shell tool's output deltas are objects; every other delta is a string.
+		c.p.Delta = new(string)
+		err = json.Unmarshal(c.p.RawDelta, c.p.Delta)
+	}
+	if err != nil {
 		return fmt.Errorf("event %d (%s): data is not a JSON object: %v", c.i, ev.Name, err)
 	}
 	p := &c.p
@@ -325,6 +332,13 @@ func (c *checker) event() error {
 	}
 	if p.Type == "response.output_item.done" {
 		return c.itemDone(it)
+	}
+	if strings.HasPrefix(p.Type, "response.shell_call_command.") {
+		// As OpenAI sends them, these name the call by output_index only.
+		if it.typ != "shell_call" || p.ItemID != nil {
+			return c.errf("in a %s item, or with an item_id: want a shell_call named by output_index only", it.typ)
+		}
+		return nil
 	}
 	if p.ItemID == nil || *p.ItemID != it.id {
 		return c.errf("item_id %s, want %q (output_index %d)", quoteOrNone(p.ItemID), it.id, it.idx)

@@ -1,0 +1,128 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/responses"
+
+	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
+	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
+)
+
+// runUserCommands is the scripted model of the shell tests: each line of the user's message is
+// a command, which it runs with the stand-in "shell"; when it has seen the output it answers
+// "Done." followed by it.
+func runUserCommands(req upstreamtest.Request) upstreamtest.Turn {
+	if len(req.History) > 0 && itemType(req.History[len(req.History)-1]) == "function_call_output" {
+		return runUserCode(req)
+	}
+	args, _ := json.Marshal(map[string]any{"commands": strings.Split(lastUserText(req), "\n"), "timeout_ms": 3000, "max_output_length": nil})
+	return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("shell", string(args))}, Usage: callUsage}
+}
+
+func shellParams(commands string) responses.ResponseNewParams {
+	return responses.ResponseNewParams{
+		Model: clientModel,
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(commands)},
+		Tools: []responses.ToolUnionParam{{OfShell: &responses.FunctionShellToolParam{
+			Environment: responses.FunctionShellToolEnvironmentUnionParam{OfContainerAuto: &responses.ContainerAutoParam{}}}}},
+	}
+}
+
+// TestShellOpenAIGo drives the hosted shell tool with openai-go through the real binary, for each
+// sandbox backend: the commands really run in the container's sandbox (exit codes, stderr, a
+// timeout with its partial output, no proxy secret in the environment, no network), files they
+// write are container files, the stream decodes with the SDK's union and keeps OpenAI's grammar,
+// and the streamed and JSON renderings agree.
+func TestShellOpenAIGo(t *testing.T) {
+	t.Parallel()
+	for _, tool := range sandboxTools {
+		t.Run(tool, func(t *testing.T) {
+			t.Parallel()
+			up := upstreamtest.New(t)
+			up.Script(runUserCommands)
+			emu, _ := newEmulator(t)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: workDir(t)}.yaml())
+			client := sdk(p, "sk-client-a")
+			commands := strings.Join([]string{
+				"echo hello; echo oops >&2; exit 3",
+				"pwd; printf 'a\\nb\\n' > made.txt; wc -l < made.txt",
+				"env | grep -ci -e sk- -e key -e secret -e token || true",
+				"python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), timeout=2)' 2>&1 | tail -1",
+				"echo started; sleep 30",
+			}, "\n")
+
+			r, err := client.Responses.New(ctx(t, 120*time.Second), shellParams(commands))
+			if err != nil {
+				t.Fatalf("Responses.New: %v", err)
+			}
+			if len(r.Output) != 3 || r.Output[0].Type != "shell_call" || r.Output[1].Type != "shell_call_output" {
+				t.Fatalf("output %s", r.RawJSON())
+			}
+			call, out := r.Output[0].AsShellCall(), r.Output[1].AsShellCallOutput()
+			if !strings.HasPrefix(call.Environment.ContainerID, "cntr_") || out.CallID != call.CallID || len(out.Output) != 5 {
+				t.Fatalf("call %s\noutput %s", call.RawJSON(), out.RawJSON())
+			}
+			e := out.Output
+			if e[0].Stdout != "hello\n" || e[0].Stderr != "oops\n" || e[0].Outcome.Type != "exit" || e[0].Outcome.ExitCode != 3 {
+				t.Errorf("command 0: %s", e[0].RawJSON())
+			}
+			if e[1].Stdout != "/mnt/data\n2\n" || e[1].Outcome.ExitCode != 0 {
+				t.Errorf("command 1: %s", e[1].RawJSON())
+			}
+			if strings.TrimSpace(e[2].Stdout) != "0" {
+				t.Errorf("the commands' environment names a key, secret or token: %q", e[2].Stdout)
+			}
+			if !strings.Contains(e[3].Stdout, "Error") {
+				t.Errorf("a connection out of the sandbox: %q; want an error", e[3].Stdout)
+			}
+			if e[4].Outcome.Type != "timeout" || e[4].Stdout != "started\n" {
+				t.Errorf("command 4: %s; want a timeout with its partial output", e[4].RawJSON())
+			}
+			files, err := client.Containers.Files.List(ctx(t, 30*time.Second), call.Environment.ContainerID, openai.ContainerFileListParams{})
+			if err != nil || len(files.Data) != 1 || files.Data[0].Path != "/mnt/data/made.txt" || files.Data[0].Source != "assistant" {
+				t.Errorf("container files %+v, %v; want made.txt", files, err)
+			}
+
+			stream := client.Responses.NewStreaming(ctx(t, 120*time.Second), shellParams(commands))
+			var final *responses.Response
+			var deltas strings.Builder
+			for stream.Next() {
+				ev := stream.Current()
+				if ev.AsAny() == nil {
+					t.Errorf("event %q does not decode with the SDK's union: %s", ev.Type, ev.RawJSON())
+				}
+				switch ev := ev.AsAny().(type) {
+				case responses.ResponseShellCallOutputContentDeltaEvent:
+					deltas.WriteString(ev.Delta.Stdout)
+				case responses.ResponseCompletedEvent:
+					final = &ev.Response
+				}
+			}
+			if err := stream.Err(); err != nil || final == nil {
+				t.Fatalf("stream: %v (final %v)", err, final != nil)
+			}
+			if !strings.HasPrefix(deltas.String(), "hello\n/mnt/data\n2\n") {
+				t.Errorf("stdout deltas %q", deltas.String())
+			}
+			if got := final.Output[1].AsShellCallOutput().Output; len(got) != 5 || got[0].Outcome.ExitCode != 3 {
+				t.Errorf("the stream's output %s", final.Output[1].RawJSON())
+			}
+
+			body, _ := json.Marshal(map[string]any{"model": clientModel, "input": "echo raw", "stream": true,
+				"tools": []any{map[string]any{"type": "shell", "environment": map[string]any{"type": "container_auto"}}}})
+			resp := do(t, http.MethodPost, p.URL+"/v1/responses", body, "Authorization: Bearer sk-client-a")
+			if resp.Status != http.StatusOK {
+				t.Fatalf("raw stream: %d %.300s", resp.Status, resp.Body)
+			}
+			if _, err := streamcheck.Check(resp.Body); err != nil {
+				t.Errorf("the stream breaks OpenAI's event grammar: %v\n%s", err, resp.Body)
+			}
+		})
+	}
+}
