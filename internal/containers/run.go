@@ -113,18 +113,27 @@ func (c *Container) Shell(ctx context.Context, commands []string, opts func(i in
 			c.baseline = stamps(l)
 		}
 	}
-	for i, cmd := range commands {
-		o := opts(i)
-		var res sandbox.ExecResult
-		_, err := c.use(ctx, opShell, o.Timeout, func() error {
-			var err error
-			res, err = sh.Exec(ctx, c.h, cmd, o)
-			return err
-		})
-		if err != nil {
-			return Outputs{}, err
+	if len(commands) == 0 {
+		return Outputs{}, nil
+	}
+	// One use for the call: its lease outlasts every command's timeout, its record is written once.
+	first := opts(0)
+	_, err := c.use(ctx, opShell, first.Timeout*time.Duration(len(commands)), func() error {
+		for i, cmd := range commands {
+			o := first
+			if i > 0 {
+				o = opts(i)
+			}
+			res, err := sh.Exec(ctx, c.h, cmd, o)
+			if err != nil {
+				return err
+			}
+			ended(i, res)
 		}
-		ended(i, res)
+		return nil
+	})
+	if err != nil {
+		return Outputs{}, err
 	}
 	if fsErr != nil {
 		return Outputs{}, nil

@@ -22,7 +22,9 @@ import (
 
 // instantProvider is a sandbox that answers every run at once. Benchmarks only: it takes the
 // sandbox's time out of the engine's cost.
-type instantProvider struct{}
+type instantProvider struct {
+	pieces int // pieces of output of each shell command
+}
 
 func (*instantProvider) Create(context.Context, sandbox.CreateOptions) (sandbox.Handle, error) {
 	return sandbox.Handle{Backend: "instant", Tool: "instant", ID: "sb"}, nil
@@ -30,6 +32,17 @@ func (*instantProvider) Create(context.Context, sandbox.CreateOptions) (sandbox.
 
 func (*instantProvider) Run(context.Context, sandbox.Handle, string, sandbox.RunOptions) (sandbox.Result, error) {
 	return sandbox.Result{Stdout: "42\n", ExecutionCount: 1}, nil
+}
+
+// Exec answers every command at once with pieces pieces of output ("42\n" without them).
+func (p *instantProvider) Exec(_ context.Context, _ sandbox.Handle, _ string, opts sandbox.ExecOptions) (sandbox.ExecResult, error) {
+	if p.pieces == 0 {
+		opts.OnOutput(sandbox.Stdout, "42\n")
+	}
+	for range p.pieces {
+		opts.OnOutput(sandbox.Stdout, "All work and no play.\n")
+	}
+	return sandbox.ExecResult{}, nil
 }
 
 func (*instantProvider) Delete(context.Context, sandbox.Handle) error { return nil }
@@ -74,12 +87,12 @@ func record(b testing.TB, stream bool, turn upstreamtest.Turn) []byte {
 }
 
 func benchEngine(b *testing.B) (*Engine, *config.Config, func()) {
-	return benchEngineOn(b, newState(b))
+	return benchEngineOn(b, newState(b), &instantProvider{})
 }
 
-// benchEngineOn is benchEngine with the container registry in st.
-func benchEngineOn(b *testing.B, st store.Store) (*Engine, *config.Config, func()) {
-	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "instant", Provider: &instantProvider{}, Backend: "instant"})
+// benchEngineOn is benchEngine with the container registry in st, on the sandbox p.
+func benchEngineOn(b *testing.B, st store.Store, p *instantProvider) (*Engine, *config.Config, func()) {
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "instant", Provider: p, Backend: "instant"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -106,6 +119,13 @@ func BenchmarkIteration(b *testing.B) {
 			benchIteration(b, stream, e, cfg, nil)
 		})
 	}
+	// The same loop with a shell call in each turn instead of a code call.
+	b.Run("shell-stream", func(b *testing.B) {
+		e, cfg, done := benchEngine(b)
+		defer done()
+		benchLoop(b, true, e, cfg, nil, shellCall("ls -la /mnt/data", "python3 -c 'print(6 * 7)'"),
+			`"tools":[{"type":"shell","environment":{"type":"container_auto"}}]`)
+	})
 }
 
 // BenchmarkIterationStore is Iteration/json with the engine's calls to the container registry
@@ -114,7 +134,7 @@ func BenchmarkIteration(b *testing.B) {
 // record writes per request. The store is the same embedded store as Iteration's.
 func BenchmarkIterationStore(b *testing.B) {
 	st := &timedContainers{Store: newState(b)}
-	e, cfg, done := benchEngineOn(b, st)
+	e, cfg, done := benchEngineOn(b, st, &instantProvider{})
 	defer done()
 	benchIteration(b, false, e, cfg, st)
 	n := float64(b.N * iterations)
@@ -126,10 +146,16 @@ func BenchmarkIterationStore(b *testing.B) {
 // benchIteration runs the Iteration request on e until b is done, and reports ns/iteration. A
 // non-nil timed starts counting with the timer.
 func benchIteration(b *testing.B, stream bool, e *Engine, cfg *config.Config, timed *timedContainers) {
-	callTurn := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Reasoning("thinking"), call("import math\nprint(math.pi * 2)\nresult = [i * i for i in range(10)]\nresult")}}
+	benchLoop(b, stream, e, cfg, timed, call("import math\nprint(math.pi * 2)\nresult = [i * i for i in range(10)]\nresult"),
+		`"tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"include":["code_interpreter_call.outputs"]`)
+}
+
+// benchLoop is benchIteration with the call item and the request's tools given.
+func benchLoop(b *testing.B, stream bool, e *Engine, cfg *config.Config, timed *timedContainers, item upstreamtest.Item, tools string) {
+	callTurn := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Reasoning("thinking"), item}}
 	textTurn := upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("The answer is 42, as computed above.")}}
 	c, t := record(b, stream, callTurn), record(b, stream, textTurn)
-	reqBody := []byte(`{"model":"m","input":"compute","tools":[{"type":"code_interpreter","container":{"type":"auto"}}],"include":["code_interpreter_call.outputs"],"stream":` + map[bool]string{false: "false", true: "true"}[stream] + `}`)
+	reqBody := []byte(`{"model":"m","input":"compute",` + tools + `,"stream":` + map[bool]string{false: "false", true: "true"}[stream] + `}`)
 	b.ReportAllocs()
 	if timed != nil {
 		timed.took.Store(0)
@@ -205,4 +231,30 @@ func BenchmarkStreamEvent(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*events), "ns/event")
 	b.ReportMetric(float64(events), "events/op")
+}
+
+// BenchmarkShellOutputEvent measures what the engine adds to each streamed piece of a shell
+// command's output (a shell_call_output_content.delta, numbered, written and flushed), with a
+// sandbox whose command writes 1000 pieces at once; BenchmarkStreamEvent is the text deltas'
+// figure to compare it with.
+func BenchmarkShellOutputEvent(b *testing.B) {
+	const pieces = 1000
+	e, cfg, done := benchEngineOn(b, newState(b), &instantProvider{pieces: pieces})
+	defer done()
+	cfg.Interception.ModelOutputLimit = 1 << 20 // every piece is streamed
+	c := record(b, true, upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("yes 'All work and no play.' | head -1000")}})
+	t := record(b, true, upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("Done.")}})
+	reqBody := []byte(`{"model":"m","input":"run","tools":[{"type":"shell","environment":{"type":"container_auto"}}],"stream":true}`)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		p := &cannedUpstream{bodies: [][]byte{c, t}, stream: true}
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+		_ = serveResponses(e, w, r, &Request{Config: cfg, Upstream: p, Body: reqBody, Caller: "bench"})
+		if w.Code != 200 || bytes.Count(w.Body.Bytes(), []byte("event: "+evShellOutputDelta)) != pieces {
+			b.Fatalf("status %d, %d output deltas", w.Code, bytes.Count(w.Body.Bytes(), []byte("event: "+evShellOutputDelta)))
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*pieces), "ns/event")
 }
