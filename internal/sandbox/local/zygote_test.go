@@ -1,12 +1,14 @@
 package local
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
@@ -286,5 +288,65 @@ func TestProbeZygoteUnreachable(t *testing.T) {
 				t.Errorf("the sandbox sees the fork server's sockets %v", socks)
 			}
 		})
+	}
+}
+
+// TestProbeInitUnreachable: the sandbox's own init (pid 1, which holds the setup socket to the
+// proxy and ran as root of the zygote's user namespace) is as far out of the kernel's reach:
+// its descriptors, memory and root cannot be opened, and signals do not end it.
+func TestProbeInitUnreachable(t *testing.T) {
+	p := newTestProviderWith(t, Options{PoolSize: -1}, knobs{})
+	h := create(t, p, sandbox.CreateOptions{})
+	var got map[string]string
+	probeJSON(t, p, h, `import json, os, signal
+def err(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return os.strerror(e.errno)
+def fd_links():
+    # Listing /proc/1/fd may be allowed (its owner is the user namespace's root); what a
+    # descriptor is, and so reaching it, is not.
+    try:
+        fds = os.listdir("/proc/1/fd")
+    except OSError as e:
+        return os.strerror(e.errno)
+    got = set(err(lambda: os.readlink("/proc/1/fd/" + fd)) for fd in fds)
+    return got.pop() if len(got) == 1 else repr(sorted(got))
+def getfd():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = libc.syscall(434, 1, 0)  # pidfd_open(1, 0)
+    if pidfd < 0:
+        return os.strerror(ctypes.get_errno())
+    for fd in range(64):
+        if libc.syscall(438, pidfd, fd, 0) >= 0:  # pidfd_getfd
+            return "ok"
+        if ctypes.get_errno() != 9:  # EBADF: no such descriptor in I
+            return os.strerror(ctypes.get_errno())
+    return "no descriptor"
+out = {
+    "fd": fd_links(),
+    "pidfd_getfd": getfd(),
+    "mem": err(lambda: open("/proc/1/mem", "rb").close()),
+    "root": err(lambda: os.listdir("/proc/1/root/")),
+    "environ": err(lambda: open("/proc/1/environ", "rb").read()),
+    "sigterm": err(lambda: os.kill(1, signal.SIGTERM)),
+    "sigkill": err(lambda: os.kill(1, signal.SIGKILL)),
+}
+print(json.dumps(out))`, &got)
+	for _, what := range []string{"fd", "mem", "root", "environ"} {
+		if got[what] != "Permission denied" {
+			t.Errorf("/proc/1/%s from the kernel: %q; want Permission denied", what, got[what])
+		}
+	}
+	if got["pidfd_getfd"] != "Operation not permitted" {
+		t.Errorf("pidfd_getfd of the init's descriptors: %q; want Operation not permitted", got["pidfd_getfd"])
+	}
+	t.Logf("signals to the sandbox's init: SIGTERM %s, SIGKILL %s", got["sigterm"], got["sigkill"])
+	res, err := p.Run(context.Background(), h, "print(6*7)", sandbox.RunOptions{Timeout: time.Minute})
+	if err != nil || strings.TrimSpace(res.Stdout) != "42" {
+		t.Errorf("after signalling its init the sandbox answers %q, %v; want 42", res.Stdout, err)
 	}
 }
