@@ -89,7 +89,8 @@ func TestCheckPrintsIsolation(t *testing.T) {
 	if !strings.Contains(out, `sandbox tool "local" (local): `) || !strings.Contains(out, "mode ") || !strings.Contains(out, "seccomp: true") {
 		t.Errorf("--check output lacks the isolation line:\n%s", out)
 	}
-	if strings.Contains(out, "mode rlimit") && !strings.Contains(out, "WEAKER ISOLATION") {
+	weak := strings.Contains(out, "limits: rlimit") || strings.Contains(out, "mode non-root") || strings.Contains(out, "mode root-no-cgroups")
+	if weak && !strings.Contains(out, "WEAKER ISOLATION") {
 		t.Errorf("the weaker mode is not said loudly:\n%s", out)
 	}
 }

@@ -159,6 +159,14 @@ func TestWatchKubernetesSymlinkSwap(t *testing.T) {
 	mustDo(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
 	mustDo(t, os.RemoveAll(filepath.Join(dir, "..2026_01")))
 	h.wantRead("two")
+
+	// And the next update, once the watcher has followed the first.
+	mustDo(t, os.Mkdir(filepath.Join(dir, "..2026_03"), 0o755))
+	writeFile(t, filepath.Join(dir, "..2026_03", "config.yaml"), "three")
+	mustDo(t, os.Symlink("..2026_03", filepath.Join(dir, "..data_tmp")))
+	mustDo(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
+	mustDo(t, os.RemoveAll(filepath.Join(dir, "..2026_02")))
+	h.wantRead("three")
 }
 
 func TestWatchSymlinkIntoOtherDirectory(t *testing.T) {

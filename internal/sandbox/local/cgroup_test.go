@@ -662,8 +662,8 @@ const cgroup2Env = "CIPROXY_TEST_CGROUP2"
 // back from the kernel, its processes in them, and cgroup.kill (or SIGKILL to each) ending them.
 func TestCgroupFilesWritten(t *testing.T) {
 	p := newTestProvider(t, Options{PoolSize: -1, MemoryLimit: 300 << 20, MaxProcesses: 20, CPULimit: 0.5})
-	if os.Getenv(cgroup2Env) == "1" && p.Isolation().Mode != string(modeCgroup2) {
-		t.Fatalf("%s=1 but the provider is in mode %s (%s)", cgroup2Env, p.Isolation().Mode, p.Isolation().Cgroups)
+	if os.Getenv(cgroup2Env) == "1" && p.Isolation().Limits != string(modeCgroup2) {
+		t.Fatalf("%s=1 but the provider is in mode %s (%s)", cgroup2Env, p.Isolation().Limits, p.Isolation().Cgroups)
 	}
 	requireCgroups(t, p)
 	t.Logf("this host: %s", p.Isolation())

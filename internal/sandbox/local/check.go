@@ -16,11 +16,48 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
+// Mode names what this host lets the local sandbox guarantee, from the two things that decide it:
+// whether the proxy can give each sandbox a host uid of its own (it runs as root) and whether it
+// has cgroups with the memory and pids controllers. --check and the start log report it, with
+// what it guarantees (docs/sandbox-local.md has the table).
+type Mode string
+
+const (
+	// ModeRoot: root with cgroups. A host uid per sandbox, one memory and process bound for
+	// everything a sandbox holds, a CPU cap where the cpu controller is there.
+	ModeRoot Mode = "root"
+	// ModeRootNoCgroups: root without a usable cgroup: a host uid per sandbox, per-process limits.
+	ModeRootNoCgroups Mode = "root-no-cgroups"
+	// ModeNonRootCgroups: not root, with a delegated cgroup v2 subtree: the bounds of ModeRoot,
+	// but one host uid (the proxy's) shared by every sandbox.
+	ModeNonRootCgroups Mode = "non-root-cgroups"
+	// ModeNonRoot: not root and no cgroup (a container as a plain user, a Kubernetes pod):
+	// per-process limits only and one shared host uid.
+	ModeNonRoot Mode = "non-root"
+)
+
+// hostMode is the Mode of a provider whose sandboxes do or do not each get a uid, with limits.
+func hostMode(uidPerSandbox bool, limits cgroupMode) Mode {
+	cgroups := limits != modeRlimit
+	switch {
+	case uidPerSandbox && cgroups:
+		return ModeRoot
+	case uidPerSandbox:
+		return ModeRootNoCgroups
+	case cgroups:
+		return ModeNonRootCgroups
+	}
+	return ModeNonRoot
+}
+
 // Isolation says what holds a provider's sandboxes on this host.
 type Isolation struct {
-	// Mode is what bounds a sandbox's memory and processes: "cgroup2" or "cgroup1" (one bound per
+	Mode Mode
+	// Guarantees list what holds in this mode on this host, for an operator.
+	Guarantees []string
+	// Limits is what bounds a sandbox's memory and processes: "cgroup2" or "cgroup1" (one bound per
 	// sandbox, for everything it holds) or "rlimit" (rlimits per process only).
-	Mode    string
+	Limits  string
 	Cgroups string // what the cgroups give
 	UIDs    string // how sandboxes map to host uids
 	Seccomp bool
@@ -29,7 +66,8 @@ type Isolation struct {
 }
 
 func (i Isolation) String() string {
-	s := fmt.Sprintf("mode %s; cgroups: %s; uids: %s; seccomp: %v", i.Mode, i.Cgroups, i.UIDs, i.Seccomp)
+	s := fmt.Sprintf("mode %s: %s; limits: %s; cgroups: %s; uids: %s; seccomp: %v",
+		i.Mode, strings.Join(i.Guarantees, ", "), i.Limits, i.Cgroups, i.UIDs, i.Seccomp)
 	if len(i.Warnings) > 0 {
 		s += "; WARNING: " + strings.Join(i.Warnings, "; ")
 	}
@@ -38,32 +76,47 @@ func (i Isolation) String() string {
 
 // Isolation describes the provider's mode (docs/sandbox-local.md says what each guarantees).
 func (p *Provider) Isolation() Isolation {
-	iso := Isolation{Mode: string(p.cg.mode()), Cgroups: p.cg.describe(), Seccomp: !p.knobs.noSeccomp}
-	if p.uids.size > 1 {
+	limits := p.cg.mode()
+	iso := Isolation{Mode: hostMode(p.perSandboxUIDs(), limits), Limits: string(limits), Cgroups: p.cg.describe(), Seccomp: !p.knobs.noSeccomp}
+	iso.Guarantees = []string{"namespaces of its own and the minimal filesystem view per sandbox"}
+	if p.perSandboxUIDs() {
 		iso.UIDs = fmt.Sprintf("one host uid per sandbox, from %d-%d", p.uids.host(1), p.uids.host(p.uids.size-1))
+		iso.Guarantees = append(iso.Guarantees, "a host uid per sandbox")
 	} else {
 		iso.UIDs = fmt.Sprintf("every sandbox runs as the proxy's uid %d", p.uids.base)
 		iso.Warnings = append(iso.Warnings, "sandboxes share one host uid (the proxy does not run as root): the kernel's per-user limits (inotify instances, pending signals, RLIMIT_NPROC at the host level) are shared between tenants")
 	}
-	switch cgroupMode(iso.Mode) {
+	cpu := false
+	switch limits {
 	case modeRlimit:
+		iso.Guarantees = append(iso.Guarantees, "per-process limits only (memory, processes, file size, open files)")
 		iso.Warnings = append(iso.Warnings, "no writable cgroup with memory and pids controllers: memory is bounded per process only (RLIMIT_AS at what the fork server mapped plus memory_limit), so a sandbox's processes together may use max_processes times memory_limit, and its tmpfs files and kernel memory (socket buffers) are bounded only by their own sizes and by max_open_files; give the proxy a delegated cgroup v2 subtree, or run it as root on a cgroup v1 host")
 	case modeCgroup1:
-		if p.cg.v1["cpu"] == "" {
+		cpu = p.cg.v1["cpu"] != ""
+		if !cpu {
 			iso.Warnings = append(iso.Warnings, "no cpu controller: a sandbox may use every CPU while its code runs")
 		}
 	case modeCgroup2:
-		if !slices.Contains(p.cg.v2Controllers, "cpu") {
+		cpu = slices.Contains(p.cg.v2Controllers, "cpu")
+		if !cpu {
 			iso.Warnings = append(iso.Warnings, "no cpu controller delegated: a sandbox may use every CPU while its code runs")
 		}
 	}
-	if iso.Mode != string(modeRlimit) && (!p.cg.charges() || p.copier == "") {
+	if limits != modeRlimit {
+		iso.Guarantees = append(iso.Guarantees, "one memory and process bound per sandbox for all it holds")
+	}
+	if cpu {
+		iso.Guarantees = append(iso.Guarantees, "a CPU cap while code runs")
+	}
+	if limits != modeRlimit && (!p.cg.charges() || p.copier == "") {
 		iso.Warnings = append(iso.Warnings, "files the proxy places in /mnt/data are charged to the proxy's memory cgroup, not the sandbox's (a memory controller and "+copyHelper+" on the PATH let a helper write them from the sandbox's cgroup): budget max_containers × (memory_limit + max_disk_size) of host memory")
 	}
 	if p.cg != nil && !p.cg.canFreeze() {
 		iso.Warnings = append(iso.Warnings, "no cgroup freezer: between executions sandboxes are stopped with SIGSTOP, process by process")
 	}
-	if !iso.Seccomp {
+	if iso.Seccomp {
+		iso.Guarantees = append(iso.Guarantees, "the seccomp filter")
+	} else {
 		iso.Warnings = append(iso.Warnings, "no seccomp filter")
 	}
 	return iso

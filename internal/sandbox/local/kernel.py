@@ -474,8 +474,10 @@ def _direct(cfg):
 # The zygote runs inside a bubblewrap sandbox of its own: its own mount namespace with the minimal
 # read-only view every sandbox gets, and its own pid, network, IPC and UTS namespaces. When the
 # proxy runs as root, the zygote is root of the host's user namespace holding only the
-# capabilities that building a sandbox takes (SYS_ADMIN, NET_ADMIN, SETUID, SETGID, SETPCAP);
-# otherwise it is root of a user namespace that maps the proxy's uid alone. Bubblewrap has
+# capabilities that building a sandbox takes (SYS_ADMIN, NET_ADMIN, SETUID, SETGID, SETPCAP;
+# zygote.go says which step needs which), permitted but none effective between spawns, and no
+# other in its bounding set; each is dropped in C, I or K once its step is done. Otherwise it is
+# root of a user namespace that maps the proxy's uid alone. Bubblewrap has
 # installed the zygote's seccomp filter (the kernels' one plus what forking a sandbox needs:
 # unshare, mount, sethostname), which refuses the rest of what those capabilities could do
 # (setns, bpf, modules, keyrings...). It never runs user code.
@@ -485,11 +487,11 @@ def _direct(cfg):
 # and a setup socket). For each it forks:
 #   C  unshares mount, UTS, IPC, network and pid namespaces; mounts size-capped tmpfs on
 #      /mnt/data (owned by the sandbox's uid), /tmp and /dev/shm and a new devpts; sets the
-#      hostname; brings up lo; forks I and exits.
+#      hostname; brings up lo; drops NET_ADMIN; forks I and exits.
 #   I  pid 1 of the new pid namespace: mounts its /proc, sends the proxy a pidfd of itself over
 #      the setup socket, waits for "go" (the proxy has put it into the sandbox's cgroups), then
-#      unshares a cgroup namespace rooted there, forks K, sends the proxy a pidfd of K and drops
-#      every capability. It reaps
+#      unshares a cgroup namespace rooted there, drops SYS_ADMIN, forks K, sends the proxy a
+#      pidfd of K and drops every capability. It reaps
 #      orphans, and exits when K exits or the proxy closes the setup socket; as the namespace's
 #      init its exit kills every process of the sandbox, however it was forked.
 #   K  the kernel: becomes the sandbox's own host uid and, as that uid, creates a user namespace
@@ -566,14 +568,35 @@ class _SockFprog(ctypes.Structure):
 
 
 _cap_last = None
+_CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
+_zygote_caps = 0  # the zygote's permitted capabilities, as a mask
 
 
-def _drop_capabilities():
-    for cap in range(_cap_last + 1):
-        _prctl(_PR_CAPBSET_DROP, cap)
+def _capabilities():
+    """The permitted set, as a mask."""
     header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
     data = (_CapData * 2)()
+    _sys(_libc.capget(ctypes.byref(header), data), "capget")
+    return data[0].permitted | data[1].permitted << 32
+
+
+def _set_capabilities(effective, permitted):
+    header = _CapHeader(0x20080522, 0)
+    data = (_CapData * 2)()
+    for i in (0, 1):
+        data[i].effective = effective >> (32 * i) & 0xFFFFFFFF
+        data[i].permitted = permitted >> (32 * i) & 0xFFFFFFFF
     _sys(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+def _drop_capabilities(keep=0):
+    """Drops every capability not in the mask keep, from the bounding set first (which takes
+    SETPCAP, so it goes before the permitted set) and then from the permitted and effective sets:
+    nothing forked or executed later can regain them."""
+    for cap in range(_cap_last + 1):
+        if not keep >> cap & 1:
+            _prctl(_PR_CAPBSET_DROP, cap)
+    _set_capabilities(keep, keep)
 
 
 def _install_seccomp(program):
@@ -641,7 +664,7 @@ def _failure(exc):
 
 
 def _zygote(cfg):
-    global _libc, _cap_last
+    global _libc, _cap_last, _zygote_caps
     CONFIG.update(cfg)
     _libc = ctypes.CDLL(None, use_errno=True)
     _cap_last = int(open("/proc/sys/kernel/cap_last_cap").read())
@@ -652,6 +675,12 @@ def _zygote(cfg):
         signal.signal(sig, signal.SIG_IGN)
     _preload()
     _warm_up()
+    # Bubblewrap left the bounding set full: as uid 0, an execve would regain every capability.
+    # Keep only the permitted ones there, and between spawns none effective: reading and parsing
+    # requests takes none, and each fork raises them again for itself (_child).
+    _zygote_caps = _capabilities()
+    _drop_capabilities(_zygote_caps)
+    _set_capabilities(0, _zygote_caps)
     # Forked children (C) exit at once; nobody waits for them.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     _report(ctl, {"type": "ready", "threads": len(os.listdir("/proc/self/task"))})
@@ -699,6 +728,7 @@ def _spawn(req, fds, code_filter, ctl):
 def _child(req, fds, code_filter):
     """C: the sandbox's namespaces and filesystems, then its init."""
     uid = int(req["uid"])
+    _set_capabilities(_zygote_caps, _zygote_caps)
     _unshare(_CLONE_NEWNS | _CLONE_NEWUTS | _CLONE_NEWIPC | _CLONE_NEWNET | _CLONE_NEWPID)
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     tmpfs = _MS_NOSUID | _MS_NODEV
@@ -711,6 +741,8 @@ def _child(req, fds, code_filter):
     _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     _sys(_libc.sethostname(b"sandbox", 7), "sethostname")
     _loopback_up()
+    # NET_ADMIN was for lo alone: neither I nor K gets it.
+    _drop_capabilities(_zygote_caps & ~(1 << _CAP_NET_ADMIN))
     if os.fork() == 0:
         try:
             _init(req, fds, code_filter)
@@ -731,6 +763,9 @@ def _init(req, fds, code_filter):
     if setup.recv(16) != b"go":
         os._exit(1)
     _unshare(_CLONE_NEWCGROUP)
+    # SYS_ADMIN was for the mounts and namespaces, all made: K starts without it, holding only
+    # what becoming the sandbox's uid takes (SETUID, SETGID) and SETPCAP to drop the rest.
+    _drop_capabilities(_capabilities() & ~(1 << _CAP_SYS_ADMIN))
     kernel = os.fork()
     if kernel == 0:
         setup.close()
@@ -773,7 +808,7 @@ def _kernel(req, fds, code_filter):
     if uid:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # leaving uid 0 clears the permitted and effective sets
     # A changed identity makes the process undumpable, and its /proc files root's: they must be
     # its own to write its user namespace's maps.
     _prctl(_PR_SET_DUMPABLE, 1)

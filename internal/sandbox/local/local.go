@@ -286,10 +286,12 @@ func newProvider(opts Options, k knobs) (*Provider, error) {
 			zap.Int("directories", swept.dirs), zap.Int("cgroups", swept.cgroups))
 	}
 	iso := p.Isolation()
-	if iso.Mode == string(modeRlimit) || len(iso.Warnings) > 0 {
-		p.log.Warn("local sandbox: WEAKER ISOLATION ON THIS HOST: "+strings.Join(iso.Warnings, "; "), zap.String("mode", iso.Mode))
+	fields := []zap.Field{zap.String("mode", string(iso.Mode)), zap.Strings("guarantees", iso.Guarantees),
+		zap.String("limits", iso.Limits), zap.String("cgroups", iso.Cgroups), zap.String("uids", iso.UIDs)}
+	if len(iso.Warnings) > 0 {
+		p.log.Warn("local sandbox: WEAKER ISOLATION ON THIS HOST: "+strings.Join(iso.Warnings, "; "), fields...)
 	} else {
-		p.log.Info("local sandbox isolation", zap.String("mode", iso.Mode), zap.String("cgroups", iso.Cgroups), zap.String("uids", iso.UIDs))
+		p.log.Info("local sandbox isolation", fields...)
 	}
 	if opts.PoolSize > 0 {
 		p.wg.Add(1)

@@ -172,7 +172,7 @@ func newTestProviderWith(t testing.TB, opts Options, k knobs) *Provider {
 
 func requireCgroups(t *testing.T, p *Provider) {
 	t.Helper()
-	if m := p.Isolation().Mode; m == string(modeRlimit) {
+	if m := p.Isolation().Limits; m == string(modeRlimit) {
 		t.Skipf("no writable cgroup on this host (mode %s): the rlimit fallback is tested by the Fallback tests", m)
 	}
 }
@@ -453,12 +453,12 @@ print(json.dumps({"present": present, "mountinfo": open("/proc/self/mountinfo").
 func TestIsolationMode(t *testing.T) {
 	iso := sharedProvider(t).Isolation()
 	t.Logf("this host: %s", iso)
-	if iso.Mode != string(modeCgroup2) {
-		t.Logf("cgroup v2 tests skip: the host delegates no cgroup v2 memory and pids controllers (mode %s)", iso.Mode)
+	if iso.Limits != string(modeCgroup2) {
+		t.Logf("cgroup v2 tests skip: the host delegates no cgroup v2 memory and pids controllers (limits %s)", iso.Limits)
 	}
 	weak := newTestProviderWith(t, Options{PoolSize: -1}, knobs{noCgroups: true}).Isolation()
-	if weak.Mode != string(modeRlimit) || len(weak.Warnings) == 0 || !strings.Contains(strings.Join(weak.Warnings, " "), "per process") {
-		t.Errorf("without cgroups: %s; want mode rlimit with a warning about per-process memory", weak)
+	if weak.Limits != string(modeRlimit) || len(weak.Warnings) == 0 || !strings.Contains(strings.Join(weak.Warnings, " "), "per process") {
+		t.Errorf("without cgroups: %s; want limits rlimit with a warning about per-process memory", weak)
 	}
 }
 

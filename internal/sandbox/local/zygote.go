@@ -33,6 +33,19 @@ import (
 // it the zygote's pid namespace and so every sandbox in it. The zygote also exits when the proxy closes its control
 // socket, and every sandbox's init when the proxy closes its setup socket.
 
+// zygoteCapabilities are all the zygote holds as root of the host's user namespace, each for one
+// step of building a sandbox and dropped once that step is done (kernel.py): the zygote keeps
+// them permitted but none effective between spawns, and its bounding set holds no other.
+//   - CAP_SYS_ADMIN: C unshares the mount, UTS, IPC, network and pid namespaces, mounts the
+//     tmpfs and devpts and sets the hostname; I mounts /proc and unshares the cgroup namespace.
+//     I drops it before forking K.
+//   - CAP_NET_ADMIN: C brings lo up in the sandbox's network namespace (which belongs to the
+//     host's user namespace). C drops it before forking I.
+//   - CAP_SETUID, CAP_SETGID: K becomes the sandbox's host uid and gid (setgroups, setresgid,
+//     setresuid); leaving uid 0 clears K's capabilities, and I drops its own after forking K.
+//   - CAP_SETPCAP: each of those drops takes it, to take a capability out of the bounding set.
+var zygoteCapabilities = []string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"}
+
 // zygote is one running fork server.
 type zygote struct {
 	cmd    *exec.Cmd
@@ -150,7 +163,7 @@ func (p *Provider) startZygote(ctx context.Context) (*zygote, error) {
 	var caps []string
 	if p.perSandboxUIDs() {
 		caps = []string{"--cap-drop", "ALL"}
-		for _, c := range []string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"} {
+		for _, c := range zygoteCapabilities {
 			caps = append(caps, "--cap-add", c)
 		}
 	}
