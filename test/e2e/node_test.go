@@ -129,3 +129,35 @@ func TestNodeFilesRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeShell runs test/node/shell.test.mjs: the hosted shell tool with the openai npm package
+// (create and stream) and the Agents SDK's shellTool, hosted and local, against a scripted model
+// that runs `echo hi from shell` and then answers with what it saw, on the local sandbox.
+func TestNodeShell(t *testing.T) {
+	if os.Getenv("CIPROXY_CLIENT_TESTS") != "1" {
+		t.Skip("the Node client test runs with CIPROXY_CLIENT_TESTS=1 (make test), after scripts/deps.sh installed test/node")
+	}
+	t.Parallel()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("CIPROXY_CLIENT_TESTS=1 but node is not installed (scripts/deps.sh installs it): %v", err)
+	}
+	up := upstreamtest.New(t)
+	up.Script(func(req upstreamtest.Request) upstreamtest.Turn {
+		if n := len(req.History); n > 0 && itemType(req.History[n-1]) == "function_call_output" {
+			return runUserCode(req) // "Done. " and what the model was told
+		}
+		return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("shell", `{"commands":["echo hi from shell"],"timeout_ms":null,"max_output_length":null}`)}, Usage: callUsage}
+	})
+	p := startProxy(t, setup{Upstream: up.URL(), MasterKey: "sk-node-master"}.yaml())
+	c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(c, node, "--test", "--test-reporter=spec", "shell.test.mjs")
+	cmd.Dir = filepath.Join(repoRoot, "test", "node")
+	cmd.Env = append(os.Environ(), "CIPROXY_BASE_URL="+p.URL+"/v1", "CIPROXY_MODEL="+clientModel, "CIPROXY_API_KEY=sk-node-master")
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test shell.test.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("the Node shell tests failed: %v", err)
+	}
+}
