@@ -21,14 +21,7 @@ import (
 // test/node/node_modules (scripts/deps.sh); it runs when CIPROXY_CLIENT_TESTS=1 (make test), and
 // then their absence is a failure.
 func TestNodeOpenAIClient(t *testing.T) {
-	if os.Getenv("CIPROXY_CLIENT_TESTS") != "1" {
-		t.Skip("the Node client test runs with CIPROXY_CLIENT_TESTS=1 (make test), after scripts/deps.sh installed test/node")
-	}
-	t.Parallel()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatalf("CIPROXY_CLIENT_TESTS=1 but node is not installed (scripts/deps.sh installs it): %v", err)
-	}
+	node := nodeForClientTests(t)
 	dir := filepath.Join(repoRoot, "test", "node")
 	for _, pkg := range []string{"openai", filepath.Join("@openai", "agents")} {
 		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err != nil {
@@ -100,14 +93,7 @@ func TestNodeOpenAIClient(t *testing.T) {
 // backend: the Files API upload, the code that reads the CSV and writes a CSV and a PNG
 // (filesModel), the citations, and the downloads through the Containers API.
 func TestNodeFilesRoundTrip(t *testing.T) {
-	if os.Getenv("CIPROXY_CLIENT_TESTS") != "1" {
-		t.Skip("the Node client test runs with CIPROXY_CLIENT_TESTS=1 (make test), after scripts/deps.sh installed test/node")
-	}
-	t.Parallel()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatalf("CIPROXY_CLIENT_TESTS=1 but node is not installed (scripts/deps.sh installs it): %v", err)
-	}
+	node := nodeForClientTests(t)
 	dir := filepath.Join(repoRoot, "test", "node")
 	for _, tool := range sandboxTools {
 		t.Run(tool, func(t *testing.T) {
@@ -134,14 +120,7 @@ func TestNodeFilesRoundTrip(t *testing.T) {
 // (create and stream) and the Agents SDK's shellTool, hosted and local, against a scripted model
 // that runs `echo hi from shell` and then answers with what it saw, on the local sandbox.
 func TestNodeShell(t *testing.T) {
-	if os.Getenv("CIPROXY_CLIENT_TESTS") != "1" {
-		t.Skip("the Node client test runs with CIPROXY_CLIENT_TESTS=1 (make test), after scripts/deps.sh installed test/node")
-	}
-	t.Parallel()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatalf("CIPROXY_CLIENT_TESTS=1 but node is not installed (scripts/deps.sh installs it): %v", err)
-	}
+	node := nodeForClientTests(t)
 	up := upstreamtest.New(t)
 	up.Script(func(req upstreamtest.Request) upstreamtest.Turn {
 		if n := len(req.History); n > 0 && itemType(req.History[n-1]) == "function_call_output" {
@@ -160,4 +139,19 @@ func TestNodeShell(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the Node shell tests failed: %v", err)
 	}
+}
+
+// nodeForClientTests returns node for a test of the Node clients, which runs in parallel with
+// the others; without CIPROXY_CLIENT_TESTS=1 the test is skipped, and with it a missing node fails.
+func nodeForClientTests(t *testing.T) string {
+	t.Helper()
+	if os.Getenv("CIPROXY_CLIENT_TESTS") != "1" {
+		t.Skip("the Node client test runs with CIPROXY_CLIENT_TESTS=1 (make test), after scripts/deps.sh installed test/node")
+	}
+	t.Parallel()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("CIPROXY_CLIENT_TESTS=1 but node is not installed (scripts/deps.sh installs it): %v", err)
+	}
+	return node
 }

@@ -107,6 +107,12 @@ func (s *Stream) deltaEvent(f *deltaFrame, err error, delta string, logprobs *[]
 		s.enc.buf = append(s.enc.buf, `,"logprobs":`...)
 		err = s.enc.encode(logprobs)
 	}
+	s.closeEvent(f.typ, mark, err)
+}
+
+// closeEvent ends the event written from mark on in the encoder's buffer with its closing
+// brace and sends it; after err it takes the event back and records the error instead.
+func (s *Stream) closeEvent(typ string, mark int, err error) {
 	if err != nil {
 		s.enc.buf = s.enc.buf[:mark]
 		if s.encErr == nil {
@@ -116,7 +122,7 @@ func (s *Stream) deltaEvent(f *deltaFrame, err error, delta string, logprobs *[]
 	}
 	s.enc.buf = append(s.enc.buf, '}')
 	n := len(s.enc.buf)
-	s.out = append(s.out, sse.Event{Name: f.typ, Data: s.enc.buf[mark:n:n]})
+	s.out = append(s.out, sse.Event{Name: typ, Data: s.enc.buf[mark:n:n]})
 }
 
 // textDoneEvent is output_text.done, reasoning_text.done (Text) and refusal.done (Refusal).
@@ -170,16 +176,7 @@ func (s *Stream) responseEvent(typ string, st responseState) {
 		s.enc.buf = append(s.enc.buf[:len(s.enc.buf)-1], `,"response":`...) // the head without its closing brace
 		err = s.enc.appendResponse(s.r.frame, s.r.response(st))
 	}
-	if err != nil {
-		s.enc.buf = s.enc.buf[:mark]
-		if s.encErr == nil {
-			s.encErr = err
-		}
-		return
-	}
-	s.enc.buf = append(s.enc.buf, '}')
-	n := len(s.enc.buf)
-	s.out = append(s.out, sse.Event{Name: typ, Data: s.enc.buf[mark:n:n]})
+	s.closeEvent(typ, mark, err)
 }
 
 // empty is the part as content_part.added announces it.
