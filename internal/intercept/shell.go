@@ -617,11 +617,12 @@ func (r *run) shell(ctx context.Context, c standIn, i int, stop bool) (string, e
 	if limit <= 0 {
 		limit = config.DefaultModelOutputLimit
 	}
-	if m := c.action.MaxOutputLength; m != nil && int(*m) < limit {
+	if m := c.action.MaxOutputLength; m != nil && *m > 0 && *m < int64(limit) {
 		limit = int(*m)
 	}
+	// The model's timeout_ms within execution_timeout (0 from either: the other, or the backend's).
 	timeout := r.ic.ExecutionTimeout
-	if t := c.action.TimeoutMS; t != nil && time.Duration(*t)*time.Millisecond < timeout {
+	if t := c.action.TimeoutMS; t != nil && *t > 0 && (timeout <= 0 || time.Duration(*t)*time.Millisecond < timeout) {
 		timeout = time.Duration(*t) * time.Millisecond
 	}
 	var emitErr error

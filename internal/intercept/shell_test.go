@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
@@ -242,5 +243,56 @@ func TestShellContainerReference(t *testing.T) {
 	status, resp = h.post(`{"model":"gpt-test","input":"x","tools":[{"type":"code_interpreter","container":"cntr_a"},{"type":"shell","environment":{"type":"container_reference","container_id":"cntr_b"}}]}`, "k1")
 	if status != 400 {
 		t.Errorf("two containers: %d %s; want 400", status, resp)
+	}
+}
+
+// TestShellOutputBound: a command's output keeps, per stream, its start and its end within the
+// bound (stdout and stderr together), with a line saying how much was left out; the client's
+// deltas stop at the bound.
+func TestShellOutputBound(t *testing.T) {
+	long := strings.Repeat("é", 30) + "MIDDLE" + strings.Repeat("z", 30)
+	for _, tc := range []struct {
+		name           string
+		limit          int
+		stdout, stderr []string
+		want           shellEntry
+		streamed       string
+	}{
+		{"both fit", 20, []string{"hello\n"}, []string{"oops\n"}, shellEntry{Stdout: "hello\n", Stderr: "oops\n"}, "hello\n"},
+		{"stdout cut, in pieces", 20, []string{long[:8], long[8:]}, nil,
+			shellEntry{Stdout: "éééééééééé\n[… 46 characters omitted …]\nzzzzzzzzzz"}, "éééééééééééééééééééé"},
+		{"stderr short: stdout gets the rest", 20, []string{strings.Repeat("a", 40)}, []string{"err\n"},
+			shellEntry{Stdout: "aaaaaaaa\n[… 24 characters omitted …]\naaaaaaaa", Stderr: "err\n"}, "aaaaaaaaaaaaaaaaaaaa"},
+		{"both cut", 10, []string{strings.Repeat("o", 20)}, []string{strings.Repeat("e", 20)},
+			shellEntry{Stdout: "oo\n[… 15 characters omitted …]\nooo", Stderr: "ee\n[… 15 characters omitted …]\neee"}, "oooooooooo"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := newShellOutput(tc.limit)
+			var streamed strings.Builder
+			for _, p := range tc.stdout {
+				streamed.WriteString(o.add(0, p))
+			}
+			for _, p := range tc.stderr {
+				streamed.WriteString(o.add(1, p))
+			}
+			got := o.entry(shellOutcome{})
+			if got.Stdout != tc.want.Stdout || got.Stderr != tc.want.Stderr {
+				t.Errorf("entry stdout %q stderr %q;\nwant stdout %q stderr %q", got.Stdout, got.Stderr, tc.want.Stdout, tc.want.Stderr)
+			}
+			if !strings.HasPrefix(streamed.String(), tc.streamed) || utf8.RuneCountInString(streamed.String()) > tc.limit {
+				t.Errorf("streamed %q; want %q, at most %d characters", streamed.String(), tc.streamed, tc.limit)
+			}
+		})
+	}
+	// A stream far past the bound is held in memory bounded by it.
+	o := newShellOutput(100)
+	for range 10000 {
+		o.add(0, strings.Repeat("x", 1000))
+	}
+	if n := o.streams[0].head.Len() + len(o.streams[0].tail); n > 1000 {
+		t.Errorf("%d bytes held for 10 MB of output with a bound of 100 characters", n)
+	}
+	if e := o.entry(shellOutcome{}); !strings.Contains(e.Stdout, "[… 9999900 characters omitted …]") {
+		t.Errorf("entry %q", e.Stdout)
 	}
 }
