@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
 
+	"github.com/ciproxy/ciproxy/internal/testutil"
 	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
@@ -113,6 +115,37 @@ func TestShellOpenAIGo(t *testing.T) {
 			if got := final.Output[1].AsShellCallOutput().Output; len(got) != 5 || got[0].Outcome.ExitCode != 3 {
 				t.Errorf("the stream's output %s", final.Output[1].RawJSON())
 			}
+
+			// A client that leaves while a command runs: the command and what it started are
+			// killed, and the container runs the next call.
+			t.Run("disconnect", func(t *testing.T) {
+				c, cancel := context.WithCancel(ctx(t, 120*time.Second))
+				defer cancel()
+				params := shellParams("echo started; (sleep 300 &); sleep 300")
+				params.Tools[0].OfShell.Environment = responses.FunctionShellToolEnvironmentUnionParam{
+					OfContainerReference: &responses.ContainerReferenceParam{ContainerID: call.Environment.ContainerID}}
+				stream := client.Responses.NewStreaming(c, params)
+				for stream.Next() {
+					if ev, ok := stream.Current().AsAny().(responses.ResponseShellCallOutputContentDeltaEvent); ok && ev.Delta.Stdout == "started\n" {
+						cancel()
+					}
+				}
+				// The probe's own sleep shows that it sees the container's processes.
+				probe := shellParams("sleep 2 & ps -eo comm= | grep -cx sleep; kill %1")
+				probe.Tools = params.Tools
+				testutil.Eventually(t, "the left command's processes to be gone", func() bool {
+					r, err := client.Responses.New(ctx(t, 60*time.Second), probe)
+					if err != nil || len(r.Output) < 2 {
+						t.Fatalf("probe: %v", err)
+					}
+					out := r.Output[1].AsShellCallOutput().Output
+					if len(out) != 1 {
+						t.Fatalf("probe output %s", r.Output[1].RawJSON())
+					}
+					t.Logf("sleep processes in the container: %q", out[0].Stdout)
+					return strings.TrimSpace(out[0].Stdout) == "1"
+				})
+			})
 
 			body, _ := json.Marshal(map[string]any{"model": clientModel, "input": "echo raw", "stream": true,
 				"tools": []any{map[string]any{"type": "shell", "environment": map[string]any{"type": "container_auto"}}}})
