@@ -258,3 +258,75 @@ func BenchmarkShellOutputEvent(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*pieces), "ns/event")
 }
+
+// stampWriter is a streaming client that notes when it first saw each of two events: from is
+// the model's call (done), to the first of its output.
+type stampWriter struct {
+	httptest.ResponseRecorder
+	from, to     string
+	fromAt, toAt time.Time
+}
+
+func (w *stampWriter) Write(p []byte) (int, error) {
+	now := time.Now()
+	if w.fromAt.IsZero() && bytes.Contains(p, []byte(w.from)) {
+		w.fromAt = now
+	}
+	if w.toAt.IsZero() && bytes.Contains(p, []byte(w.to)) {
+		w.toAt = now
+	}
+	return w.ResponseRecorder.Write(p)
+}
+
+func (w *stampWriter) Flush() {}
+
+// BenchmarkFirstOutput measures, on the local sandbox, the time from the model's call reaching
+// the client to the first of its output reaching the client: for the shell tool, from the
+// shell_call's output_item.done to the first shell_call_output_content.delta of `echo hi`; for
+// code interpreter, from code_interpreter_call_code.done to code_interpreter_call.completed of
+// print('hi') (its output comes with the item, not before). Both run in one container made
+// beforehand, with an upstream that answers at once.
+func BenchmarkFirstOutput(b *testing.B) {
+	prov := sandboxes.Provider(b)
+	reg, err := sandbox.NewRegistry(nil, sandbox.RegistryEntry{Name: "local", Provider: prov, Backend: "local", HostBound: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sess := sessionsOn(b, reg, newState(b))
+	defer func() { _ = sess.Close(context.Background()) }()
+	cfg := activeConfig()
+	cfg.Interception.ExecutionTimeout = time.Minute
+	e := New(Options{Containers: sess, Store: storetest.NewMemResponses(nil)})
+	c, err := sess.Create(context.Background(), "local", "bench", sandbox.CreateOptions{}, time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := c.ID()
+	c.Release(context.Background())
+	text := record(b, true, upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("hi")}})
+	for _, tc := range []struct {
+		name, tools, from, to string
+		call                  upstreamtest.Item
+	}{
+		{"shell", `[{"type":"shell","environment":{"type":"container_reference","container_id":"` + id + `"}}]`,
+			`"type":"shell_call","status":"completed"`, "event: " + evShellOutputDelta, shellCall("echo hi")},
+		{"code_interpreter", `[{"type":"code_interpreter","container":"` + id + `"}]`,
+			"event: " + evCallCodeDone, "event: " + evCallCompleted, call("print('hi')")},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			turn := record(b, true, upstreamtest.Turn{Items: []upstreamtest.Item{tc.call}})
+			body := []byte(`{"model":"m","input":"x","stream":true,"tools":` + tc.tools + `}`)
+			var total time.Duration
+			for b.Loop() {
+				w := &stampWriter{ResponseRecorder: *httptest.NewRecorder(), from: tc.from, to: tc.to}
+				r := httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+				_ = serveResponses(e, w, r, &Request{Config: cfg, Upstream: &cannedUpstream{bodies: [][]byte{turn, text}, stream: true}, Body: body, Caller: "bench"})
+				if w.fromAt.IsZero() || w.toAt.IsZero() {
+					b.Fatalf("status %d, events not seen: %.600s", w.Code, w.Body.Bytes())
+				}
+				total += w.toAt.Sub(w.fromAt)
+			}
+			b.ReportMetric(float64(total.Microseconds())/float64(b.N), "µs-to-first-output")
+		})
+	}
+}
