@@ -2,6 +2,7 @@ package intercept
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -294,5 +295,32 @@ func TestShellOutputBound(t *testing.T) {
 	}
 	if e := o.entry(shellOutcome{}); !strings.Contains(e.Stdout, "[… 9999900 characters omitted …]") {
 		t.Errorf("entry %q", e.Stdout)
+	}
+}
+
+// TestShellTwoCallsOneTurn: two shell calls of one model turn each get their output, after the
+// turn, in call order; the model is told both.
+func TestShellTwoCallsOneTurn(t *testing.T) {
+	h := newHarness(t)
+	h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("echo one"), shellCall("echo two")}}, text("both"))
+	status, resp := h.post(shellBody(containerAuto, `"stream":true`), "k1")
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, resp)
+	}
+	if _, err := streamcheck.Check(resp); err != nil {
+		t.Errorf("the stream breaks OpenAI's event grammar: %v", err)
+	}
+	final := finalResponse(t, parseSSE(t, resp))
+	if got := strings.Join(types(final), ","); got != "shell_call,shell_call,shell_call_output,shell_call_output,message" {
+		t.Fatalf("output types %s", got)
+	}
+	for i, want := range []string{"one\n", "two\n"} {
+		call, out := gjson.GetBytes(final, "output."+strconv.Itoa(i)), gjson.GetBytes(final, "output."+strconv.Itoa(i+2))
+		if out.Get("call_id").String() != call.Get("call_id").String() || out.Get("output.0.stdout").String() != want {
+			t.Errorf("output %d %s for call %s", i, out.Raw, call.Raw)
+		}
+	}
+	if outs := fcOutputs(h.up.Requests()[1]); len(outs) != 2 || !strings.Contains(outs[0], "one") || !strings.Contains(outs[1], "two") {
+		t.Errorf("the model was told %q", outs)
 	}
 }
