@@ -2,7 +2,7 @@
 CONFIG ?= config.example.yaml
 GO ?= go
 
-.PHONY: run test vet bench fuzz deps build chaos test-cgroup2
+.PHONY: run test vet bench fuzz deps build chaos test-cgroup2 image image-test
 
 build:
 	$(GO) build -o bin/proxy ./cmd/proxy
@@ -43,3 +43,13 @@ chaos:
 # root; the kernel and root are built once into ~/.cache/ciproxy/cgroup2. See test/cgroup2/run.sh.
 test-cgroup2:
 	GO=$(GO) test/cgroup2/run.sh
+
+# The container image, built with podman from a debootstrapped Debian (no registry needed; see
+# scripts/image.sh). IMAGE names it (default localhost/ciproxy:dev).
+image:
+	scripts/image.sh
+
+# The end-to-end and sandbox isolation tests against the image, in each way of running that
+# docs/modes.md lists (scripts/image-test.sh). As root.
+image-test: image
+	scripts/image-test.sh

@@ -2,11 +2,15 @@
 # Installs what ciproxy's run and test commands need on a Debian machine, and only what is missing.
 #   scripts/deps.sh          everything the tests need (sandbox, Python libraries, Node client deps)
 #   scripts/deps.sh run      only what running the proxy with the local sandbox needs
+#   scripts/deps.sh image    what building and testing the container image needs (podman, runc,
+#                            debootstrap; uidmap for the modes with a user namespace)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want=(bubblewrap python3 python3-numpy python3-pandas python3-matplotlib ca-certificates)
-if [[ "${1:-}" != run ]]; then
+if [[ "${1:-}" == image ]]; then
+	want=(podman runc debootstrap uidmap ca-certificates)
+elif [[ "${1:-}" != run ]]; then
 	want+=(redis-server) # the replica tests start their own, on a free loopback port
 	command -v node >/dev/null 2>&1 || want+=(nodejs npm)
 fi
@@ -32,6 +36,6 @@ fi
 command -v go >/dev/null 2>&1 || { echo "deps: Go 1.26 or newer is needed (https://go.dev/dl)" >&2; exit 1; }
 go mod download
 
-if [[ "${1:-}" != run ]]; then
+if [[ -z "${1:-}" ]]; then
 	(cd test/node && npm ci --no-audit --no-fund --loglevel=error)
 fi

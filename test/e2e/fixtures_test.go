@@ -61,6 +61,9 @@ func (s setup) yaml() string {
 	if s.WorkDir != "" {
 		fmt.Fprintf(&b, "      work_dir: %s\n", s.WorkDir)
 	}
+	for _, kv := range imageSandboxSettings() {
+		fmt.Fprintf(&b, "      %s\n", kv)
+	}
 	if s.E2B != nil {
 		fmt.Fprintf(&b, "  - sandbox_tool_name: e2b\n    litellm_params:\n      sandbox_provider: e2b\n      api_key: %s\n      api_base: %s\n      sandbox_url: %s\n",
 			s.E2BKey, s.E2B.URL(), s.E2B.SandboxURL())
@@ -85,12 +88,18 @@ func (s setup) yaml() string {
 func workDir(t *testing.T) string {
 	t.Helper()
 	// Not under t.TempDir(): its parent is private to the test's user.
-	dir, err := os.MkdirTemp("", "ciproxy-e2e-work-")
+	// With an image under test (imageShare set), the directory is where the container sees it too,
+	// and writable to the proxy's user there, like /tmp.
+	dir, err := os.MkdirTemp(imageShare, "ciproxy-e2e-work-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o711); err != nil {
+	mode := os.FileMode(0o711)
+	if testImage != "" {
+		mode = 0o777 | os.ModeSticky
+	}
+	if err := os.Chmod(dir, mode); err != nil {
 		t.Fatal(err)
 	}
 	return filepath.Join(dir, "sandboxes")

@@ -47,6 +47,18 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)
 	}
+	if testImage != "" {
+		// The tests run the image: only the directory its sandboxes share with the host is needed.
+		code := 1
+		if err := os.Chmod(dir, 0o755); err == nil {
+			imageShare = dir
+			code = m.Run()
+		} else {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+		}
+		_ = os.RemoveAll(dir)
+		os.Exit(code)
+	}
 	proxyBin = filepath.Join(dir, "proxy")
 	args := []string{"build", "-o", proxyBin}
 	if raceEnabled {
@@ -74,8 +86,11 @@ type proxy struct {
 	t    *testing.T
 	URL  string // http://127.0.0.1:port, without /v1
 	Addr string // 127.0.0.1:port
-	cmd  *exec.Cmd
-	log  *testutil.LockedBuffer
+	// ConfigPath is the configuration file it was started with (in a directory of its own, which
+	// a container mounts: a rename in it reaches the proxy as on the host).
+	ConfigPath string
+	cmd        *exec.Cmd
+	log        *testutil.LockedBuffer
 
 	stopOnce sync.Once
 	exited   chan struct{} // closed when the process has exited
@@ -93,18 +108,30 @@ func startProxy(t *testing.T, cfg string, env ...string) *proxy {
 // startProxyArgs is startProxy with more command-line arguments.
 func startProxyArgs(t *testing.T, cfg string, args []string, env ...string) *proxy {
 	t.Helper()
+	return startProxyData(t, cfg, filepath.Join(t.TempDir(), "data"), args, env...)
+}
+
+// startProxyData is startProxyArgs with the data directory given, to start a proxy again on the
+// data of an earlier one.
+func startProxyData(t *testing.T, cfg, dataDir string, args []string, env ...string) *proxy {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(proxyBin, append([]string{"--config", path, "--host", "127.0.0.1", "--port", "0", "--data-dir", filepath.Join(t.TempDir(), "data")}, args...)...)
-	cmd.Env = append(os.Environ(), env...)
+	var cmd *exec.Cmd
+	if testImage != "" {
+		cmd = imageCommand(t, path, dataDir, args, env)
+	} else {
+		cmd = exec.Command(proxyBin, append([]string{"--config", path, "--host", "127.0.0.1", "--port", "0", "--data-dir", dataDir}, args...)...)
+		cmd.Env = append(os.Environ(), env...)
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd.Stdout = io.Discard
-	p := &proxy{t: t, cmd: cmd, log: &testutil.LockedBuffer{}, exited: make(chan struct{})}
+	p := &proxy{t: t, cmd: cmd, log: &testutil.LockedBuffer{}, exited: make(chan struct{}), ConfigPath: path}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting the proxy: %v", err)
 	}

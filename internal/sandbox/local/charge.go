@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/ciproxy/ciproxy/internal/ctxio"
@@ -24,11 +25,20 @@ import (
 // the bytes are written by a helper process instead, cat with the new file as its stdout, which
 // is placed in the sandbox's memory cgroup (v1) or its v2Copy leaf (v2: beside the frozen box,
 // below the sandbox's limits) before its first byte reaches it, so they count against the
-// sandbox's memory_limit as the code's own files do. The helper runs as the sandbox's host uid and
-// is the memory controller's first choice of victim (oom_score_adj 1000; in v2 its leaf is
+// sandbox's memory_limit as the code's own files do. The helper runs as the sandbox's host uid (the proxy's in a
+// container's user namespace on cgroup v1: inUserNamespace) and is the memory controller's first choice of victim (oom_score_adj 1000; in v2 its leaf is
 // outside the box's oom group): a file the sandbox's memory cannot take kills the helper, not the
 // kernel, and the write fails with sandbox.ErrContainerFull. Without a memory controller (mode
 // rlimit) the proxy writes the bytes itself and Isolation says they are not charged.
+
+// inUserNamespace tells whether this process is in a user namespace other than the host's (a
+// container's own). There cgroup v1 lets root of the namespace move only processes of its own uid
+// into a cgroup (the kernel exempts the host's root alone), so the copy helper keeps the proxy's
+// uid: it is in the sandbox's memory cgroup all the same, and writes only to the file it was given.
+func inUserNamespace() bool {
+	m, err := os.ReadFile("/proc/self/uid_map")
+	return err == nil && strings.Join(strings.Fields(string(m)), " ") != "0 0 4294967295"
+}
 
 // copyHelper is the program that copies into a sandbox's file.
 const copyHelper = "cat"
@@ -64,7 +74,7 @@ func (p *Provider) chargedCopy(ctx context.Context, b *box, dst *os.File, src io
 	cmd := exec.Command(p.copier)
 	cmd.Stdout, cmd.Stderr, cmd.Env, cmd.Dir = dst, &stderr, []string{"LC_ALL=C"}, "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if p.uids.size > 1 {
+	if p.uids.size > 1 && !(b.cg.host.v1["memory"] != "" && inUserNamespace()) {
 		uid := p.uids.host(b.uid)
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: uid}
 	}

@@ -34,7 +34,7 @@ var (
 func sharedProvider(t testing.TB) *Provider {
 	t.Helper()
 	sharedOnce.Do(func() {
-		sharedP, sharedErr = newProvider(Options{Tool: "local-test", PoolSize: DefaultPoolSize}, testKnobs(knobs{}))
+		sharedP, sharedErr = newProvider(testOptions(Options{Tool: "local-test", PoolSize: DefaultPoolSize}), testKnobs(knobs{}))
 	})
 	if sharedErr != nil {
 		t.Fatal(sharedErr)
@@ -47,7 +47,7 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(sweepHelperEnv); dir != "" {
 		sweepHelper(dir) // never returns
 	}
-	if _, err := checkWith(ctx, Options{}, testKnobs(knobs{})); err != nil {
+	if _, err := checkWith(ctx, testOptions(Options{}), testKnobs(knobs{})); err != nil {
 		fmt.Fprintln(os.Stderr, "local sandbox tests need a working bubblewrap:", err)
 		os.Exit(1)
 	}
@@ -78,9 +78,21 @@ func testKnobs(k knobs) knobs {
 	return k
 }
 
+// uidsEnv, "base:count", is the range of sandbox uids the tests' providers lease instead of the
+// default: a user namespace of a container (make image-test's) maps 65536 uids, not the default's.
+const uidsEnv = "CIPROXY_TEST_UIDS"
+
+func testOptions(o Options) Options {
+	var base, count uint32
+	if _, err := fmt.Sscanf(os.Getenv(uidsEnv), "%d:%d", &base, &count); err == nil && o.UIDBase == 0 {
+		o.UIDBase, o.UIDCount = base, count
+	}
+	return o
+}
+
 func newTestProvider(t testing.TB, opts Options) *Provider {
 	t.Helper()
-	p, err := newProvider(opts, testKnobs(knobs{}))
+	p, err := newProvider(testOptions(opts), testKnobs(knobs{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -158,7 +158,7 @@ func TestProbeSyscalls(t *testing.T) {
 
 func newTestProviderWith(t testing.TB, opts Options, k knobs) *Provider {
 	t.Helper()
-	p, err := newProvider(opts, testKnobs(k))
+	p, err := newProvider(testOptions(opts), testKnobs(k))
 	if err != nil {
 		t.Fatal(err)
 	}
