@@ -62,7 +62,7 @@ func imageModes() map[string]imageMode {
 	common := []string{"--security-opt", "seccomp=deploy/seccomp.json", "--security-opt", "unmask=/proc/*", "--security-opt", "no-new-privileges"}
 	rootless := imageMode{
 		run:       common,
-		isolation: []string{`"mode":"rlimit"`, "sandboxes share one host uid"},
+		isolation: []string{`"mode":"non-root"`, `"limits":"rlimit"`, "sandboxes share one host uid"},
 		probes:    probesEveryMode,
 		// No aggregate memory bound, no bound on socket buffers beyond the per-process ones, no
 		// CPU limit, no per-tenant kernel counts.
@@ -84,7 +84,7 @@ func imageModes() map[string]imageMode {
 				"--annotation", "io.ciproxy.delegate-cgroup=true", "-v", "/sys:/sys:ro", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw"}, common...),
 			// The sandboxes' uids must be inside the namespace's 65536 (above the image's own users).
 			sandbox:   []string{"uid_base: 20480", "uid_count: 40960"},
-			isolation: []string{`"mode":"cgroup1"`, "cgroup v1 (memory, pids, cpu)", "one host uid per sandbox"},
+			isolation: []string{`"mode":"root"`, `"limits":"cgroup1"`, "cgroup v1 (memory, pids, cpu)", "one host uid per sandbox"},
 			probeEnv:  []string{"CIPROXY_TEST_UIDS=20480:40960"},
 			// Not TestProbeInotifyPerTenant: the kernel charges a user namespace's counts to its
 			// creator at every level above, so at the host's level every sandbox of the container
