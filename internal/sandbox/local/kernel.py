@@ -37,6 +37,7 @@ import struct
 import sys
 import termios
 import threading
+import time
 import traceback
 
 CONFIG = {}
@@ -400,6 +401,180 @@ def _execute(code):
         emit(error)
 
 
+# --- shell commands (the hosted shell tool) -----------------------------------------------------
+#
+# A shell request ({"id": n, "shell": "<command>", "env": [...], "timeout": seconds}) runs
+# `bash -c <command>` beside the kernel, not in it: the kernel's Python state is untouched. The
+# kernel forks a keeper (S) that becomes a child subreaper and spawns the shell as the leader of
+# a session of its own, so that everything the command starts, however it detaches (&, setsid,
+# a double fork), stays below S. When the shell exits, the timeout passes or the kernel drops
+# the keeper's control pipe (an interrupt, or the kernel's death), S kills the shell's session
+# and every process left below it, and exits with the shell's status once none is left. The
+# kernel streams the two output pipes meanwhile (shell_stdout / shell_stderr messages, decoded
+# incrementally) and ends with shell_exit {exit_code, timed_out}. Everything the command runs
+# is in the sandbox, with the kernel's identity, limits and seccomp filter, which S inherits.
+
+_PR_SET_CHILD_SUBREAPER = 36
+_SHELLS = ("/bin/bash", "/bin/sh")
+
+
+def _shell_keeper(command, env, out_w, err_w, ctl_r, res_w, timeout):
+    """S: runs the command, then makes sure nothing of it is left. Never returns."""
+    try:
+        libc = _libc or ctypes.CDLL(None, use_errno=True)
+        _sys(libc.prctl(ctypes.c_int(_PR_SET_CHILD_SUBREAPER), ctypes.c_ulong(1), ctypes.c_ulong(0),
+                        ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl subreaper")
+        if os.path.isdir("/mnt/data"):
+            os.chdir("/mnt/data")
+        os.umask(0o022)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        keep = {devnull, out_w, err_w, ctl_r, res_w}
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd > 2 and fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        shell = next((s for s in _SHELLS if os.access(s, os.X_OK)), _SHELLS[-1])
+        reset = {signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                 signal.SIGUSR1, signal.SIGCHLD, _WAKE_SIGNAL}
+        pid = os.posix_spawn(shell, [os.path.basename(shell), "-c", command], env,
+                             file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0),
+                                           (os.POSIX_SPAWN_DUP2, out_w, 1),
+                                           (os.POSIX_SPAWN_DUP2, err_w, 2)],
+                             setsid=True, setsigmask=(), setsigdef=reset)
+        for fd in (devnull, out_w, err_w):
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        deadline = time.monotonic() + timeout if timeout else None
+        status = None
+        while status is None:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([pidfd, ctl_r], [], [], wait)
+            if pidfd in ready:
+                _, st = os.waitpid(pid, 0)
+                status = os.waitstatus_to_exitcode(st)
+                status = 128 - status if status < 0 else status
+            elif ready or (deadline is not None and time.monotonic() >= deadline):
+                break  # interrupted, the kernel gone, or the timeout
+            _reap()
+        timed_out = status is None and deadline is not None and time.monotonic() >= deadline
+        _kill_below(pid)
+        if status is None:
+            status = 128 + signal.SIGKILL
+        # The result goes through a pipe: every exit status is the command's to use.
+        os.write(res_w, b"%d %d" % (status, timed_out))
+        os._exit(0)
+    except BaseException:
+        _kill_below(0)
+        os._exit(1)
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _kill_below(session):
+    """Kills the shell's session and every process below this one until none is left."""
+    me = str(os.getpid())
+    for _ in range(100000):
+        if session:
+            try:
+                os.killpg(session, signal.SIGKILL)
+            except OSError:
+                pass
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % name, "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1].decode() == me:  # the parent pid
+                try:
+                    os.kill(int(name), signal.SIGKILL)
+                except OSError:
+                    pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            pass
+
+
+def _run_shell(req):
+    """Runs one shell request from the kernel's main thread (see above)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    ctl_r, ctl_w = os.pipe()
+    res_r, res_w = os.pipe()
+    env = [str(e) for e in req.get("env") or []]
+    environ = dict(zip(env[0::2], env[1::2]))
+    try:
+        keeper = os.fork()
+    except OSError as exc:
+        for fd in (out_r, out_w, err_r, err_w, ctl_r, ctl_w, res_r, res_w):
+            os.close(fd)
+        emit({"type": "shell_stderr", "text": "shell: %s\n" % exc})
+        emit({"type": "shell_exit", "exit_code": 126, "timed_out": False})
+        return
+    if keeper == 0:
+        os.close(out_r)
+        os.close(err_r)
+        os.close(ctl_w)
+        os.close(res_r)
+        _shell_keeper(str(req.get("shell", "")), environ, out_w, err_w, ctl_r, res_w,
+                      float(req.get("timeout") or 0))
+    for fd in (out_w, err_w, ctl_r, res_w):
+        os.close(fd)
+    pipes = {out_r: ("shell_stdout", codecs.getincrementaldecoder("utf-8")("replace")),
+             err_r: ("shell_stderr", codecs.getincrementaldecoder("utf-8")("replace"))}
+    while pipes:
+        try:
+            ready, _, _ = select.select(list(pipes), [], [])
+            for fd in ready:
+                kind, dec = pipes[fd]
+                data = os.read(fd, 65536)
+                text = dec.decode(data, final=not data)
+                if text:
+                    emit({"type": kind, "text": text})
+                if not data:
+                    os.close(fd)
+                    del pipes[fd]
+        except KeyboardInterrupt:
+            # The proxy's interrupt: the keeper kills the command when its control pipe closes;
+            # the pipes then reach EOF. Later interrupts have nothing more to stop.
+            _user_code_done()
+            if ctl_w >= 0:
+                os.close(ctl_w)
+                ctl_w = -1
+    while True:
+        try:
+            os.waitpid(keeper, 0)
+            break
+        except KeyboardInterrupt:
+            continue
+    # Closed only now: the keeper reads the control pipe's end as "stop the command".
+    if ctl_w >= 0:
+        os.close(ctl_w)
+    try:
+        result = os.read(res_r, 64).split()
+        status, timed_out = int(result[0]), result[1] == b"1"
+    except (OSError, IndexError, ValueError):
+        status, timed_out = 128 + signal.SIGKILL, False  # the keeper itself was killed
+    os.close(res_r)
+    emit({"type": "shell_exit", "exit_code": status, "timed_out": timed_out})
+
+
 def _preload():
     for name in CONFIG.get("preload", []):
         try:
@@ -444,7 +619,10 @@ def serve():
         with _state_lock:
             _current = req.get("id")
         try:
-            _execute(str(req.get("code", "")))
+            if "shell" in req:
+                _run_shell(req)
+            else:
+                _execute(str(req.get("code", "")))
         except KeyboardInterrupt:
             # An interrupt that landed outside user code: the execution is over anyway.
             pass
