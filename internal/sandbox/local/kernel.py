@@ -424,8 +424,9 @@ def _shell_keeper(command, env, out_w, err_w, ctl_r, res_w, timeout):
         libc = _libc or ctypes.CDLL(None, use_errno=True)
         _sys(libc.prctl(ctypes.c_int(_PR_SET_CHILD_SUBREAPER), ctypes.c_ulong(1), ctypes.c_ulong(0),
                         ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl subreaper")
-        if os.path.isdir("/mnt/data"):
-            os.chdir("/mnt/data")
+        # Through libc: an audit hook the kernel's code installed must not stand in the way.
+        if libc.chdir(b"/mnt/data") != 0 and os.path.isdir("/mnt/data"):
+            raise OSError(ctypes.get_errno(), "chdir /mnt/data")
         os.umask(0o022)
         devnull = os.open(os.devnull, os.O_RDONLY)
         keep = {devnull, out_w, err_w, ctl_r, res_w}
@@ -444,8 +445,10 @@ def _shell_keeper(command, env, out_w, err_w, ctl_r, res_w, timeout):
                                            (os.POSIX_SPAWN_DUP2, out_w, 1),
                                            (os.POSIX_SPAWN_DUP2, err_w, 2)],
                              setsid=True, setsigmask=(), setsigdef=reset)
-        for fd in (devnull, out_w, err_w):
+        for fd in (devnull, out_w):
             os.close(fd)
+        os.close(err_w)
+        err_w = -1
         pidfd = os.pidfd_open(pid)
         deadline = time.monotonic() + timeout if timeout else None
         status = None
@@ -466,8 +469,16 @@ def _shell_keeper(command, env, out_w, err_w, ctl_r, res_w, timeout):
         # The result goes through a pipe: every exit status is the command's to use.
         os.write(res_w, b"%d %d" % (status, timed_out))
         os._exit(0)
-    except BaseException:
+    except BaseException as exc:
+        try:
+            os.write(2 if err_w < 0 else err_w, ("shell: %s: %s\n" % (type(exc).__name__, exc)).encode())
+        except OSError:
+            pass
         _kill_below(0)
+        try:
+            os.write(res_w, b"126 0")  # as a shell says of a command it cannot run
+        except OSError:
+            pass
         os._exit(1)
 
 
