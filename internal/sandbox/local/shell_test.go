@@ -265,3 +265,19 @@ func TestExecGone(t *testing.T) {
 		t.Errorf("Exec on an unknown sandbox = %v; want ErrNotFound", err)
 	}
 }
+
+// TestExecAfterTheCodeKilledItsServer checks that a kernel whose shell server the code killed
+// starts another one for the next command.
+func TestExecAfterTheCodeKilledItsServer(t *testing.T) {
+	p := sharedProvider(t)
+	h := create(t, p, sandbox.CreateOptions{})
+	run(t, p, h, `import glob, os, signal
+for f in glob.glob('/proc/self/task/*/children'):
+    for pid in open(f).read().split():
+        os.kill(int(pid), signal.SIGKILL)`)
+	var o output
+	res, err := p.Exec(context.Background(), h, "echo again", sandbox.ExecOptions{Timeout: 30 * time.Second, OnOutput: o.on})
+	if err != nil || res.ExitCode != 0 || o.out.String() != "again\n" {
+		t.Errorf("Exec = %+v, %v, %q", res, err, o.out.String())
+	}
+}
