@@ -210,15 +210,48 @@ func (p *Provider) execError(ctx, reqCtx context.Context, err error) error {
 	return fmt.Errorf("%w: e2b exec: %w", sandbox.ErrUnavailable, err)
 }
 
-// killProcess kills a command whose caller went away, with a context of its own: SIGKILL to the
-// process (envd signals it alone), then its process group, for what it started.
+// killProcess kills a command whose caller went away, with a context of its own. envd's
+// SendSignal reaches the process alone, and the command's process is not a group leader, so a
+// second Start first stops the whole tree below it (breadth first, through /proc's children
+// lists, each process stopped before its children are read, so none forks away meanwhile) and
+// kills it; SendSignal SIGKILL then ends the command's own process, as envd knows it. A sandbox
+// that runs one command at a time (the emulator) starts the second one only once the first has
+// ended: SendSignal goes out after killTreeWait regardless.
 func (p *Provider) killProcess(h sandbox.Handle, pid uint32) {
 	ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
 	defer cancel()
+	treeDone := make(chan struct{})
+	go func() {
+		defer close(treeDone)
+		_, _ = p.start(ctx, h, fmt.Sprintf(killTree, pid), killTimeout, func(uint32) {}, nil)
+	}()
+	t := time.NewTimer(killTreeWait)
+	select {
+	case <-treeDone:
+	case <-t.C:
+	}
+	t.Stop()
 	sig := map[string]any{"process": map[string]uint32{"pid": pid}, "signal": "SIGNAL_SIGKILL"}
 	_ = p.rpc(ctx, h, "exec kill", "process.Process/SendSignal", sig, nil)
-	_, _ = p.start(ctx, h, fmt.Sprintf("kill -KILL -- -%d 2>/dev/null; true", pid), killTimeout, func(uint32) {}, nil)
+	<-treeDone
 }
+
+// killTreeWait is how long killProcess waits for the tree to be killed before it kills the
+// command's process.
+const killTreeWait = time.Second
+
+// killTree is the script that kills every process below pid %[1]d, and its group if it leads one.
+const killTree = `all=; q=%[1]d
+while [ -n "$q" ]; do
+  n=
+  for x in $q; do
+    kill -STOP $x 2>/dev/null && all="$all $x" && n="$n $(cat /proc/$x/task/*/children 2>/dev/null)"
+  done
+  q=$n
+done
+kill -KILL -- -%[1]d 2>/dev/null
+[ -n "$all" ] && kill -KILL $all 2>/dev/null
+true`
 
 // readEnvelope reads one Connect envelope: a flags byte, a big-endian length, the message.
 func readEnvelope(r io.Reader) (byte, []byte, error) {

@@ -146,7 +146,8 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		sb.procs = map[uint32]*emuProcess{}
 	}
 	sb.lastPID++
-	p.pid = 1000 + sb.lastPID
+	// Above any pid_max: a pid of the process service names no process of the exec sandbox.
+	p.pid = 1<<22 + sb.lastPID
 	sb.procs[p.pid] = p
 	s.mu.Unlock()
 	defer func() {
