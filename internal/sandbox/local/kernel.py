@@ -82,7 +82,7 @@ def emit(msg):
     # A KeyboardInterrupt must not cut a line in half: SIGINT waits while the main thread writes.
     main = threading.get_ident() == MAIN_THREAD
     if main:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with _write_lock:
             view = memoryview(data)
@@ -91,7 +91,7 @@ def emit(msg):
                 view = view[n:]
     finally:
         if main:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _timestamp():
@@ -645,7 +645,12 @@ def _shell_attempt(req, sock):
     pid, result, stopped, gone = 0, None, False, False
     while pipes or (result is None and not gone):
         try:
-            ready, _, _ = select.select(list(pipes) + ([sock] if result is None and not gone else []), [], [])
+            # SIGINT is blocked but here (see _run_shell): an interrupt lands in this try.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            try:
+                ready, _, _ = select.select(list(pipes) + ([sock] if result is None and not gone else []), [], [])
+            finally:
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             for fd in ready:
                 if fd is sock:
                     try:
@@ -735,11 +740,16 @@ def serve():
             _current = req.get("id")
         try:
             if "shell" in req:
+                # An interrupt may stop a command only while the kernel waits for its output
+                # (_shell_attempt): anywhere else it would leave the server's answers unread.
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
                 try:
                     _run_shell(req)
                 except Exception as exc:  # never the kernel's end
                     emit({"type": "shell_stderr", "text": "shell: %s\n" % exc})
                     emit({"type": "shell_exit", "exit_code": 126, "timed_out": False})
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             else:
                 _execute(str(req.get("code", "")))
         except KeyboardInterrupt:

@@ -281,3 +281,23 @@ for f in glob.glob('/proc/self/task/*/children'):
 		t.Errorf("Exec = %+v, %v, %q", res, err, o.out.String())
 	}
 }
+
+// TestExecCancelAnyTime cancels commands at various points of their start and checks that each
+// next command gets its own output and status, never a stale answer of a cancelled one.
+func TestExecCancelAnyTime(t *testing.T) {
+	p := sharedProvider(t)
+	h := create(t, p, sandbox.CreateOptions{})
+	for i := range 12 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i)*time.Millisecond)
+		_, err := p.Exec(ctx, h, "echo x; sleep 5; exit 4", sandbox.ExecOptions{Timeout: 30 * time.Second})
+		cancel()
+		if err == nil {
+			t.Fatalf("cancel after %d ms: no error", i)
+		}
+		var o output
+		res, err := p.Exec(context.Background(), h, "echo ok "+strconv.Itoa(i), sandbox.ExecOptions{Timeout: 30 * time.Second, OnOutput: o.on})
+		if want := "ok " + strconv.Itoa(i) + "\n"; err != nil || res.ExitCode != 0 || o.out.String() != want {
+			t.Fatalf("after a cancel at %d ms: Exec = %+v, %v, %q; want %q", i, res, err, o.out.String(), want)
+		}
+	}
+}
