@@ -176,6 +176,9 @@ def _drain_output():
 
 _state_lock = threading.Lock()
 _current = None  # id of the running execution
+# Ids of interrupts that arrived before their execution started. A shell request among them is
+# not run at all: its caller is gone, and an interrupt it never got would let it run to its end.
+_early = set()
 _requests = queue.Queue()
 
 # Interrupts. A SIGINT that arrives after the interpreter last looked for signals and before a
@@ -197,6 +200,8 @@ def _interrupt(exec_id):
     """Interrupts execution exec_id if it is the running one."""
     with _state_lock:
         if _current is None or _current != exec_id:
+            if isinstance(exec_id, int):
+                _early.add(exec_id)  # perhaps one still queued (see serve)
             return
         signal.pthread_kill(MAIN_THREAD, signal.SIGINT)
     try:
@@ -738,8 +743,12 @@ def serve():
             os._exit(0)
         with _state_lock:
             _current = req.get("id")
+            early = _current in _early
+            _early.difference_update([i for i in _early if not isinstance(_current, int) or i <= _current])
         try:
-            if "shell" in req:
+            if "shell" in req and early:
+                emit({"type": "shell_exit", "exit_code": 128 + signal.SIGKILL, "timed_out": False})
+            elif "shell" in req:
                 # An interrupt may stop a command only while the kernel waits for its output
                 # (_shell_attempt): anywhere else it would leave the server's answers unread.
                 mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
