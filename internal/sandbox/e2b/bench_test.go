@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
@@ -219,4 +220,29 @@ func BenchmarkReadFile10MBClientOnly(b *testing.B) {
 			b.Fatalf("ReadFile = %d, %v", n, err)
 		}
 	}
+}
+
+// BenchmarkExecViaEmulator is one shell command (echo) through envd's process service as the
+// emulator serves it, beside BenchmarkRunViaEmulator's 1+1, and the time to its first output.
+func BenchmarkExecViaEmulator(b *testing.B) {
+	_, srv := newEnv(b)
+	p := provider(b, srv)
+	h := create(b, p)
+	ctx := context.Background()
+	b.ReportAllocs()
+	var first time.Duration
+	for b.Loop() {
+		start := time.Now()
+		var got time.Duration
+		res, err := p.Exec(ctx, h, "echo hi", sandbox.ExecOptions{OnOutput: func(sandbox.Stream, string) {
+			if got == 0 {
+				got = time.Since(start)
+			}
+		}})
+		if err != nil || res.ExitCode != 0 || got == 0 {
+			b.Fatalf("Exec = %+v, %v", res, err)
+		}
+		first += got
+	}
+	b.ReportMetric(float64(first.Microseconds())/float64(b.N), "µs-to-first-output")
 }

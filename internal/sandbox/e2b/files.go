@@ -494,8 +494,12 @@ func (p *Provider) rpcCall(ctx context.Context, h sandbox.Handle, op, method str
 	if err != nil {
 		return nil, nil, fmt.Errorf("e2b %s: %w", op, err)
 	}
+	path := "/filesystem.Filesystem/" + method
+	if strings.Contains(method, "/") { // another service's: process.Process/SendSignal
+		path = "/" + method
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.dataURL(h, EnvdPort, "/filesystem.Filesystem/"+method), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.dataURL(h, EnvdPort, path), bytes.NewReader(body))
 	if err != nil {
 		cancel()
 		return nil, nil, fmt.Errorf("%w: e2b %s: %w", sandbox.ErrUnavailable, op, err)

@@ -35,6 +35,7 @@ func (s *Server) dataRoutes() {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	s.fileRoutes()
+	s.processRoutes()
 	s.envd.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if s.envdAuthorized(w, r, r.Context().Value(ctxKeySandbox{}).(*emuSandbox)) {
 			apiError(w, http.StatusNotFound, "not implemented by the emulator: "+r.URL.Path)

@@ -117,6 +117,8 @@ type emuSandbox struct {
 	metadata      map[string]string
 	envVars       map[string]string
 	contexts      []*kernelContext
+	procs         map[uint32]*emuProcess // commands started through the process service, running
+	lastPID       uint32
 }
 
 // kernelContext is one code-interpreter context: a kernel with its own state. Python contexts run

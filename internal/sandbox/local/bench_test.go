@@ -214,3 +214,29 @@ func waitPool(b *testing.B, p *Provider, n int) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// BenchmarkExecRoundTrip measures one shell command (echo) in a started sandbox, beside
+// BenchmarkRoundTrip's 1+1 in its kernel, and the time to its first output piece.
+func BenchmarkExecRoundTrip(b *testing.B) {
+	p := warmedProvider(b, Options{PoolSize: -1}, knobs{})
+	ctx := context.Background()
+	h, err := p.Create(ctx, sandbox.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var first time.Duration
+	for b.Loop() {
+		start := time.Now()
+		var got time.Duration
+		res, err := p.Exec(ctx, h, "echo hi", sandbox.ExecOptions{OnOutput: func(sandbox.Stream, string) {
+			if got == 0 {
+				got = time.Since(start)
+			}
+		}})
+		if err != nil || res.ExitCode != 0 || got == 0 {
+			b.Fatalf("Exec = %+v, %v", res, err)
+		}
+		first += got
+	}
+	b.ReportMetric(float64(first.Microseconds())/float64(b.N), "µs-to-first-output")
+}

@@ -121,8 +121,8 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 	}()
 	cleanup = append(cleanup, func() { p.uids.put(uid) })
 	if p.cg != nil {
-		// The init and the kernel's template are processes of the sandbox too.
-		cg, err := p.cg.create(b.id, cgroupSettings{memory: mem, processes: p.opts.MaxProcesses + 2, cpus: p.opts.CPULimit})
+		// The init, the kernel's template and its shell server are processes of the sandbox too.
+		cg, err := p.cg.create(b.id, cgroupSettings{memory: mem, processes: p.opts.MaxProcesses + 3, cpus: p.opts.CPULimit})
 		if err != nil {
 			return nil, fmt.Errorf("local sandbox: %w", err)
 		}

@@ -688,7 +688,7 @@ func TestCgroupFilesWritten(t *testing.T) {
 				want[cg.v2Dir(v2Copy)+"/memory.oom.group"] = "0"
 				want[dir+"/cgroup.subtree_control"] = "memory"
 			case "pids":
-				want[dir+"/pids.max"] = "22"
+				want[dir+"/pids.max"] = "23" // MaxProcesses + the init, the template and the shell server
 			case "cpu":
 				want[dir+"/cpu.max"] = "50000 100000"
 			}
@@ -701,7 +701,7 @@ func TestCgroupFilesWritten(t *testing.T) {
 		}
 	}
 	if d := p.cg.v1["pids"]; d != "" {
-		want[filepath.Join(d, cg.name, "pids.max")] = "22"
+		want[filepath.Join(d, cg.name, "pids.max")] = "23"
 	}
 	if d := p.cg.v1["cpu"]; d != "" {
 		want[filepath.Join(d, cg.name, "cpu.cfs_period_us")] = "100000"

@@ -37,6 +37,7 @@ import struct
 import sys
 import termios
 import threading
+import time
 import traceback
 
 CONFIG = {}
@@ -81,7 +82,7 @@ def emit(msg):
     # A KeyboardInterrupt must not cut a line in half: SIGINT waits while the main thread writes.
     main = threading.get_ident() == MAIN_THREAD
     if main:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with _write_lock:
             view = memoryview(data)
@@ -90,7 +91,7 @@ def emit(msg):
                 view = view[n:]
     finally:
         if main:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _timestamp():
@@ -175,6 +176,9 @@ def _drain_output():
 
 _state_lock = threading.Lock()
 _current = None  # id of the running execution
+# Ids of interrupts that arrived before their execution started. A shell request among them is
+# not run at all: its caller is gone, and an interrupt it never got would let it run to its end.
+_early = set()
 _requests = queue.Queue()
 
 # Interrupts. A SIGINT that arrives after the interpreter last looked for signals and before a
@@ -196,6 +200,8 @@ def _interrupt(exec_id):
     """Interrupts execution exec_id if it is the running one."""
     with _state_lock:
         if _current is None or _current != exec_id:
+            if isinstance(exec_id, int):
+                _early.add(exec_id)  # perhaps one still queued (see serve)
             return
         signal.pthread_kill(MAIN_THREAD, signal.SIGINT)
     try:
@@ -400,6 +406,299 @@ def _execute(code):
         emit(error)
 
 
+# --- shell commands (the hosted shell tool) -----------------------------------------------------
+#
+# A shell request ({"id": n, "shell": "<command>", "env": [...], "timeout": seconds}) runs
+# `bash -c <command>` beside the kernel, not in it: the kernel's Python state is untouched. Each
+# kernel forks a shell server (S) when it starts, before any user code runs, so that S shares the
+# template's pages and holds nothing of the code's memory; S is a child subreaper and spawns each
+# command as the leader of a session of its own, so everything the command starts, however it
+# detaches (&, setsid, a double fork), stays below S. When the shell exits, the timeout passes,
+# or the kernel asks (an interrupt) or goes away, S kills the shell's session and every process
+# left below it, and reports the shell's status once none is left. The kernel streams the two
+# output pipes meanwhile (shell_stdout / shell_stderr messages, decoded incrementally) and ends
+# with shell_exit {exit_code, timed_out}. S and the command have the kernel's namespaces,
+# identity, limits and seccomp filter.
+#
+# Kernel and S speak over a SOCK_SEQPACKET pair: the kernel sends {"env", "timeout"} with the
+# command's stdout, stderr and a pipe carrying the command text; S answers {"pid"} once the shell
+# runs and {"exit_code", "timed_out"} at the end. Any other message from the kernel during a
+# command means "stop it"; the pair's end means the kernel is gone.
+
+_PR_SET_CHILD_SUBREAPER = 36
+_SHELLS = ("/bin/bash", "/bin/sh")
+_shell_sock = None  # the kernel's end of its shell server's socket
+_shell_pid = 0  # the server's pid, reaped once it is found dead
+
+
+def _start_shell_server():
+    """Forks S and keeps the kernel's end of its socket (None when no process can be had)."""
+    global _shell_sock, _shell_pid
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        pid = os.fork()
+    except OSError:
+        ours.close()
+        theirs.close()
+        return None
+    if pid == 0:
+        try:
+            ours.close()
+            _shell_server(theirs)
+        finally:
+            os._exit(1)
+    theirs.close()
+    _shell_sock, _shell_pid = ours, pid
+
+
+def _shell_server(sock):
+    """S: serves commands one at a time until the kernel's end of sock closes. Never returns."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    keep = sock.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 1 << 16)
+    libc = _libc or ctypes.CDLL(None, use_errno=True)
+    _sys(libc.prctl(ctypes.c_int(_PR_SET_CHILD_SUBREAPER), ctypes.c_ulong(1), ctypes.c_ulong(0),
+                    ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl subreaper")
+    shell = next((s for s in _SHELLS if os.access(s, os.X_OK)), _SHELLS[-1])
+    reset = (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+             signal.SIGUSR1, signal.SIGCHLD, _WAKE_SIGNAL)
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            _kill_below(0)
+            os._exit(0)
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            continue  # a late "stop" for a command that is over
+        out_w, err_w, cmd_r = fds
+        status, timed_out = 126, False
+        try:
+            req = json.loads(msg)
+            command = b""
+            while True:
+                piece = os.read(cmd_r, 65536)
+                if not piece:
+                    break
+                command += piece
+            env = [str(e) for e in req.get("env") or []]
+            pid = os.posix_spawn(shell, [os.path.basename(shell), "-c", command.decode("utf-8", "surrogateescape")],
+                                 dict(zip(env[0::2], env[1::2])),
+                                 file_actions=[(os.POSIX_SPAWN_DUP2, out_w, 1),
+                                               (os.POSIX_SPAWN_DUP2, err_w, 2)],
+                                 setsid=True, setsigmask=(), setsigdef=reset)
+        except Exception as exc:
+            try:
+                os.write(err_w, ("shell: %s\n" % exc).encode())
+            except OSError:
+                pass
+            pid = 0
+        for fd in fds:
+            os.close(fd)
+        if pid:
+            sock.send(json.dumps({"pid": pid}).encode())
+            status, timed_out = _wait_command(sock, pid, float(req.get("timeout") or 0))
+        _kill_below(pid)
+        sock.send(json.dumps({"exit_code": status, "timed_out": timed_out}).encode())
+
+
+def _wait_command(sock, pid, timeout):
+    """Waits for the shell pid; returns (status, timed out). A stop message or the kernel's end
+    cuts it short (status 128+SIGKILL), as does the timeout."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        deadline = time.monotonic() + timeout if timeout else None
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([pidfd, sock], [], [], wait)
+            if pidfd in ready:
+                _, st = os.waitpid(pid, 0)
+                code = os.waitstatus_to_exitcode(st)
+                return (128 - code if code < 0 else code), False
+            if sock in ready:
+                try:
+                    msg = sock.recv(1 << 16)
+                except OSError:
+                    msg = b""
+                if not msg:
+                    _kill_below(pid)
+                    os._exit(0)  # the kernel is gone
+                return 128 + signal.SIGKILL, False
+            if deadline is not None and time.monotonic() >= deadline:
+                return 128 + signal.SIGKILL, True
+            _reap()
+    finally:
+        os.close(pidfd)
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _kill_below(session):
+    """Kills the shell's session and every process below this one until none is left."""
+    me = str(os.getpid())
+    while True:
+        if session:
+            try:
+                os.killpg(session, signal.SIGKILL)
+            except OSError:
+                pass
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % name, "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1].decode() == me:  # the parent pid
+                try:
+                    os.kill(int(name), signal.SIGKILL)
+                except OSError:
+                    pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            pass
+
+
+def _run_shell(req):
+    """Runs one shell request from the kernel's main thread (see above). A server found dead
+    before it started the command (the code killed it) is replaced once."""
+    global _shell_sock
+    for _ in range(2):
+        if _shell_sock is None:
+            _start_shell_server()
+        if _shell_sock is None:
+            break
+        result = _shell_attempt(req, _shell_sock)
+        if result is not None:
+            emit({"type": "shell_exit", "exit_code": int(result.get("exit_code", 126)),
+                  "timed_out": bool(result.get("timed_out"))})
+            return
+        _shell_sock.close()
+        _shell_sock = None
+        _reap_server()
+    emit({"type": "shell_stderr", "text": "shell: no process could be started\n"})
+    emit({"type": "shell_exit", "exit_code": 126, "timed_out": False})
+
+
+def _reap_server():
+    global _shell_pid
+    if _shell_pid:
+        try:
+            os.waitpid(_shell_pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        _shell_pid = 0
+
+
+def _shell_attempt(req, sock):
+    """Runs the command through the server on sock and streams its output; returns the
+    server's result, or None when the server was gone before it started the command."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    cmd_r, cmd_w = os.pipe()
+    head = json.dumps({"env": req.get("env") or [], "timeout": req.get("timeout") or 0}).encode()
+    try:
+        socket.send_fds(sock, [head], [out_w, err_w, cmd_r])
+        sent = True
+    except OSError:
+        sent = False
+    for fd in (out_w, err_w, cmd_r):
+        os.close(fd)
+    if not sent:
+        for fd in (out_r, err_r, cmd_w):
+            os.close(fd)
+        return None
+    # The command text goes through a pipe (it may be longer than a socket message); a thread
+    # writes it so that a command that never reads it cannot block the kernel.
+    command = str(req.get("shell", "")).encode("utf-8", "surrogatepass")
+
+    def feed():
+        try:
+            view = memoryview(command)
+            while view:
+                view = view[os.write(cmd_w, view):]
+        except OSError:
+            pass
+        finally:
+            os.close(cmd_w)
+
+    threading.Thread(target=feed, daemon=True).start()
+    pipes = {out_r: ("shell_stdout", codecs.getincrementaldecoder("utf-8")("replace")),
+             err_r: ("shell_stderr", codecs.getincrementaldecoder("utf-8")("replace"))}
+    pid, result, stopped, gone = 0, None, False, False
+    while pipes or (result is None and not gone):
+        try:
+            # SIGINT is blocked but here (see _run_shell): an interrupt lands in this try.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            try:
+                ready, _, _ = select.select(list(pipes) + ([sock] if result is None and not gone else []), [], [])
+            finally:
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            for fd in ready:
+                if fd is sock:
+                    try:
+                        msg = sock.recv(1 << 16)
+                    except OSError:  # ECONNRESET: the server died with the request unread
+                        msg = b""
+                    if not msg:
+                        gone = True
+                        if pid:  # it died during the command: what it can still reach goes too
+                            try:
+                                os.killpg(pid, signal.SIGKILL)
+                            except OSError:
+                                pass
+                        continue
+                    m = json.loads(msg)
+                    if "pid" in m:
+                        pid = m["pid"]
+                    else:
+                        result = m
+                    continue
+                kind, dec = pipes[fd]
+                data = os.read(fd, 65536)
+                text = dec.decode(data, final=not data)
+                if text:
+                    emit({"type": kind, "text": text})
+                if not data:
+                    os.close(fd)
+                    del pipes[fd]
+        except KeyboardInterrupt:
+            # The proxy's interrupt: the server kills the command, and the pipes reach EOF.
+            # Later interrupts have nothing more to stop.
+            _user_code_done()
+            if not stopped and result is None and not gone:
+                stopped = True
+                try:
+                    sock.send(b"stop")
+                except OSError:
+                    pass
+    if result is None and gone and pid:
+        result = {"exit_code": 128 + signal.SIGKILL, "timed_out": False}
+    return result
+
+
 def _preload():
     for name in CONFIG.get("preload", []):
         try:
@@ -429,6 +728,7 @@ def _next_request():
 def serve():
     """Runs the kernel on fds 0 and 1 until its requests end."""
     global _current
+    _start_shell_server()  # first: no thread, no user code, nothing of either in S
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(_WAKE_SIGNAL, _on_wake)
     _setup_protocol()
@@ -443,8 +743,24 @@ def serve():
             os._exit(0)
         with _state_lock:
             _current = req.get("id")
+            early = _current in _early
+            _early.difference_update([i for i in _early if not isinstance(_current, int) or i <= _current])
         try:
-            _execute(str(req.get("code", "")))
+            if "shell" in req and early:
+                emit({"type": "shell_exit", "exit_code": 128 + signal.SIGKILL, "timed_out": False})
+            elif "shell" in req:
+                # An interrupt may stop a command only while the kernel waits for its output
+                # (_shell_attempt): anywhere else it would leave the server's answers unread.
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    _run_shell(req)
+                except Exception as exc:  # never the kernel's end
+                    emit({"type": "shell_stderr", "text": "shell: %s\n" % exc})
+                    emit({"type": "shell_exit", "exit_code": 126, "timed_out": False})
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            else:
+                _execute(str(req.get("code", "")))
         except KeyboardInterrupt:
             # An interrupt that landed outside user code: the execution is over anyway.
             pass
@@ -825,8 +1141,9 @@ def _kernel(req, fds, code_filter):
         # Address space: what the zygote mapped plus the limit, so that one huge allocation is a
         # MemoryError; the aggregate over all processes is the cgroup's business (see local.go).
         _set_limit(resource.RLIMIT_AS, vm + memory)
-    # One more process than the code's own: the template (_template) below.
-    _set_limit(resource.RLIMIT_NPROC, req.get("processes") and req["processes"] + 1)
+    # Two more processes than the code's own: the template (_template) below and the kernel's
+    # shell server (_shell_server).
+    _set_limit(resource.RLIMIT_NPROC, req.get("processes") and req["processes"] + 2)
     _set_limit(resource.RLIMIT_FSIZE, req.get("file_size"))
     _set_limit(resource.RLIMIT_NOFILE, req.get("open_files"))
     _set_limit(resource.RLIMIT_CORE, 0)

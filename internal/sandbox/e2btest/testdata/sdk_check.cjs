@@ -86,6 +86,33 @@ async function main() {
   ex = await again.runCode('x')
   assert.equal(ex.text, '41')
 
+  // Commands, through envd's process service: output streamed to the callbacks, the exit code as
+  // CommandExitError, the timeout as TimeoutError, background handles listed and killed.
+  const streamed = []
+  let exitErr = null
+  try {
+    await sbx.commands.run('echo hi; echo err >&2; exit 3', { onStdout: (d) => streamed.push(d) })
+  } catch (e) {
+    exitErr = e
+  }
+  assert.equal(exitErr && exitErr.name, 'CommandExitError')
+  assert.equal(exitErr.exitCode, 3)
+  assert.equal(exitErr.stdout, 'hi\n')
+  assert.equal(exitErr.stderr, 'err\n')
+  assert.deepEqual(streamed, ['hi\n'])
+  let cmd = await sbx.commands.run('pwd; printf hé > made_by_shell.txt', { cwd: '/mnt/data' })
+  assert.equal(cmd.exitCode, 0)
+  assert.equal(cmd.stdout, '/mnt/data\n')
+  assert.equal(await sbx.files.read('/mnt/data/made_by_shell.txt'), 'hé')
+  await assert.rejects(sbx.commands.run('echo part; sleep 30', { timeoutMs: 1000 }), (e) => e.name === 'TimeoutError')
+  const bg = await sbx.commands.run('sleep 30', { background: true })
+  assert.ok((await sbx.commands.list()).some((p) => p.pid === bg.pid), 'the background command is listed')
+  assert.equal(await bg.kill(), true)
+  const killed = await bg.wait().catch((e) => e)
+  assert.equal(killed.name, 'CommandExitError')
+  assert.equal(await sbx.commands.kill(bg.pid), false)
+  report.commandExit = exitErr.exitCode
+
   assert.equal(await sbx.isRunning(), true)
   assert.equal(await sbx.kill(), true)
   assert.equal(await sbx.isRunning(), false)
