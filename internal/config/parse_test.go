@@ -278,7 +278,7 @@ func TestExampleConfig(t *testing.T) {
 	}
 	// The example writes out every local default: it must decode to exactly the defaults.
 	want := local.DefaultOptions()
-	if got, _ := tool.Settings.(local.Options); got != want {
+	if got, _ := tool.Settings.(local.Options); !reflect.DeepEqual(got, want) {
 		t.Errorf("the example's local tool = %+v; want the defaults %+v", got, want)
 	}
 }

@@ -59,10 +59,17 @@ var syntheticEtc = map[string]string{
 // preload is imported by the fork server, before it forks any kernel; import errors are ignored.
 var preload = []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot"}
 
-// sandboxEnv is the whole environment of the kernel: nothing of the proxy's own is passed.
-func sandboxEnv() []string {
+// sandboxEnv is the whole environment of the kernel and of shell commands: nothing of the
+// proxy's own is passed. PATH has the bin directories of hostPaths after the system's.
+func sandboxEnv(hostPaths []string) []string {
+	path := "/usr/bin:/bin"
+	for _, hp := range hostPaths {
+		if fi, err := os.Stat(filepath.Join(hp, "bin")); err == nil && fi.IsDir() {
+			path += ":" + filepath.Join(hp, "bin")
+		}
+	}
 	return []string{
-		"PATH", "/usr/bin:/bin",
+		"PATH", path,
 		"HOME", dataDir,
 		"USER", "user",
 		"LANG", "C.UTF-8",
@@ -85,7 +92,7 @@ func sandboxEnv() []string {
 // own pid, network, IPC, UTS and cgroup namespaces (the user namespace is made by the caller),
 // files copied in from descriptors (dest → fd; -1 skips), the seccomp filter on seccompFD (-1:
 // none), bubblewrap's capability options, and argv run inside.
-func zygoteArgs(python string, files map[string]int, seccompFD int, caps, argv []string) []string {
+func zygoteArgs(python string, hostPaths []string, files map[string]int, seccompFD int, caps, argv []string) []string {
 	a := append([]string(nil), caps...)
 	a = append(a, []string{
 		"--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -93,7 +100,7 @@ func zygoteArgs(python string, files map[string]int, seccompFD int, caps, argv [
 		"--hostname", "sandbox",
 		"--clearenv",
 	}...)
-	env := sandboxEnv()
+	env := sandboxEnv(hostPaths)
 	for i := 0; i < len(env); i += 2 {
 		a = append(a, "--setenv", env[i], env[i+1])
 	}
@@ -106,6 +113,7 @@ func zygoteArgs(python string, files map[string]int, seccompFD int, caps, argv [
 			}
 		}
 	}
+	binds = append(binds, hostPaths...) // checked when decoded (checkHostPath)
 	// Parents that bubblewrap would otherwise create 0700, out of the sandbox user's reach.
 	parents := map[string]bool{}
 	for _, d := range append(binds, etcFiles[:]...) {
@@ -143,6 +151,7 @@ func zygoteArgs(python string, files map[string]int, seccompFD int, caps, argv [
 	if prefix := pythonPrefix(python); prefix != "" {
 		a = append(a, "--ro-bind", prefix, prefix)
 	}
+
 	a = append(a, "--dir", "/opt/ciproxy")
 	dests := make([]string, 0, len(files))
 	for dest := range files {

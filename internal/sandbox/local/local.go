@@ -85,6 +85,10 @@ type Options struct {
 	// Python is the interpreter run inside the sandbox. Outside /usr its prefix is bound read-only
 	// too, so it must be readable by an unprivileged user.
 	Python string
+	// HostPaths are host directories bound read-only into every sandbox at the same path, for
+	// runtimes installed outside /usr (a JDK under /usr/lib/jvm, node under /opt/node); the bin
+	// directory of each, when it has one, is added to the sandbox's PATH.
+	HostPaths []string
 	// WorkDir holds each provider's lock and private directory (default
 	// os.TempDir()/ciproxy-sandboxes); a new provider sweeps what dead ones left there.
 	WorkDir string

@@ -2,8 +2,10 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,7 +18,7 @@ import (
 
 // Keys are the litellm_params keys of a local sandbox tool (besides sandbox_provider).
 func Keys() []string {
-	return []string{"python", "memory_limit", "max_memory", "max_processes", "max_file_size", "max_disk_size", "pool_size", "work_dir", "cpu_limit", "max_open_files", "uid_base", "uid_count"}
+	return []string{"python", "memory_limit", "max_memory", "max_processes", "max_file_size", "max_disk_size", "pool_size", "work_dir", "host_paths", "cpu_limit", "max_open_files", "uid_base", "uid_count"}
 }
 
 // DecodeSettings reads a local sandbox tool's litellm_params from p: every key it does not set keeps
@@ -52,6 +54,15 @@ func DecodeSettings(p *settings.Map) Options {
 			o.WorkDir = filepath.Clean(v.S)
 		}
 	}
+	if paths, ok := p.StringList("host_paths"); ok {
+		for _, hp := range paths {
+			if err := checkHostPath(hp, o.WorkDir); err != nil {
+				p.Errorf(p.ValueLine("host_paths"), "%s: %q %v", p.Key("host_paths"), hp, err)
+				continue
+			}
+			o.HostPaths = append(o.HostPaths, filepath.Clean(hp))
+		}
+	}
 	if v := p.String("cpu_limit"); v.Present {
 		cpus, err := strconv.ParseFloat(strings.TrimSpace(v.S), 64)
 		if err != nil || cpus <= 0 || cpus > 1024 || math.IsNaN(cpus) {
@@ -72,6 +83,38 @@ func DecodeSettings(p *settings.Map) Options {
 		o.UIDCount = uint32(count)
 	}
 	return o
+}
+
+// hostPathDenied are the host directories (and all below them) never bound into a sandbox: the
+// kernel's and the system's live state, where users and services keep theirs, and the places
+// the sandbox has its own of (/tmp, /mnt/data), which would hide the bind.
+var hostPathDenied = []string{"/proc", "/sys", "/dev", "/run", "/var/run", "/etc", "/root", "/home", "/boot", "/var/lib", "/var/log", "/tmp", "/mnt", "/media"}
+
+// checkHostPath says why path cannot be one of host_paths: it must be an absolute directory
+// that exists, neither / nor at or below a denied directory, nor holding or below workDir.
+func checkHostPath(path, workDir string) error {
+	clean := filepath.Clean(path)
+	within := func(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	switch {
+	case !filepath.IsAbs(path):
+		return errors.New("must be an absolute path")
+	case clean == "/":
+		return errors.New("is the whole filesystem")
+	case within(clean, workDir) || within(workDir, clean):
+		return errors.New("holds or is within the sandboxes' work_dir")
+	}
+	for _, d := range hostPathDenied {
+		switch {
+		case within(clean, d):
+			return fmt.Errorf("is at or below %s, which no sandbox may see", d)
+		case within(d, clean):
+			return fmt.Errorf("holds %s, which no sandbox may see", d)
+		}
+	}
+	if fi, err := os.Stat(clean); err != nil || !fi.IsDir() {
+		return errors.New("is not a directory on this host")
+	}
+	return nil
 }
 
 // Provision implements sandbox.Provisioner: it checks that a sandbox can start on this host with o

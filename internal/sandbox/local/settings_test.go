@@ -1,6 +1,8 @@
 package local
 
 import (
+	"os"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -24,7 +26,7 @@ func decode(t *testing.T, src string) (Options, error) {
 // keeps it as it is (pool_size 0 included, which means no warm pool, not the default pool).
 func TestDecodeSettingsDefaults(t *testing.T) {
 	o, err := decode(t, "{}")
-	if err != nil || o != DefaultOptions() {
+	if err != nil || !reflect.DeepEqual(o, DefaultOptions()) {
 		t.Errorf("DecodeSettings({}) = %+v, %v; want DefaultOptions() %+v", o, err, DefaultOptions())
 	}
 	if got := o.withDefaults(); got.PoolSize != DefaultPoolSize || got.MemoryLimit != DefaultMemoryLimit {
@@ -86,4 +88,62 @@ func TestDefaultUIDRange(t *testing.T) {
 			t.Errorf("default uids %d…%d overlap systemd's %s (%d…%d)", first, last, r.what, r.first, r.last)
 		}
 	}
+}
+
+// TestHostPaths: host_paths takes existing directories outside the host's live state, refuses
+// the rest with a reason, and each one becomes a read-only bind in the sandbox's view, its bin
+// directory on PATH.
+func TestHostPaths(t *testing.T) {
+	rt := hostRuntime(t)
+	for _, tc := range []struct {
+		path, refusal string
+	}{
+		{rt, ""},
+		{"relative/jdk", "absolute"},
+		{"/", "whole filesystem"},
+		{"/etc/ssl", "/etc"},
+		{"/proc/self", "/proc"},
+		{"/var", "holds /var/run"},
+		{"/home/someone", "/home"},
+		{"/tmp/jdk", "/tmp"},
+		{rt + "/missing", "not a directory"},
+		{DefaultOptions().WorkDir, "work_dir"},
+	} {
+		o, err := decode(t, "host_paths: ["+tc.path+"]\n")
+		switch {
+		case tc.refusal == "" && (err != nil || len(o.HostPaths) != 1 || o.HostPaths[0] != tc.path):
+			t.Errorf("host_paths [%s] = %v, %v; want it taken", tc.path, o.HostPaths, err)
+		case tc.refusal != "" && (err == nil || !strings.Contains(err.Error(), tc.refusal) || len(o.HostPaths) != 0):
+			t.Errorf("host_paths [%s] = %v, %v; want it refused naming %q", tc.path, o.HostPaths, err, tc.refusal)
+		}
+	}
+	args := strings.Join(zygoteArgs("/usr/bin/python3", []string{rt}, nil, -1, nil, []string{"x"}), " ")
+	if !strings.Contains(args, "--ro-bind "+rt+" "+rt) {
+		t.Errorf("the view does not bind %s read-only: %s", rt, args)
+	}
+	if env := strings.Join(sandboxEnv([]string{rt}), " "); !strings.Contains(env, "PATH /usr/bin:/bin:"+rt+"/bin") {
+		t.Errorf("PATH does not end with the runtime's bin: %s", env)
+	}
+}
+
+// hostRuntime makes a runtime directory for host_paths, outside /tmp (a sandbox's own /tmp would
+// hide it), readable by any uid, with bin/hello-runtime; it is removed at the end of the test.
+func hostRuntime(t *testing.T) string {
+	t.Helper()
+	base, err := os.MkdirTemp("/var/tmp", "ciproxy-runtime-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	rt := base + "/runtime"
+	if err := os.MkdirAll(rt+"/bin", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(rt+"/bin/hello-runtime", []byte("#!/bin/sh\necho hello from the runtime\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return rt
 }

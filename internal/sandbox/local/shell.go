@@ -73,7 +73,7 @@ func (p *Provider) Exec(ctx context.Context, h sandbox.Handle, command string, o
 		b.finish()
 		return sandbox.ExecResult{}, ctx.Err()
 	}
-	req := shellRequest{ID: ex.id, Shell: command, Env: sandboxEnv(), Timeout: math.Max(timeout.Seconds(), 0.001)}
+	req := shellRequest{ID: ex.id, Shell: command, Env: sandboxEnv(b.p.opts.HostPaths), Timeout: math.Max(timeout.Seconds(), 0.001)}
 	if err := b.send(req); err != nil {
 		b.kill("request could not be sent")
 		return sandbox.ExecResult{}, fmt.Errorf("%w: local sandbox %s: %w", sandbox.ErrNotFound, h.ID, err)

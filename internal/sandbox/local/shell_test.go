@@ -301,3 +301,16 @@ func TestExecCancelAnyTime(t *testing.T) {
 		}
 	}
 }
+
+// TestExecHostRuntime: a runtime the operator binds with host_paths is on the commands' PATH,
+// and read-only.
+func TestExecHostRuntime(t *testing.T) {
+	rt := hostRuntime(t)
+	p := newTestProviderWith(t, Options{PoolSize: -1, HostPaths: []string{rt}}, knobs{})
+	h := create(t, p, sandbox.CreateOptions{})
+	var o output
+	res, err := p.Exec(context.Background(), h, "hello-runtime; touch "+rt+"/bin/x 2>&1 | grep -c 'Read-only file system'", sandbox.ExecOptions{Timeout: 30 * time.Second, OnOutput: o.on})
+	if err != nil || res.ExitCode != 0 || o.out.String() != "hello from the runtime\n1\n" {
+		t.Errorf("Exec = %+v, %v; stdout %q stderr %q; want the runtime's greeting and a read-only bind", res, err, o.out.String(), o.err.String())
+	}
+}

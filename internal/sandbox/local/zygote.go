@@ -167,7 +167,7 @@ func (p *Provider) startZygote(ctx context.Context) (*zygote, error) {
 			caps = append(caps, "--cap-add", c)
 		}
 	}
-	args := zygoteArgs(p.opts.Python, files, seccompFD, caps,
+	args := zygoteArgs(p.opts.Python, p.opts.HostPaths, files, seccompFD, caps,
 		[]string{p.opts.Python, "-I", "-B", kernelPath, "--zygote", string(cfg)})
 	z := &zygote{done: make(chan struct{})}
 	cmd := exec.Command(p.bwrap, args...)
