@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -157,5 +158,58 @@ func TestShellOpenAIGo(t *testing.T) {
 				t.Errorf("the stream breaks OpenAI's event grammar: %v\n%s", err, resp.Body)
 			}
 		})
+	}
+}
+
+// TestShellContainersAPIChatOpenAIGo: a container made with the Containers API is named by
+// container_reference, for a model whose upstream speaks only Chat Completions; the file the
+// commands write is downloaded through the Containers API, and the answer cites it.
+func TestShellContainersAPIChatOpenAIGo(t *testing.T) {
+	t.Parallel()
+	chatUp := upstreamtest.New(t, upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM))
+	chatUp.Script(func(req upstreamtest.Request) upstreamtest.Turn {
+		if n := len(req.History); n > 0 && itemType(req.History[n-1]) == "function_call_output" {
+			return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.Text("Here: [primes](sandbox:/mnt/data/primes.txt)")}, Usage: answerUsage}
+		}
+		return runUserCommands(req)
+	})
+	const chatModel = clientModel + "-chat"
+	entry := "  - model_name: " + chatModel + "\n    litellm_params:\n      model: openai/" + upstreamModel + "\n      api_base: " + chatUp.URL() +
+		"\n    model_info:\n      supported_endpoints: [\"/v1/chat/completions\"]\n"
+	p := startProxy(t, setup{Upstream: chatUp.URL(), WorkDir: workDir(t), ExtraModels: entry}.yaml())
+	client := sdk(p, "sk-client-a")
+	made, err := client.Containers.New(ctx(t, 60*time.Second), openai.ContainerNewParams{Name: "shell"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	params := shellParams("seq 2 100 | awk '{p=1; for (i=2; i*i<=$1; i++) if ($1%i==0) p=0; if (p) print}' > primes.txt; wc -l < primes.txt")
+	params.Model = chatModel
+	params.Tools[0].OfShell.Environment = responses.FunctionShellToolEnvironmentUnionParam{
+		OfContainerReference: &responses.ContainerReferenceParam{ContainerID: made.ID}}
+	r, err := client.Responses.New(ctx(t, 120*time.Second), params)
+	if err != nil {
+		t.Fatalf("Responses.New: %v", err)
+	}
+	if len(r.Output) != 3 || r.Output[0].AsShellCall().Environment.ContainerID != made.ID {
+		t.Fatalf("output %s", r.RawJSON())
+	}
+	if out := r.Output[1].AsShellCallOutput().Output; len(out) != 1 || out[0].Stdout != "25\n" || out[0].Outcome.ExitCode != 0 {
+		t.Errorf("output %s", r.Output[1].RawJSON())
+	}
+	ann := r.Output[2].AsMessage().Content[0].AsOutputText().Annotations
+	if len(ann) != 1 || ann[0].Type != "container_file_citation" || ann[0].ContainerID != made.ID {
+		t.Fatalf("annotations %+v; want a container_file_citation of primes.txt", ann)
+	}
+	resp, err := client.Containers.Files.Content.Get(ctx(t, 30*time.Second), made.ID, ann[0].FileID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if lines := strings.Split(strings.TrimSpace(string(body)), "\n"); len(lines) != 25 || lines[0] != "2" || lines[24] != "97" {
+		t.Errorf("primes.txt = %q", body)
+	}
+	if reqs := chatUp.Requests(); len(reqs) != 2 || reqs[0].Path != "/v1/chat/completions" {
+		t.Errorf("the chat upstream got %d requests", len(reqs))
 	}
 }
