@@ -462,6 +462,33 @@ type interruptRequest struct {
 	Interrupt bool  `json:"interrupt"`
 }
 
+// admit takes the sandbox's one execution slot and hands the kernel's reader a new execution, whose
+// lines come out of the returned pipe; the caller frees the slot (<-b.sem) once it is done. A
+// sandbox found gone is ErrNotFound; ctx ending first is its error, and nothing is left taken.
+func (b *box) admit(ctx context.Context, h sandbox.Handle) (ex *execution, pr *io.PipeReader, err error) {
+	select {
+	case b.sem <- struct{}{}:
+	case <-b.done:
+		return nil, nil, fmt.Errorf("%w: local sandbox %s", sandbox.ErrNotFound, h.ID)
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+	pr, pw := io.Pipe()
+	ex = &execution{id: b.seq.Add(1), pw: pw, ended: make(chan struct{})}
+	b.begin()
+	select {
+	case b.execs <- ex:
+		return ex, pr, nil
+	case <-b.done:
+		err = fmt.Errorf("%w: local sandbox %s", sandbox.ErrNotFound, h.ID)
+	case <-ctx.Done():
+		b.finish()
+		err = ctx.Err()
+	}
+	<-b.sem
+	return nil, nil, err
+}
+
 // Run executes code in the sandbox's kernel. On timeout the kernel is interrupted
 // (KeyboardInterrupt; state survives) and, if the code does not stop within a grace period, the
 // sandbox is killed; either way the error wraps sandbox.ErrTimeout. When ctx ends, Run returns at
@@ -475,26 +502,11 @@ func (p *Provider) Run(ctx context.Context, h sandbox.Handle, code string, opts 
 	if timeout <= 0 {
 		timeout = p.opts.ExecTimeout
 	}
-	select {
-	case b.sem <- struct{}{}:
-	case <-b.done:
-		return sandbox.Result{}, fmt.Errorf("%w: local sandbox %s", sandbox.ErrNotFound, h.ID)
-	case <-ctx.Done():
-		return sandbox.Result{}, ctx.Err()
+	ex, pr, err := b.admit(ctx, h)
+	if err != nil {
+		return sandbox.Result{}, err
 	}
 	defer func() { <-b.sem }()
-
-	pr, pw := io.Pipe()
-	ex := &execution{id: b.seq.Add(1), pw: pw, ended: make(chan struct{})}
-	b.begin()
-	select {
-	case b.execs <- ex:
-	case <-b.done:
-		return sandbox.Result{}, fmt.Errorf("%w: local sandbox %s", sandbox.ErrNotFound, h.ID)
-	case <-ctx.Done():
-		b.finish()
-		return sandbox.Result{}, ctx.Err()
-	}
 	// From here the request must go out: the reader will hand the next lines to ex.
 	if err := b.send(runRequest{ID: ex.id, Code: code}); err != nil {
 		b.kill("request could not be sent")

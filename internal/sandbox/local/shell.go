@@ -53,26 +53,11 @@ func (p *Provider) Exec(ctx context.Context, h sandbox.Handle, command string, o
 	if timeout <= 0 {
 		timeout = p.opts.ExecTimeout
 	}
-	select {
-	case b.sem <- struct{}{}:
-	case <-b.done:
-		return sandbox.ExecResult{}, fmt.Errorf("%w: local sandbox %s", sandbox.ErrNotFound, h.ID)
-	case <-ctx.Done():
-		return sandbox.ExecResult{}, ctx.Err()
+	ex, pr, err := b.admit(ctx, h)
+	if err != nil {
+		return sandbox.ExecResult{}, err
 	}
 	defer func() { <-b.sem }()
-
-	pr, pw := io.Pipe()
-	ex := &execution{id: b.seq.Add(1), pw: pw, ended: make(chan struct{})}
-	b.begin()
-	select {
-	case b.execs <- ex:
-	case <-b.done:
-		return sandbox.ExecResult{}, fmt.Errorf("%w: local sandbox %s", sandbox.ErrNotFound, h.ID)
-	case <-ctx.Done():
-		b.finish()
-		return sandbox.ExecResult{}, ctx.Err()
-	}
 	req := shellRequest{ID: ex.id, Shell: command, Env: sandboxEnv(b.p.opts.HostPaths), Timeout: math.Max(timeout.Seconds(), 0.001)}
 	if err := b.send(req); err != nil {
 		b.kill("request could not be sent")
