@@ -3,7 +3,8 @@
 // (Result), the NDJSON decoder shared by all backends, the errors backends return, and the registry
 // built from the config's sandbox_tools. The backends live below it (local, e2b); the OpenAI
 // containers built on them (cntr_ ids, their lifecycle and files) are internal/containers. It
-// imports no other package of the project, so a backend compiles against the contract alone.
+// imports no other package of the project but egress's policy type, so a backend compiles against
+// the contract alone.
 package sandbox
 
 import (
@@ -11,6 +12,8 @@ import (
 	"encoding/json"
 	"errors"
 	"time"
+
+	"github.com/ciproxy/ciproxy/internal/egress"
 )
 
 // Sentinel errors. Backends wrap them with %w; callers test with errors.Is.
@@ -122,6 +125,20 @@ type CreateOptions struct {
 	// KernelIdle is how long the container's kernel may stay unused before containers.Manager restarts it
 	// (a KernelRestarter's), keeping the files; 0: never. Providers ignore it.
 	KernelIdle time.Duration
+	// Network is the container's network policy, already narrowed to the provider's bound
+	// (Networked); the zero value is no network. A provider that is not Networked is given none.
+	Network egress.Policy
+}
+
+// Networked is implemented by providers whose sandboxes can reach the network under a container's
+// policy (CreateOptions.Network). A provider that is not one runs every sandbox without network,
+// and a policy that opens any is refused before it is asked.
+type Networked interface {
+	// NetworkBound is the operator's bound on its containers' policies.
+	NetworkBound() egress.Bound
+	// DomainSecrets reports whether the provider can add domain secrets to its sandboxes'
+	// requests; a policy with secrets is refused by one that cannot.
+	DomainSecrets() bool
 }
 
 // RunOptions are per-execution choices.

@@ -1,0 +1,83 @@
+package egress
+
+import (
+	"fmt"
+	"regexp"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/ciproxy/ciproxy/internal/settings"
+)
+
+// Bound is a sandbox tool's network settings as the operator wrote them: the most any of its
+// containers may reach, and what a container created without a policy gets.
+type Bound struct {
+	// Policy is the operator's bound: allowed_domains, and the operator's own domain_secrets
+	// (added to the containers whose policy keeps their domain).
+	Policy Policy
+	// Default: a container created without a network_policy gets the whole bound
+	// (default_network_policy: allowlist) rather than no network (disabled, OpenAI's default).
+	Default bool
+}
+
+// Keys are the litellm_params keys DecodeSettings reads, for the backends that enforce policies.
+func Keys() []string { return []string{"allowed_domains", "domain_secrets", "default_network_policy"} }
+
+// secretName is what a domain secret may be called: the code writes it as $NAME.
+var secretName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// CheckSecretName returns why name cannot name a domain secret, or nil.
+func CheckSecretName(name string) error {
+	if len(name) > 128 || !secretName.MatchString(name) {
+		return fmt.Errorf("%q is not a secret name (letters, digits and _, not starting with a digit, at most 128)", name)
+	}
+	return nil
+}
+
+// DecodeSettings reads a sandbox tool's network settings from p. Each wrong value is recorded in p
+// with its line and left out. A secret's value is never put in a message.
+func DecodeSettings(p *settings.Map) Bound {
+	var b Bound
+	if domains, ok := p.StringList("allowed_domains"); ok {
+		for _, d := range domains {
+			if err := CheckPattern(d); err != nil {
+				p.Errorf(p.ValueLine("allowed_domains"), "%s: %v", p.Key("allowed_domains"), err)
+				continue
+			}
+			b.Policy.Domains = append(b.Policy.Domains, Canonical(d))
+		}
+	}
+	if n := p.Node("domain_secrets"); n != nil && !settings.IsNull(n) {
+		if n.Kind != yaml.SequenceNode {
+			p.Errorf(n.Line, "%s: must be a list of {domain, name, value}", p.Key("domain_secrets"))
+		} else {
+			for i, item := range n.Content {
+				path := fmt.Sprintf("%s[%d]", p.Key("domain_secrets"), i)
+				m := p.Decoder().Map(item, path, "domain secret", []string{"domain", "name", "value"}, nil)
+				s := Secret{Domain: Canonical(m.String("domain").S), Name: m.String("name").S, Value: m.String("value").S}
+				switch {
+				case CheckPattern(s.Domain) != nil:
+					p.Errorf(m.Line(), "%s.domain: %v", path, CheckPattern(s.Domain))
+				case !b.Policy.Allows(s.Domain) && !containsPattern(b.Policy.Domains, s.Domain):
+					p.Errorf(m.Line(), "%s.domain: %q is not in allowed_domains", path, s.Domain)
+				case CheckSecretName(s.Name) != nil:
+					p.Errorf(m.Line(), "%s.name: %v", path, CheckSecretName(s.Name))
+				case s.Value == "":
+					p.Errorf(m.Line(), "%s.value: must not be empty (os.environ/NAME reads it from the environment)", path)
+				default:
+					b.Policy.Secrets = append(b.Policy.Secrets, s)
+				}
+			}
+		}
+	}
+	if v := p.String("default_network_policy"); v.Present {
+		switch v.S {
+		case "disabled":
+		case "allowlist":
+			b.Default = true
+		default:
+			p.Errorf(p.ValueLine("default_network_policy"), "%s: %s is not disabled or allowlist", p.Key("default_network_policy"), v.Shown())
+		}
+	}
+	return b
+}
