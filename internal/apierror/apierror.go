@@ -32,6 +32,8 @@ const (
 	CodeUnsupportedValue          = "unsupported_value"
 	CodeUnsupportedParameter      = "unsupported_parameter"
 	CodeEmptyArray                = "empty_array"
+	CodeEmptyString               = "empty_string"
+	CodeUnknownParameter          = "unknown_parameter"
 	CodeArrayAboveMaxLength       = "array_above_max_length"
 	CodeStringAboveMaxLength      = "string_above_max_length"
 	CodeIntegerBelowMinValue      = "integer_below_min_value"

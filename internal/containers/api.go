@@ -18,8 +18,9 @@ import (
 type Info struct {
 	ID          string
 	Name        string
-	Status      string // StatusRunning or StatusExpired
-	MemoryLimit string // as asked at creation; "" for the tool's default
+	Status      string               // StatusRunning or StatusExpired
+	MemoryLimit string               // as asked at creation; "" for the tool's default
+	Network     *store.NetworkPolicy // nil: none was set
 	IdleTimeout time.Duration
 	CreatedAt   time.Time
 	// LastActiveAt is the last use (creation, an execution, an API operation).
@@ -31,7 +32,7 @@ func infoOf(r store.Container, now time.Time) Info {
 	if expiredAt(r, now) {
 		status = StatusExpired
 	}
-	return Info{ID: r.ID, Name: r.Name, Status: status, MemoryLimit: r.MemoryLimit, IdleTimeout: r.IdleTimeout,
+	return Info{ID: r.ID, Name: r.Name, Status: status, MemoryLimit: r.MemoryLimit, Network: r.Network, IdleTimeout: r.IdleTimeout,
 		CreatedAt: r.CreatedAt, LastActiveAt: r.LastActiveAt}
 }
 

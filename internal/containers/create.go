@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ciproxy/ciproxy/internal/egress"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
@@ -32,6 +33,11 @@ func (s *Manager) Create(ctx context.Context, tool, owner string, opts sandbox.C
 	if !ok {
 		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", sandbox.ErrUnavailable, tool)
 	}
+	network, err := sandbox.NetworkPolicy(ent.Provider, tool, opts.NetworkPolicy)
+	if err != nil {
+		return nil, err
+	}
+	opts.Network = network
 	id := s.st.NewID(store.ContainerKind)
 	slot, err := s.admit(ctx, reg, ent, owner, id)
 	if err != nil {
@@ -91,7 +97,7 @@ func (s *Manager) Create(ctx context.Context, tool, owner string, opts sandbox.C
 	h.Tool = tool
 	now := s.now()
 	c := &Container{
-		s: s, id: id, owner: owner, name: opts.Name, memory: opts.MemoryLimit, h: h, ent: ent,
+		s: s, id: id, owner: owner, name: opts.Name, memory: opts.MemoryLimit, network: shownNetwork(opts), h: h, ent: ent,
 		hostBound: ent.HostBound, created: now, runMu: make(chan struct{}, 1), slot: slot,
 		users: 1, idle: idle, lastUse: now, backendUntil: now.Add(opts.Lifetime), kernelIdle: opts.KernelIdle,
 		baseline: map[string]fileStamp{}, // a new sandbox's /mnt/data is empty
@@ -99,7 +105,7 @@ func (s *Manager) Create(ctx context.Context, tool, owner string, opts sandbox.C
 	c.expiresAt = c.dueLocked(now)
 	rec := store.Container{
 		ID: id, Owner: owner, Name: opts.Name, Backend: h.Backend, Tool: tool, Handle: encodeHandle(h),
-		MemoryLimit: opts.MemoryLimit, Status: StatusRunning, IdleTimeout: idle,
+		MemoryLimit: opts.MemoryLimit, Network: shownNetwork(opts), Status: StatusRunning, IdleTimeout: idle,
 		CreatedAt: now, LastActiveAt: now, ExpiresAt: c.expiresAt,
 	}
 	if c.hostBound {
@@ -218,4 +224,28 @@ func (s *Manager) createDetached(ctx context.Context, ent *sandbox.Tool, opts sa
 		r := <-out
 		return r.h, settle, r.err
 	}
+}
+
+// CheckNetwork returns the policy tool gives a new container for the network policy asked (nil:
+// none), as Create would decide, without creating anything: a *sandbox.NetworkError says why it
+// cannot. The policy holds secrets: it is for telling the model what it can reach, no more.
+func (s *Manager) CheckNetwork(ctx context.Context, tool string, asked *egress.Policy) (egress.Policy, error) {
+	ent, ok := s.registry(ctx).Tool(tool)
+	if !ok {
+		return egress.Policy{}, fmt.Errorf("%w: sandbox tool %q is not configured", sandbox.ErrUnavailable, tool)
+	}
+	return sandbox.NetworkPolicy(ent.Provider, tool, asked)
+}
+
+// shownNetwork is what the Containers API shows of a new container's policy: the domains it
+// got, or "disabled" when its request asked for that; nil when nothing was asked and the tool
+// gave nothing.
+func shownNetwork(opts sandbox.CreateOptions) *store.NetworkPolicy {
+	switch {
+	case opts.Network.Open():
+		return &store.NetworkPolicy{Type: "allowlist", AllowedDomains: opts.Network.Domains}
+	case opts.NetworkPolicy != nil:
+		return &store.NetworkPolicy{Type: "disabled"}
+	}
+	return nil
 }

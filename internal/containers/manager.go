@@ -158,6 +158,7 @@ type Container struct {
 	owner     string
 	name      string
 	memory    string
+	network   *store.NetworkPolicy // as the Containers API shows it
 	h         sandbox.Handle
 	ent       *sandbox.Tool
 	hostBound bool
@@ -274,8 +275,8 @@ func (c *Container) Expires() time.Time { return c.hardEnd() }
 func (c *Container) Info() Info {
 	c.s.mu.Lock()
 	defer c.s.mu.Unlock()
-	return Info{ID: c.id, Name: c.name, Status: StatusRunning, MemoryLimit: c.memory, IdleTimeout: c.idle,
-		CreatedAt: c.created, LastActiveAt: c.lastUse}
+	return Info{ID: c.id, Name: c.name, Status: StatusRunning, MemoryLimit: c.memory, Network: c.network,
+		IdleTimeout: c.idle, CreatedAt: c.created, LastActiveAt: c.lastUse}
 }
 
 // registry returns the sandbox tools for a call with ctx: the request's (sandbox.WithRegistry), else the

@@ -112,7 +112,7 @@ func (s *Manager) revive(ctx context.Context, rec store.Container) (*Container, 
 		return nil, fmt.Errorf("sandbox tool %q: %w: %w", tool, sandbox.ErrUnavailable, err)
 	}
 	c := &Container{
-		s: s, id: rec.ID, owner: rec.Owner, name: rec.Name, memory: rec.MemoryLimit, h: h, ent: ent,
+		s: s, id: rec.ID, owner: rec.Owner, name: rec.Name, memory: rec.MemoryLimit, network: rec.Network, h: h, ent: ent,
 		hostBound: ent.HostBound, created: rec.CreatedAt, runMu: make(chan struct{}, 1),
 		users: 1, idle: idle, lastUse: now, expiresAt: rec.ExpiresAt, backendUntil: now.Add(keep),
 	}

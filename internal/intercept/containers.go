@@ -10,6 +10,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/containers"
+	"github.com/ciproxy/ciproxy/internal/egress"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
@@ -21,6 +22,9 @@ type containerManager interface {
 	Open(ctx context.Context, id, owner string) (heldContainer, error)
 	// Files lists the files recorded for owner's container id, as containers.Manager.Files.
 	Files(ctx context.Context, owner, id string, q store.ContainerFileQuery) (store.List[store.ContainerFile], error)
+	// CheckNetwork returns the policy tool gives a new container for the network policy asked,
+	// as containers.Manager.CheckNetwork.
+	CheckNetwork(ctx context.Context, tool string, asked *egress.Policy) (egress.Policy, error)
 }
 
 // heldContainer is what the loop does with the container it holds; *containers.Container
@@ -73,6 +77,10 @@ func (noSessions) Create(context.Context, string, string, sandbox.CreateOptions,
 
 func (noSessions) Open(context.Context, string, string) (heldContainer, error) {
 	return nil, sandbox.ErrNotFound
+}
+
+func (noSessions) CheckNetwork(_ context.Context, tool string, asked *egress.Policy) (egress.Policy, error) {
+	return sandbox.NetworkPolicy(nil, tool, asked)
 }
 
 func (noSessions) Files(context.Context, string, string, store.ContainerFileQuery) (store.List[store.ContainerFile], error) {
@@ -152,7 +160,7 @@ func (r *run) startContainer(ctx context.Context) *apierror.Error {
 		if f.c != nil {
 			return
 		}
-		f.c, f.err = r.e.sessions.Create(cctx, r.tool, r.caller, sandbox.CreateOptions{MemoryLimit: r.req.container.memoryLimit, KernelIdle: r.ic.KernelIdleTimeout}, r.ic.ContainerIdleTimeout)
+		f.c, f.err = r.e.sessions.Create(cctx, r.tool, r.caller, sandbox.CreateOptions{MemoryLimit: r.req.container.memoryLimit, NetworkPolicy: r.req.container.network, KernelIdle: r.ic.KernelIdleTimeout}, r.ic.ContainerIdleTimeout)
 		f.created = f.err == nil
 	}()
 	return nil

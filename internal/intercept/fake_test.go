@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ciproxy/ciproxy/internal/containers"
+	"github.com/ciproxy/ciproxy/internal/egress"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
@@ -35,6 +36,10 @@ type fakeContainers struct {
 	writes  func(code string) map[string]string
 	stored  map[string]string // Files API file id → content, for PlaceFiles
 	maxFile int64             // the largest file PlaceFiles takes; 0: any
+	// network is the tool's network bound (nil: a tool without network); created records the
+	// CreateOptions of each container made.
+	network *egress.Bound
+	created []sandbox.CreateOptions
 	nfiles  int
 	placed  int
 }
@@ -55,15 +60,21 @@ func newFakeContainers(tool string) *fakeContainers {
 	return &fakeContainers{tool: tool, boxes: map[string]*fakeBox{}, stored: map[string]string{}}
 }
 
-func (f *fakeContainers) Create(ctx context.Context, tool, owner string, _ sandbox.CreateOptions, _ time.Duration) (heldContainer, error) {
+func (f *fakeContainers) Create(ctx context.Context, tool, owner string, opts sandbox.CreateOptions, _ time.Duration) (heldContainer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if tool != f.tool {
 		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", sandbox.ErrUnavailable, tool)
 	}
+	network, err := sandbox.NetworkPolicy(f.provider(), tool, opts.NetworkPolicy)
+	if err != nil {
+		return nil, err
+	}
+	opts.Network = network
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.created = append(f.created, opts)
 	f.n++
 	b := &fakeBox{f: f, id: "cntr_fake" + strconv.Itoa(f.n), owner: owner}
 	f.boxes[b.id] = b
@@ -142,6 +153,26 @@ func (b *fakeBox) run(ctx context.Context, code string) (sandbox.Result, error) 
 		return sandbox.Result{ExecutionCount: 1}, nil
 	}
 	return run(ctx, code)
+}
+
+// networked is a provider with the fake's network bound, for sandbox.NetworkPolicy.
+type networked struct {
+	sandbox.Provider
+	b egress.Bound
+}
+
+func (n networked) NetworkBound() egress.Bound { return n.b }
+func (networked) DomainSecrets() bool          { return true }
+
+func (f *fakeContainers) provider() sandbox.Provider {
+	if f.network == nil {
+		return nil
+	}
+	return networked{b: *f.network}
+}
+
+func (f *fakeContainers) CheckNetwork(_ context.Context, tool string, asked *egress.Policy) (egress.Policy, error) {
+	return sandbox.NetworkPolicy(f.provider(), tool, asked)
 }
 
 var (

@@ -362,7 +362,7 @@ func (r *parsedRequest) placed(records []store.ContainerFile) {
 		}
 	}
 	if len(listed) > 0 && r.standInIndex >= 0 {
-		tool := standInToolWith(r.fn, toolFilesNote(listed))
+		tool := standInToolWith(r.fn, r.network, toolFilesNote(listed))
 		if out, err := sjson.SetRawBytes(r.base, "tools."+strconv.Itoa(r.standInIndex), tool); err == nil {
 			r.base = out
 		}

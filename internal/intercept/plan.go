@@ -76,6 +76,13 @@ func (e *Engine) prepare(ctx context.Context, in *Request, routed bool) (*Plan, 
 	if aerr == nil {
 		aerr = req.resolve(lookup{ctx: ctx, store: e.store, caller: in.Caller, stateless: in.Stateless, prev: prev})
 	}
+	if aerr == nil && req.sandboxed() {
+		// Refused now rather than when the container is made, after the response has begun.
+		policy, err := e.sessions.CheckNetwork(ctx, ic.SandboxToolName, req.container.network)
+		if aerr = NetworkRefusal(err, req.container.networkParam); aerr == nil {
+			req.setNetwork(policy)
+		}
+	}
 	if aerr != nil {
 		return p, e.refused(aerr)
 	}

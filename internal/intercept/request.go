@@ -3,9 +3,11 @@ package intercept
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -13,7 +15,9 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/egress"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store"
 )
 
@@ -69,6 +73,10 @@ type parsedRequest struct {
 	// input_image, and without code_interpreter every input_file.
 	inlined      []wantedInline
 	standInIndex int // the stand-in function's index in base's tools; -1 without one
+	shellIndex   int // the shell stand-in's index in base's tools; -1 without one
+	// network is the sentence of the stand-ins' descriptions on a new container's network.
+	network          string
+	shellDescription string // the operator's description of the shell stand-in ("": ours)
 
 	// Client values echoed in the Response (raw JSON; nil when absent).
 	model, tools, toolChoice, previousID, maxToolCallsRaw []byte
@@ -89,27 +97,177 @@ func validMemoryLimit(s string) bool {
 	return false
 }
 
-// CheckNetworkPolicy is the one rule for a container's network_policy, on the Containers API and
-// on the code_interpreter tool's auto container alike; param names where it sits. Absent, null or
-// {"type": "disabled"} is accepted: it is what every container here has (the operator decides the
-// sandboxes' network access). An allowlist is refused until network policies exist here, and any
-// other value is invalid.
-func CheckNetworkPolicy(np gjson.Result, param string) *apierror.Error {
+// maxSecretValue is the longest domain secret value OpenAI accepts.
+const maxSecretValue = 10 << 20
+
+// ParseNetworkPolicy is the one reading of a container's network_policy, on the Containers API
+// and on the tools' auto containers: nil when the request sets none (the sandbox tool's default
+// applies), an empty Policy for {"type":"disabled"}, and the allowlist as asked otherwise
+// (containers.Manager narrows it to the operator's bound). Each wrong value is OpenAI's 400 at
+// its param; no secret's value is ever put in a message.
+func ParseNetworkPolicy(np gjson.Result, param string) (*egress.Policy, *apierror.Error) {
 	if !np.Exists() || np.Type == gjson.Null {
-		return nil
+		return nil, nil
+	}
+	if !np.IsObject() {
+		return nil, apierror.InvalidType(param, "an object", np)
 	}
 	switch t := np.Get("type"); {
-	case !np.IsObject():
-		return apierror.InvalidType(param, "an object", np)
 	case !t.Exists():
-		return apierror.BadRequest("Missing required parameter: '"+param+".type'.", param+".type", "")
+		return nil, apierror.BadRequest("Missing required parameter: '"+param+".type'.", param+".type", apierror.CodeMissingRequiredParameter)
 	case t.Type == gjson.String && t.Str == "disabled":
-		return nil
-	case t.Type == gjson.String && t.Str == "allowlist":
-		return apierror.BadRequest("'"+param+"' of type 'allowlist' is not supported by this proxy: its sandboxes' network access is set by the operator.", param, apierror.CodeUnsupportedValue)
-	default:
-		return apierror.BadRequest(fmt.Sprintf("Invalid value for '%s.type': %s. Supported values are: 'disabled' and 'allowlist'.", param, t.Raw), param+".type", apierror.CodeInvalidValue)
+		if bad := unknownKeys(np, param, "type"); bad != nil {
+			return nil, bad
+		}
+		return &egress.Policy{}, nil
+	case t.Type != gjson.String || t.Str != "allowlist":
+		return nil, apierror.BadRequest(fmt.Sprintf("Invalid value for '%s.type': %s. Supported values are: 'disabled' and 'allowlist'.", param, t.Raw), param+".type", apierror.CodeInvalidValue)
 	}
+	if bad := unknownKeys(np, param, "type", "allowed_domains", "domain_secrets"); bad != nil {
+		return nil, bad
+	}
+	p := &egress.Policy{}
+	domains, bad := nonEmptyArray(np.Get("allowed_domains"), param+".allowed_domains", true)
+	if bad != nil {
+		return nil, bad
+	}
+	for i, d := range domains {
+		at := fmt.Sprintf("%s.allowed_domains[%d]", param, i)
+		if bad := nonEmptyString(d, at, 0); bad != nil {
+			return nil, bad
+		}
+		if err := egress.CheckPattern(d.Str); err != nil {
+			return nil, apierror.BadRequest(fmt.Sprintf("Invalid value for '%s': %v. A domain is a host name such as 'pypi.org', or '*.example.com' for every name below example.com.", at, err), at, apierror.CodeInvalidValue)
+		}
+		p.Domains = append(p.Domains, d.Str)
+	}
+	secrets, bad := nonEmptyArray(np.Get("domain_secrets"), param+".domain_secrets", false)
+	if bad != nil {
+		return nil, bad
+	}
+	for i, s := range secrets {
+		at := fmt.Sprintf("%s.domain_secrets[%d]", param, i)
+		if !s.IsObject() {
+			return nil, apierror.InvalidType(at, "an object", s)
+		}
+		if bad := unknownKeys(s, at, "domain", "name", "value"); bad != nil {
+			return nil, bad
+		}
+		for _, k := range []string{"domain", "name", "value"} {
+			limit := 0
+			if k == "value" {
+				limit = maxSecretValue
+			}
+			if bad := nonEmptyString(s.Get(k), at+"."+k, limit); bad != nil {
+				return nil, bad
+			}
+		}
+		if err := egress.CheckSecretName(s.Get("name").Str); err != nil {
+			return nil, apierror.BadRequest(fmt.Sprintf("Invalid value for '%s.name': %v; the code writes it as $NAME.", at, err), at+".name", apierror.CodeInvalidValue)
+		}
+		p.Secrets = append(p.Secrets, egress.Secret{Domain: s.Get("domain").Str, Name: s.Get("name").Str, Value: s.Get("value").Str})
+	}
+	return p, nil
+}
+
+// NetworkRefusal is the client's 400 for a network policy the sandbox tool cannot give (a
+// *sandbox.NetworkError in err), param naming the request's network_policy; nil for any other err.
+func NetworkRefusal(err error, param string) *apierror.Error {
+	var ne *sandbox.NetworkError
+	if !errors.As(err, &ne) {
+		return nil
+	}
+	if ne.Field != "" {
+		param += "." + ne.Field
+	}
+	return &apierror.Error{Status: http.StatusBadRequest, Type: apierror.TypeInvalidRequest, Param: param,
+		Code: apierror.CodeUnsupportedValue, Message: "Invalid '" + param + "': " + ne.Msg + ".", Err: err}
+}
+
+// withoutSecrets is the tools as the response echoes them: every network_policy without its
+// domain_secrets, as OpenAI never echoes a secret (the container object shows only type and
+// allowed_domains), so that none reaches the client, the store or a log.
+func withoutSecrets(tools []byte) []byte {
+	var paths []string
+	gjson.ParseBytes(tools).ForEach(func(k, t gjson.Result) bool {
+		for _, at := range []string{"container.network_policy.domain_secrets", "environment.network_policy.domain_secrets"} {
+			if t.Get(at).Exists() {
+				paths = append(paths, k.String()+"."+at)
+			}
+		}
+		return true
+	})
+	for _, p := range paths {
+		if out, err := sjson.DeleteBytes(tools, p); err == nil {
+			tools = out
+		}
+	}
+	return tools
+}
+
+// setNetwork tells the model, in the stand-ins' descriptions, what a new container's code can
+// reach under p.
+func (r *parsedRequest) setNetwork(p egress.Policy) {
+	r.network = networkNote(p)
+	if r.network == noInternet {
+		return
+	}
+	if r.standInIndex >= 0 {
+		if out, err := sjson.SetRawBytes(r.base, "tools."+strconv.Itoa(r.standInIndex), standInToolWith(r.fn, r.network, "")); err == nil {
+			r.base = out
+		}
+	}
+	if r.shellIndex >= 0 {
+		if out, err := sjson.SetRawBytes(r.base, "tools."+strconv.Itoa(r.shellIndex), shellStandIn(r.shell.fn, r.shellDescription, r.network)); err == nil {
+			r.base = out
+		}
+	}
+}
+
+// unknownKeys is OpenAI's 400 for the first key of obj that is not one of known.
+func unknownKeys(obj gjson.Result, param string, known ...string) *apierror.Error {
+	var bad *apierror.Error
+	obj.ForEach(func(k, _ gjson.Result) bool {
+		if !slices.Contains(known, k.Str) {
+			bad = apierror.BadRequest(fmt.Sprintf("Unknown parameter: '%s.%s'.", param, k.Str), param+"."+k.Str, apierror.CodeUnknownParameter)
+		}
+		return bad == nil
+	})
+	return bad
+}
+
+// nonEmptyArray reads v as an array of at least one item; absent is an error only when required.
+func nonEmptyArray(v gjson.Result, param string, required bool) ([]gjson.Result, *apierror.Error) {
+	switch {
+	case !v.Exists() || v.Type == gjson.Null:
+		if required {
+			return nil, apierror.BadRequest("Missing required parameter: '"+param+"'.", param, apierror.CodeMissingRequiredParameter)
+		}
+		return nil, nil
+	case !v.IsArray():
+		return nil, apierror.InvalidType(param, "an array", v)
+	}
+	items := v.Array()
+	if len(items) == 0 {
+		return nil, apierror.BadRequest(fmt.Sprintf("Invalid '%s': empty array. Expected an array with minimum length 1, but got an empty array instead.", param), param, apierror.CodeEmptyArray)
+	}
+	return items, nil
+}
+
+// nonEmptyString checks that v is a string of at least one character and, when limit > 0, at
+// most limit; the message never holds the string itself.
+func nonEmptyString(v gjson.Result, param string, limit int) *apierror.Error {
+	switch {
+	case !v.Exists():
+		return apierror.BadRequest("Missing required parameter: '"+param+"'.", param, apierror.CodeMissingRequiredParameter)
+	case v.Type != gjson.String:
+		return apierror.InvalidType(param, "a string", v)
+	case v.Str == "":
+		return apierror.BadRequest(fmt.Sprintf("Invalid '%s': empty string. Expected a string with minimum length 1, but got an empty string instead.", param), param, apierror.CodeEmptyString)
+	case limit > 0 && len(v.Str) > limit:
+		return apierror.BadRequest(fmt.Sprintf("Invalid '%s': string too long. Expected a string with maximum length %d, but got a string with length %d instead.", param, limit, len(v.Str)), param, apierror.CodeStringAboveMaxLength)
+	}
+	return nil
 }
 
 // containerSpec is the container of the request's tools (code_interpreter's and the shell
@@ -117,7 +275,10 @@ func CheckNetworkPolicy(np gjson.Result, param string) *apierror.Error {
 type containerSpec struct {
 	id          string // "cntr_..." when a tool names one
 	memoryLimit string // memory_limit of an auto container
-	param       string // where id was named, for the error of an unknown one
+	// network is an auto container's network_policy (nil: none set), named at networkParam.
+	network      *egress.Policy
+	networkParam string
+	param        string // where id was named, for the error of an unknown one
 }
 
 // sandboxed reports whether the request runs anything in a container: code, or hosted shell
@@ -206,6 +367,8 @@ func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool
 		stream:       root.Get("stream").Bool(),
 		store:        root.Get("store").Type != gjson.False,
 		standInIndex: -1,
+		shellIndex:   -1,
+		network:      noInternet,
 	}
 	shellTools := run && ic.Intercepts("shell") && wantsShell(root)
 	if (r.code || shellTools) && root.Get("background").Bool() {
@@ -216,7 +379,7 @@ func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool
 		return nil, apierror.BadRequest("Conversations are not supported together with the code_interpreter or shell tool on this server; use previous_response_id or send the items in input.", "conversation", "")
 	}
 	r.model = rawOf(root.Get("model"))
-	r.tools = rawOf(root.Get("tools"))
+	r.tools = withoutSecrets(rawOf(root.Get("tools")))
 	r.toolChoice = rawOf(root.Get("tool_choice"))
 	r.previousID = rawOf(root.Get("previous_response_id"))
 	r.maxToolCallsRaw = rawOf(root.Get("max_tool_calls"))
@@ -265,7 +428,8 @@ func parseRoot(root gjson.Result, body []byte, ic config.Interception, code bool
 			if bad = r.parseShellTool(t, "tools["+k.String()+"]", sfn, &shellContainer); bad != nil {
 				return false
 			}
-			tools = appendElem(tools, shellStandIn(sfn, ic.ShellFunctionDescription))
+			r.shellIndex, r.shellDescription = n, ic.ShellFunctionDescription
+			tools = appendElem(tools, shellStandIn(sfn, ic.ShellFunctionDescription, noInternet))
 		case r.code && (typ == "function" || typ == "custom") && t.Get("name").String() == fn:
 			bad = apierror.BadRequest("The tool name '"+fn+"' is reserved for code_interpreter on this server; rename the function.", "tools", "")
 			return false

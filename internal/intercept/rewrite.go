@@ -1,9 +1,33 @@
 package intercept
 
 import (
+	"strings"
+
 	"github.com/tidwall/gjson"
+
+	"github.com/ciproxy/ciproxy/internal/egress"
 	"github.com/tidwall/sjson"
 )
+
+// noInternet is the network sentence of a container without network.
+const noInternet = "There is no internet access."
+
+// networkNote is the sentence of the stand-ins' descriptions on what a new container's code can
+// reach (p, the policy it gets).
+func networkNote(p egress.Policy) string {
+	if !p.Open() {
+		return noInternet
+	}
+	note := "The code can reach only these domains, over HTTP and HTTPS through the proxy already set in " +
+		"its environment (no other network, no raw sockets): " + strings.Join(p.Domains, ", ") + "."
+	if p.Allows("pypi.org") && p.Allows("files.pythonhosted.org") {
+		note += " pip install works (packages go to the user site, already on the import path)."
+	}
+	for _, s := range p.Secrets {
+		note += " Requests to " + s.Domain + " may use $" + s.Name + " in a header; the proxy puts the real value in."
+	}
+	return note
+}
 
 // functionDescription teaches the model the sandbox behind the stand-in function.
 const functionDescription = "Run Python code in a stateful Jupyter-like kernel. Variables, imports and files " +
@@ -11,8 +35,8 @@ const functionDescription = "Run Python code in a stateful Jupyter-like kernel. 
 	"cell, together with anything printed to stdout or stderr and the traceback of an exception. matplotlib " +
 	"figures are rendered and returned to the user as images (plt.show() or leaving the figure as the last " +
 	"expression). Files are read from and written to /mnt/data; to give the user a file, save it there and " +
-	"link it in your answer, e.g. [sales.csv](sandbox:/mnt/data/sales.csv). There is no internet access. Use it for " +
-	"calculations, data analysis, charts and files."
+	"link it in your answer, e.g. [sales.csv](sandbox:/mnt/data/sales.csv). Use it for " +
+	"calculations, data analysis, charts and files. "
 
 const codeDescription = "The Python code to run in the kernel."
 
@@ -39,11 +63,12 @@ type codeParameters struct {
 }
 
 // standInTool returns the function tool that replaces code_interpreter upstream.
-func standInTool(name string) []byte { return standInToolWith(name, "") }
+func standInTool(name string) []byte { return standInToolWith(name, noInternet, "") }
 
-// standInToolWith is standInTool with more description (the files the container holds).
-func standInToolWith(name, more string) []byte {
-	t := functionTool{Type: "function", Name: name, Description: functionDescription + more, Strict: true}
+// standInToolWith is standInTool with the sentence on the container's network (networkNote) and
+// more description (the files the container holds).
+func standInToolWith(name, network, more string) []byte {
+	t := functionTool{Type: "function", Name: name, Description: functionDescription + network + more, Strict: true}
 	t.Parameters.Type = "object"
 	t.Parameters.Properties.Code.Type = "string"
 	t.Parameters.Properties.Code.Description = codeDescription

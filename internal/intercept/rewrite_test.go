@@ -87,7 +87,10 @@ func TestContainerValidation(t *testing.T) {
 		{"unknown type", `{"type":"manual"}`, "tools[0].container"},
 		{"bad memory", `{"type":"auto","memory_limit":"3g"}`, "tools[0].container.memory_limit"},
 		{"network disabled", `{"type":"auto","network_policy":{"type":"disabled"}}`, ""},
-		{"network allowlist", `{"type":"auto","network_policy":{"type":"allowlist","allowed_domains":["pypi.org"]}}`, "tools[0].container.network_policy"},
+		// Parsed here, narrowed to the tool's bound in Prepare (TestNetworkPolicyNarrowed).
+		{"network allowlist", `{"type":"auto","network_policy":{"type":"allowlist","allowed_domains":["pypi.org"]}}`, ""},
+		{"network no domains", `{"type":"auto","network_policy":{"type":"allowlist"}}`, "tools[0].container.network_policy.allowed_domains"},
+		{"network IP", `{"type":"auto","network_policy":{"type":"allowlist","allowed_domains":["pypi.org","10.0.0.1"]}}`, "tools[0].container.network_policy.allowed_domains[1]"},
 		{"network type", `{"type":"auto","network_policy":{"type":"open"}}`, "tools[0].container.network_policy.type"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

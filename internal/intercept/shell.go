@@ -46,7 +46,7 @@ const shellDescription = "Run shell commands in this conversation's container (D
 	"working directory /mnt/data, no TTY, no stdin; cd and variables do not carry over from one command to " +
 	"the next, files do. Commands run one after the other; each one's stdout, stderr and exit code (or its " +
 	"timeout) come back. Files saved in /mnt/data can be given to the user: link them in your answer, e.g. " +
-	"[report.txt](sandbox:/mnt/data/report.txt). There is no internet access."
+	"[report.txt](sandbox:/mnt/data/report.txt). "
 
 // shellParameters is the stand-in's JSON schema, strict: all three keys are sent, null when unset.
 type shellParameters struct {
@@ -82,9 +82,9 @@ type shellFunctionTool struct {
 }
 
 // shellStandIn returns the function tool that replaces the shell tool upstream.
-func shellStandIn(name, description string) []byte {
+func shellStandIn(name, description, network string) []byte {
 	if description == "" {
-		description = shellDescription
+		description = shellDescription + network
 	}
 	t := shellFunctionTool{Type: "function", Name: name, Description: description, Strict: true}
 	p := &t.Parameters
@@ -515,8 +515,12 @@ func (r *parsedRequest) parseAuto(c gjson.Result, param string, spec *containerS
 	default:
 		return apierror.BadRequest("Invalid value for '"+param+".memory_limit': expected one of '1g', '4g', '16g', '64g'.", param+".memory_limit", apierror.CodeInvalidValue)
 	}
-	if bad := CheckNetworkPolicy(c.Get("network_policy"), param+".network_policy"); bad != nil {
+	np, bad := ParseNetworkPolicy(c.Get("network_policy"), param+".network_policy")
+	if bad != nil {
 		return bad
+	}
+	if np != nil {
+		spec.network, spec.networkParam = np, param+".network_policy"
 	}
 	files, bad := parseFileIDs(c.Get("file_ids"), param+".file_ids")
 	r.files = append(r.files, files...)
@@ -577,6 +581,9 @@ func (r *parsedRequest) shareContainer(sh containerSpec) *apierror.Error {
 	}
 	if r.container.memoryLimit == "" {
 		r.container.memoryLimit = sh.memoryLimit
+	}
+	if r.container.network == nil {
+		r.container.network, r.container.networkParam = sh.network, sh.networkParam
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/containers"
+	"github.com/ciproxy/ciproxy/internal/egress"
 	"github.com/ciproxy/ciproxy/internal/intercept"
 	"github.com/ciproxy/ciproxy/internal/jsondepth"
 	"github.com/ciproxy/ciproxy/internal/listquery"
@@ -57,6 +58,8 @@ type containerObject struct {
 	LastActiveAt int64        `json:"last_active_at"`
 	MemoryLimit  string       `json:"memory_limit"`
 	Name         string       `json:"name"`
+	// NetworkPolicy is shown when one was set, never with its secrets.
+	NetworkPolicy *store.NetworkPolicy `json:"network_policy,omitempty"`
 }
 
 type expiresAfter struct {
@@ -71,7 +74,7 @@ func toContainerObject(c containers.Info) containerObject {
 	}
 	return containerObject{ID: c.ID, Object: "container", CreatedAt: c.CreatedAt.Unix(), Status: c.Status,
 		ExpiresAfter: expiresAfter{Anchor: "last_active_at", Minutes: int64(c.IdleTimeout / time.Minute)},
-		LastActiveAt: c.LastActiveAt.Unix(), MemoryLimit: mem, Name: c.Name}
+		LastActiveAt: c.LastActiveAt.Unix(), MemoryLimit: mem, Name: c.Name, NetworkPolicy: c.Network}
 }
 
 // containerFileObject is OpenAI's container file object.
@@ -191,6 +194,7 @@ type newContainer struct {
 	fileIDs []string
 	minutes int64 // 0: not given
 	memory  string
+	network *egress.Policy // nil: none set
 }
 
 func parseNewContainer(body []byte) (newContainer, error) {
@@ -253,9 +257,11 @@ func parseNewContainer(body []byte) (newContainer, error) {
 		}
 		nc.memory = mem.Str
 	}
-	if bad := intercept.CheckNetworkPolicy(obj.Get("network_policy"), "network_policy"); bad != nil {
+	np, bad := intercept.ParseNetworkPolicy(obj.Get("network_policy"), "network_policy")
+	if bad != nil {
 		return nc, bad
 	}
+	nc.network = np
 	if sk := obj.Get("skills"); sk.Exists() && sk.Type != gjson.Null && !(sk.IsArray() && len(sk.Array()) == 0) {
 		return nc, apierror.BadRequest("'skills' are not supported by this proxy.", "skills", apierror.CodeUnsupportedValue)
 	}
@@ -298,7 +304,10 @@ func (s *server) createContainer(w http.ResponseWriter, r *http.Request) error {
 	if idle <= 0 {
 		idle = containers.DefaultIdleTimeout // a container made to be used later outlives its request
 	}
-	c, err := s.containers.Create(ctx, cfg.Interception.SandboxToolName, owner, sandbox.CreateOptions{Name: nc.name, MemoryLimit: nc.memory, KernelIdle: cfg.Interception.KernelIdleTimeout}, idle)
+	c, err := s.containers.Create(ctx, cfg.Interception.SandboxToolName, owner, sandbox.CreateOptions{Name: nc.name, MemoryLimit: nc.memory, NetworkPolicy: nc.network, KernelIdle: cfg.Interception.KernelIdleTimeout}, idle)
+	if bad := intercept.NetworkRefusal(err, "network_policy"); bad != nil {
+		return bad
+	}
 	if err != nil {
 		return quotaError(containerError(err, "", "", ""))
 	}

@@ -125,6 +125,10 @@ type CreateOptions struct {
 	// KernelIdle is how long the container's kernel may stay unused before containers.Manager restarts it
 	// (a KernelRestarter's), keeping the files; 0: never. Providers ignore it.
 	KernelIdle time.Duration
+	// NetworkPolicy is the container's network_policy as its request asked it (nil: it asked
+	// none), which containers.Manager narrows into Network (sandbox.NetworkPolicy). Providers
+	// ignore it.
+	NetworkPolicy *egress.Policy
 	// Network is the container's network policy, already narrowed to the provider's bound
 	// (Networked); the zero value is no network. A provider that is not Networked is given none.
 	Network egress.Policy

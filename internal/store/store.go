@@ -175,6 +175,13 @@ type ContainerQuery struct {
 	Page
 }
 
+// NetworkPolicy is what is kept of a container's network policy: its type ("disabled" or
+// "allowlist") and domains. Secrets are never kept.
+type NetworkPolicy struct {
+	Type           string   `json:"type"`
+	AllowedDomains []string `json:"allowed_domains,omitempty"`
+}
+
 // Container is one entry of the container registry. Its JSON form is the record both stores
 // keep; the Redis store keeps ID, Owner, CreatedAt and Version in fields of their own, which its
 // scripts check, and leaves them out of the JSON (hence omitempty on fields every record has).
@@ -192,6 +199,9 @@ type Container struct {
 	// Host is the replica that hosts a local sandbox ("" when any replica can reach it).
 	Host        string `json:"host,omitempty"`
 	MemoryLimit string `json:"memory_limit,omitempty"`
+	// Network is the container's network_policy as the Containers API shows it (never its
+	// secrets); nil when none was set.
+	Network *NetworkPolicy `json:"network_policy,omitempty"`
 	// Status is the caller's: "running", "expired", ... The store does not interpret it.
 	Status       string        `json:"status,omitempty"`
 	IdleTimeout  time.Duration `json:"idle_timeout_ns,omitempty"`
