@@ -312,7 +312,7 @@ func TestExampleConfigE2BTool(t *testing.T) {
 	opts := e2b.DefaultOptions()
 	opts.APIKey, opts.APIBase = "e2b_123", "https://api.e2b.app"
 	want := SandboxTool{Name: "my-e2b", Backend: "e2b", Settings: e2b.Settings{Options: opts}, Line: tool.Line}
-	if !ok || tool != want {
+	if !ok || !reflect.DeepEqual(tool, want) {
 		t.Errorf("my-e2b = %+v; want %+v", tool, want)
 	}
 	if opts.Timeout != 300*time.Second || opts.Template != "code-interpreter-v1" || opts.Domain != "e2b.app" {

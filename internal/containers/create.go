@@ -33,7 +33,7 @@ func (s *Manager) Create(ctx context.Context, tool, owner string, opts sandbox.C
 	if !ok {
 		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", sandbox.ErrUnavailable, tool)
 	}
-	network, err := sandbox.NetworkPolicy(ent.Provider, tool, opts.NetworkPolicy)
+	network, err := sandbox.NetworkPolicy(ent.Provider, tool, ent.Backend, opts.NetworkPolicy)
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +234,7 @@ func (s *Manager) CheckNetwork(ctx context.Context, tool string, asked *egress.P
 	if !ok {
 		return egress.Policy{}, fmt.Errorf("%w: sandbox tool %q is not configured", sandbox.ErrUnavailable, tool)
 	}
-	return sandbox.NetworkPolicy(ent.Provider, tool, asked)
+	return sandbox.NetworkPolicy(ent.Provider, tool, ent.Backend, asked)
 }
 
 // shownNetwork is what the Containers API shows of a new container's policy: the domains it

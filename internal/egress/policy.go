@@ -168,5 +168,5 @@ func (e *OutsideError) Error() string {
 type SecretDomainError struct{ Domain string }
 
 func (e *SecretDomainError) Error() string {
-	return fmt.Sprintf("domain secret for %q: the domain is not in allowed_domains", e.Domain)
+	return fmt.Sprintf("domain secret for '%s': the domain is not in allowed_domains", e.Domain)
 }

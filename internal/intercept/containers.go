@@ -80,7 +80,7 @@ func (noSessions) Open(context.Context, string, string) (heldContainer, error) {
 }
 
 func (noSessions) CheckNetwork(_ context.Context, tool string, asked *egress.Policy) (egress.Policy, error) {
-	return sandbox.NetworkPolicy(nil, tool, asked)
+	return sandbox.NetworkPolicy(nil, tool, "", asked)
 }
 
 func (noSessions) Files(context.Context, string, string, store.ContainerFileQuery) (store.List[store.ContainerFile], error) {

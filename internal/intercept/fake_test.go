@@ -67,7 +67,7 @@ func (f *fakeContainers) Create(ctx context.Context, tool, owner string, opts sa
 	if tool != f.tool {
 		return nil, fmt.Errorf("%w: sandbox tool %q is not configured", sandbox.ErrUnavailable, tool)
 	}
-	network, err := sandbox.NetworkPolicy(f.provider(), tool, opts.NetworkPolicy)
+	network, err := sandbox.NetworkPolicy(f.provider(), tool, "fake", opts.NetworkPolicy)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +172,7 @@ func (f *fakeContainers) provider() sandbox.Provider {
 }
 
 func (f *fakeContainers) CheckNetwork(_ context.Context, tool string, asked *egress.Policy) (egress.Policy, error) {
-	return sandbox.NetworkPolicy(f.provider(), tool, asked)
+	return sandbox.NetworkPolicy(f.provider(), tool, "fake", asked)
 }
 
 var (

@@ -21,7 +21,8 @@ func (e *NetworkError) Error() string { return e.Msg }
 // nil asked for none, and gets the tool's default (its whole bound when the operator made that
 // the default, else no network); an empty policy is no network; an allowlist is narrowed to the
 // bound. The returned policy holds secrets: it goes to the provider and nowhere else.
-func NetworkPolicy(p Provider, tool string, asked *egress.Policy) (egress.Policy, error) {
+// backend names the tool's backend in the refusal of secrets.
+func NetworkPolicy(p Provider, tool, backend string, asked *egress.Policy) (egress.Policy, error) {
 	n, ok := p.(Networked)
 	var bound egress.Bound
 	if ok {
@@ -33,9 +34,9 @@ func NetworkPolicy(p Provider, tool string, asked *egress.Policy) (egress.Policy
 	case asked == nil || !asked.Open():
 		return egress.Policy{}, nil
 	case !bound.Policy.Open():
-		return egress.Policy{}, &NetworkError{Msg: fmt.Sprintf("sandbox tool %q gives its containers no network: its operator has set no allowed_domains", tool)}
+		return egress.Policy{}, &NetworkError{Msg: fmt.Sprintf("sandbox tool '%s' gives its containers no network: its operator has set no allowed_domains", tool)}
 	case len(asked.Secrets) > 0 && !n.DomainSecrets():
-		return egress.Policy{}, &NetworkError{Field: "domain_secrets", Msg: fmt.Sprintf("sandbox tool %q cannot add domain secrets to its sandboxes' requests (its backend does not support them)", tool)}
+		return egress.Policy{}, &NetworkError{Field: "domain_secrets", Msg: fmt.Sprintf("sandbox tool '%s' runs on the %s backend, which cannot add domain secrets to its sandboxes' requests; use a local sandbox tool for them", tool, backend)}
 	}
 	policy, err := bound.Policy.Narrow(asked.Domains, asked.Secrets)
 	if err == nil {
@@ -43,7 +44,7 @@ func NetworkPolicy(p Provider, tool string, asked *egress.Policy) (egress.Policy
 	}
 	if oe, ok := err.(*egress.OutsideError); ok {
 		return egress.Policy{}, &NetworkError{Field: fmt.Sprintf("allowed_domains[%d]", index(asked.Domains, oe.Domain)),
-			Msg: fmt.Sprintf("domain %q is not in the allowlist of sandbox tool %q", oe.Domain, tool)}
+			Msg: fmt.Sprintf("domain '%s' is not in the allowlist of sandbox tool '%s'", oe.Domain, tool)}
 	}
 	if se, ok := err.(*egress.SecretDomainError); ok {
 		i := 0

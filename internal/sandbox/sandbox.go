@@ -127,7 +127,8 @@ type CreateOptions struct {
 	KernelIdle time.Duration
 	// NetworkPolicy is the container's network_policy as its request asked it (nil: it asked
 	// none), which containers.Manager narrows into Network (sandbox.NetworkPolicy). Providers
-	// ignore it.
+	// enforce Network; NetworkPolicy tells them only whether the request asked anything (a
+	// backend with an operator-wide internet switch keeps it for the containers that asked none).
 	NetworkPolicy *egress.Policy
 	// Network is the container's network policy, already narrowed to the provider's bound
 	// (Networked); the zero value is no network. A provider that is not Networked is given none.

@@ -19,6 +19,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ciproxy/ciproxy/internal/egress"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
 
@@ -59,8 +60,13 @@ type Options struct {
 	Template string
 	// Timeout is the sandbox lifetime asked at create when CreateOptions.Lifetime is 0; 0 means 300 s.
 	Timeout time.Duration
-	// AllowInternetAccess is sent as allow_internet_access at create.
+	// AllowInternetAccess is sent as allow_internet_access at create, for a container whose
+	// request asked no network policy.
 	AllowInternetAccess bool
+	// Network is the bound on containers' network policies (allowed_domains; e2b takes no
+	// domain secrets). A container's allowlist is sent as network.allowOut, with everything
+	// else denied.
+	Network egress.Bound
 	// RequestTimeout bounds each control-plane request; 0 means 60 s, as the SDKs.
 	RequestTimeout time.Duration
 	// RunTimeout bounds an execution when RunOptions.Timeout is 0; 0 means 300 s (the Python SDK's).
@@ -163,6 +169,41 @@ type newSandboxRequest struct {
 	Secure              bool              `json:"secure"`
 	AllowInternetAccess bool              `json:"allow_internet_access"`
 	Metadata            map[string]string `json:"metadata"`
+	Network             *networkConfig    `json:"network,omitempty"`
+}
+
+// networkConfig is e2b's SandboxNetworkConfig as sent: domains allowed out, everything else
+// denied. e2b filters by the Host header on port 80 and the TLS server name on port 443.
+type networkConfig struct {
+	AllowOut []string `json:"allowOut"`
+	DenyOut  []string `json:"denyOut"`
+}
+
+// allTraffic is e2b's ALL_TRAFFIC: every IPv4 destination.
+const allTraffic = "0.0.0.0/0"
+
+// NetworkBound implements sandbox.Networked.
+func (p *Provider) NetworkBound() egress.Bound { return p.opts.Network }
+
+// DomainSecrets implements sandbox.Networked: e2b's sandboxes reach the internet from e2b's own
+// network, so nothing of theirs passes through a proxy that could add a secret.
+func (p *Provider) DomainSecrets() bool { return false }
+
+var _ sandbox.Networked = (*Provider)(nil)
+
+// network returns what a create sends for the container's policy: its allowlist, or, for a
+// container asked without network, no internet; a container whose request asked nothing gets
+// the operator's allow_internet_access.
+func (p *Provider) network(opts sandbox.CreateOptions) (bool, *networkConfig) {
+	switch {
+	case len(opts.Network.Secrets) > 0:
+		return false, nil // refused before Create (DomainSecrets); never sent open without them
+	case opts.Network.Open():
+		return true, &networkConfig{AllowOut: opts.Network.Domains, DenyOut: []string{allTraffic}}
+	case opts.NetworkPolicy != nil:
+		return false, nil
+	}
+	return p.opts.AllowInternetAccess, nil
 }
 
 // sandboxResponse is e2b's Sandbox object.
@@ -195,12 +236,14 @@ func (p *Provider) Create(ctx context.Context, opts sandbox.CreateOptions) (sand
 	if opts.MemoryLimit != "" {
 		meta["memory_limit"] = opts.MemoryLimit
 	}
+	internet, network := p.network(opts)
 	body, err := json.Marshal(newSandboxRequest{
 		TemplateID:          p.opts.Template,
 		Timeout:             seconds(lifetime),
 		Secure:              true,
-		AllowInternetAccess: p.opts.AllowInternetAccess,
+		AllowInternetAccess: internet,
 		Metadata:            meta,
+		Network:             network,
 	})
 	if err != nil {
 		return sandbox.Handle{}, fmt.Errorf("e2b create: %w", err)

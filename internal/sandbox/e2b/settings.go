@@ -8,13 +8,14 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ciproxy/ciproxy/internal/egress"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/settings"
 )
 
 // Keys are the litellm_params keys of an e2b sandbox tool (besides sandbox_provider).
 func Keys() []string {
-	return []string{"api_key", "api_base", "domain", "sandbox_url", "template", "timeout", "allow_internet_access"}
+	return append([]string{"api_key", "api_base", "domain", "sandbox_url", "template", "timeout", "allow_internet_access"}, egress.Keys()...)
 }
 
 // Settings are an e2b sandbox tool's settings as the configuration gives them.
@@ -80,6 +81,14 @@ func DecodeSettings(p *settings.Map) Settings {
 	}
 	s.Timeout = p.Duration("timeout", s.Timeout, false)
 	s.AllowInternetAccess = p.Bool("allow_internet_access", false)
+	s.Network = egress.DecodeSettings(p)
+	switch {
+	case s.AllowInternetAccess && s.Network.Policy.Open():
+		p.Errorf(p.ValueLine("allowed_domains"), "%s: allow_internet_access opens the whole internet to every sandbox; set it or allowed_domains, not both", p.Key("allowed_domains"))
+	case len(s.Network.Policy.Secrets) > 0:
+		// e2b's sandboxes reach the internet from e2b's network, not through this proxy.
+		p.Errorf(p.ValueLine("domain_secrets"), "%s: e2b sandboxes cannot be given domain secrets (their traffic does not pass through this proxy); use a local sandbox tool", p.Key("domain_secrets"))
+	}
 	return s
 }
 

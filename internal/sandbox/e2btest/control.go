@@ -94,9 +94,15 @@ type newSandbox struct {
 	AutoPause           *bool             `json:"autoPause"`
 	Metadata            map[string]string `json:"metadata"`
 	EnvVars             map[string]string `json:"envVars"`
-	Network             *struct {
-		AllowPublicTraffic *bool `json:"allowPublicTraffic"`
-	} `json:"network"`
+	Network             *networkConfig    `json:"network"`
+}
+
+// networkConfig is e2b's SandboxNetworkConfig: outbound allow and deny lists (IPs, CIDRs, and in
+// allowOut domain names, "*." wildcards too), and whether the sandbox's ports are public.
+type networkConfig struct {
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
 }
 
 // sandboxJSON is e2b's Sandbox object.
@@ -195,6 +201,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, body []byte, v2 
 	}
 	if req.AllowInternetAccess != nil {
 		sb.allowInternet = *req.AllowInternetAccess
+	}
+	if req.Network != nil {
+		n := *req.Network
+		sb.network = &n
 	}
 	if req.AutoPause != nil {
 		sb.autoPause = *req.AutoPause
@@ -299,7 +309,8 @@ type listedSandbox struct {
 
 type sandboxDetail struct {
 	listedSandbox
-	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
+	EnvdAccessToken string         `json:"envdAccessToken,omitempty"`
+	Network         *networkConfig `json:"network,omitempty"`
 }
 
 func (sb *emuSandbox) listed() listedSandbox {
@@ -323,7 +334,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request, _ []byte) {
 	sb, ok := s.sandboxes[id]
 	var b []byte
 	if ok {
-		b, _ = json.Marshal(sandboxDetail{listedSandbox: sb.listed(), EnvdAccessToken: sb.accessToken})
+		b, _ = json.Marshal(sandboxDetail{listedSandbox: sb.listed(), EnvdAccessToken: sb.accessToken, Network: sb.network})
 	}
 	s.mu.Unlock()
 	if !ok {

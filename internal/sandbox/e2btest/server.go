@@ -114,6 +114,7 @@ type emuSandbox struct {
 	paused        bool
 	autoPause     bool
 	allowInternet bool
+	network       *networkConfig // as sent at create; nil: none
 	metadata      map[string]string
 	envVars       map[string]string
 	contexts      []*kernelContext
