@@ -264,5 +264,5 @@ func get(t testing.TB, c *http.Client, rawURL string, header http.Header) (int, 
 
 func hostPort(name string, port int) string { return net.JoinHostPort(name, strconv.Itoa(port)) }
 
-func stringField(key, value string) zap.Field { return zap.String(key, value) }
+func stringField(key, value string) zap.Field  { return zap.String(key, value) }
 func intField(key string, value int) zap.Field { return zap.Int(key, value) }

@@ -26,7 +26,8 @@ const (
 	handshakeTimeout = 10 * time.Second // a TLS handshake, on either side
 	resolveTimeout   = 5 * time.Second
 	dialTimeout      = 10 * time.Second
-	maxHead          = 64 << 10 // bytes of a request's line and headers
+	refusalTimeout   = 5 * time.Second // to read a request that will be refused
+	maxHead          = 64 << 10        // bytes of a request's line and headers
 )
 
 // Resolver looks names up; *net.Resolver is one.
@@ -182,7 +183,12 @@ func (c *session) handle(ctx context.Context, conn net.Conn) {
 		c.conns.Add(-1)
 		r := refuse(http.StatusTooManyRequests, "too many connections at once (this container's limit is %d)", c.s.opts.MaxConnections)
 		c.decide("", "", 0, r)
-		r.write(conn)
+		// Read the request first, so that the client takes the refusal as its answer. The
+		// sandbox holds a descriptor for each connection, so its own limit bounds these.
+		conn.SetReadDeadline(time.Now().Add(refusalTimeout))
+		if _, err := http.ReadRequest(bufio.NewReader(io.LimitReader(conn, maxHead))); err == nil {
+			r.write(conn)
+		}
 		return
 	}
 	defer c.conns.Add(-1)
