@@ -3,6 +3,7 @@ package egress
 import (
 	"fmt"
 	"regexp"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 
@@ -39,9 +40,14 @@ func CheckSecretName(name string) error {
 func DecodeSettings(p *settings.Map) Bound {
 	var b Bound
 	if domains, ok := p.StringList("allowed_domains"); ok {
-		for _, d := range domains {
+		lines := itemLines(p, "allowed_domains")
+		for i, d := range domains {
 			if err := CheckPattern(d); err != nil {
-				p.Errorf(p.ValueLine("allowed_domains"), "%s: %v", p.Key("allowed_domains"), err)
+				line := p.ValueLine("allowed_domains")
+				if len(lines) == len(domains) {
+					line = lines[i]
+				}
+				p.Errorf(line, "%s: %v", p.Key("allowed_domains"), err)
 				continue
 			}
 			b.Policy.Domains = append(b.Policy.Domains, Canonical(d))
@@ -80,4 +86,27 @@ func DecodeSettings(p *settings.Map) Bound {
 		}
 	}
 	return b
+}
+
+// itemLines returns the line of each item of the list at key that StringList returns a value for
+// (a scalar that is not null, nor an os.environ/NAME whose variable is unset), in order.
+func itemLines(p *settings.Map, key string) []int {
+	n := p.Node(key)
+	if n == nil || n.Kind != yaml.SequenceNode {
+		return nil
+	}
+	var lines []int
+	for _, item := range n.Content {
+		item = settings.Deref(item)
+		if settings.IsNull(item) || item.Kind != yaml.ScalarNode {
+			continue
+		}
+		if name, isEnv := strings.CutPrefix(item.Value, settings.EnvPrefix); isEnv {
+			if _, set := p.LookupEnv(name); name == "" || !set {
+				continue
+			}
+		}
+		lines = append(lines, item.Line)
+	}
+	return lines
 }
