@@ -19,12 +19,13 @@ ARG VERSION=dev
 RUN go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/proxy ./cmd/proxy
 
 # The runtime holds what the local sandbox needs: bubblewrap and Python with numpy, pandas,
-# matplotlib. python3-munkres is there to meet fonttools' "scipy | munkres" with the small one:
-# scipy would bring pythran, a compiler and Python's headers (about 500 MB). How to run it with the local sandbox at full strength, and what each way of running
-# guarantees: docs/modes.md.
+# matplotlib, and pip for the installs a container's network policy allows. python3-munkres is
+# there to meet fonttools' "scipy | munkres" with the small one: scipy would bring pythran, a
+# compiler and Python's headers (about 500 MB). How to run it with the local sandbox at full
+# strength, and what each way of running guarantees: docs/modes.md.
 FROM ${RUNTIME_IMAGE}
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bubblewrap python3 python3-numpy python3-pandas \
+ && apt-get install -y --no-install-recommends bubblewrap python3 python3-pip python3-numpy python3-pandas \
     python3-matplotlib python3-munkres ca-certificates curl \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/* \

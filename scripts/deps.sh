@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want=(bubblewrap python3 python3-numpy python3-pandas python3-matplotlib ca-certificates)
+want=(bubblewrap python3 python3-pip python3-numpy python3-pandas python3-matplotlib ca-certificates)
 if [[ "${1:-}" == image ]]; then
 	want=(podman runc debootstrap uidmap ca-certificates)
 elif [[ "${1:-}" != run ]]; then

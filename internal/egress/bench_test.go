@@ -26,7 +26,7 @@ func cpuTime() time.Duration {
 // sandbox's curl or pip makes them), trusting the test's roots and the proxy's authority.
 func benchClients(b *testing.B, body string) (o *origin, direct, tunnel, secret *http.Client) {
 	roots := newPKI(b)
-	cert := roots.issue(b, "plain.test", "secret.test")
+	cert := roots.Issue(b, "plain.test", "secret.test")
 	o = newOrigin(b, "tcp4", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.Header.Get("Authorization"), "$") {
 			http.Error(w, "placeholder not substituted", http.StatusUnauthorized)
@@ -37,11 +37,11 @@ func benchClients(b *testing.B, body string) (o *origin, direct, tunnel, secret 
 	res := newResolver()
 	res.set("plain.test", "127.0.0.1")
 	res.set("secret.test", "127.0.0.1")
-	p := startProxy(b, Options{Resolver: res, RootCAs: roots.pool, AllowPrivate: true, TLSPorts: []int{o.port}},
+	p := startProxy(b, Options{Resolver: res, RootCAs: roots.Pool, AllowPrivate: true, TLSPorts: []int{o.port}},
 		Policy{Domains: []string{"plain.test", "secret.test"}, Secrets: []Secret{{Domain: "secret.test", Name: "KEY", Value: "value"}}})
 	through := p.client(b, roots)
 	pool := x509.NewCertPool()
-	pool.AddCert(roots.cert)
+	pool.AddCert(roots.Cert)
 	port := o.port
 	// Directly: the names resolve as the proxy's resolver has them.
 	direct = &http.Client{Transport: &http.Transport{

@@ -3,12 +3,8 @@ package egress
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"io"
 	"log"
@@ -25,57 +21,16 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/ciproxy/ciproxy/internal/egress/egresstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// pki is a certificate authority of the test's own, standing in for the public ones: the
-// origins' certificates are signed by it and the egress server trusts it.
-type pki struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
+// pki is the test's own authority (egresstest.PKI), which the proxy trusts as it would the public ones.
+type pki = egresstest.PKI
 
-func newPKI(t testing.TB) *pki {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: "test root"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &pki{cert: cert, key: key, pool: pool}
-}
-
-// issue returns a server certificate for names.
-func (p *pki) issue(t testing.TB, names ...string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.cert, &key.PublicKey, p.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
+func newPKI(t testing.TB) *pki { return egresstest.NewPKI(t) }
 
 // origin is a server standing in for one on the internet. It counts the connections it accepts,
 // so that a test can tell whether the proxy reached it at all.
@@ -204,7 +159,7 @@ func startProxy(t testing.TB, opts Options, p Policy) *proxy {
 func (p *proxy) client(t testing.TB, roots *pki) *http.Client {
 	pool := x509.NewCertPool()
 	if roots != nil {
-		pool.AddCert(roots.cert)
+		pool.AddCert(roots.Cert)
 	}
 	if !pool.AppendCertsFromPEM(p.srv.CA()) {
 		t.Fatal("the egress CA is not PEM")

@@ -7,6 +7,7 @@
 package egress
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 )
@@ -27,6 +28,18 @@ type Secret struct {
 	Domain string // an exact name or a "*." pattern, matched as Policy.Domains are
 	Name   string
 	Value  string
+}
+
+// String, GoString and MarshalJSON show a secret without its value, so that printing or logging
+// a policy (or the settings holding one) never writes the value out.
+func (s Secret) String() string {
+	return fmt.Sprintf("{Domain:%s Name:%s Value:[redacted]}", s.Domain, s.Name)
+}
+
+func (s Secret) GoString() string { return "egress.Secret" + s.String() }
+
+func (s Secret) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]string{"domain": s.Domain, "name": s.Name, "value": "[redacted]"})
 }
 
 // Open reports whether p lets anything out.

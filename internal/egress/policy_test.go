@@ -1,7 +1,9 @@
 package egress
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
@@ -353,6 +355,20 @@ func TestNarrowSecretDomainError(t *testing.T) {
 			if strings.Contains(err.Error(), s.Value) {
 				t.Errorf("%s: error %q holds a secret's value", tc.name, err)
 			}
+		}
+	}
+}
+
+// TestSecretNotPrinted: however a policy is printed or encoded, the value stays out.
+func TestSecretNotPrinted(t *testing.T) {
+	p := Policy{Domains: []string{"api.test"}, Secrets: []Secret{{Domain: "api.test", Name: "KEY", Value: "the-value"}}}
+	js, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, out := range []string{fmt.Sprint(p), fmt.Sprintf("%+v", p), fmt.Sprintf("%#v", p), fmt.Sprint(&p), string(js)} {
+		if strings.Contains(out, "the-value") || !strings.Contains(out, "KEY") {
+			t.Errorf("printed as %s", out)
 		}
 	}
 }

@@ -2,8 +2,8 @@ package egress
 
 import (
 	"context"
-	"errors"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -27,14 +27,14 @@ func hello(name string) http.Handler {
 func TestDomains(t *testing.T) {
 	roots := newPKI(t)
 	names := []string{"api.example.test", "a.wild.test", "a.b.wild.test", "wild.test", "other.test", "api.example.test.evil.test"}
-	cert := roots.issue(t, names...)
+	cert := roots.Issue(t, names...)
 	plain := newOrigin(t, "tcp4", hello("plain"), nil)
 	secure := newOrigin(t, "tcp4", hello("secure"), &cert)
 	res := newResolver()
 	for _, n := range names {
 		res.set(n, "127.0.0.1")
 	}
-	p := startProxy(t, Options{Resolver: res, RootCAs: roots.pool, AllowPrivate: true,
+	p := startProxy(t, Options{Resolver: res, RootCAs: roots.Pool, AllowPrivate: true,
 		HTTPPorts: []int{plain.port}, TLSPorts: []int{secure.port}},
 		Policy{Domains: []string{"api.example.test", "*.wild.test"}})
 	c := p.client(t, roots)
@@ -194,7 +194,7 @@ func TestPorts(t *testing.T) {
 // (domain fronting) or no TLS at all closes it before a byte reaches the origin.
 func TestServerName(t *testing.T) {
 	roots := newPKI(t)
-	cert := roots.issue(t, "ok.test", "other.test")
+	cert := roots.Issue(t, "ok.test", "other.test")
 	var handshakes counter
 	o := newOrigin(t, "tcp4", hello("origin"), &cert)
 	o.TLS.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) { handshakes.add(); return nil, nil }
@@ -211,7 +211,7 @@ func TestServerName(t *testing.T) {
 			if resp.StatusCode != 200 {
 				t.Fatalf("CONNECT: %s", resp.Status)
 			}
-			tc := tls.Client(conn, &tls.Config{ServerName: tt.sni, RootCAs: roots.pool, InsecureSkipVerify: tt.sni == ""})
+			tc := tls.Client(conn, &tls.Config{ServerName: tt.sni, RootCAs: roots.Pool, InsecureSkipVerify: tt.sni == ""})
 			err := tc.Handshake()
 			if tt.ok != (err == nil) {
 				t.Fatalf("handshake with server name %q: %v", tt.sni, err)
@@ -251,7 +251,7 @@ func TestRedirect(t *testing.T) {
 // TestIPv6: a name with an IPv6 address alone, over both kinds of request.
 func TestIPv6(t *testing.T) {
 	roots := newPKI(t)
-	cert := roots.issue(t, "v6.test")
+	cert := roots.Issue(t, "v6.test")
 	plain := newOrigin(t, "tcp6", hello("plain"), nil)
 	secure := newOrigin(t, "tcp6", hello("secure"), &cert)
 	res := newResolver()
@@ -285,7 +285,7 @@ func TestDisabled(t *testing.T) {
 func TestSecrets(t *testing.T) {
 	const value = "sk-live-0123456789abcdef"
 	roots := newPKI(t)
-	cert := roots.issue(t, "api.secret.test", "plain.test", "wrong.test")
+	cert := roots.Issue(t, "api.secret.test", "plain.test", "wrong.test")
 	var mu sync.Mutex
 	seen := map[string]string{}
 	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -300,7 +300,7 @@ func TestSecrets(t *testing.T) {
 	for _, n := range []string{"api.secret.test", "plain.test", "wrong.test"} {
 		res.set(n, "127.0.0.1")
 	}
-	p := startProxy(t, Options{Resolver: res, RootCAs: roots.pool, AllowPrivate: true, TLSPorts: []int{o.port}},
+	p := startProxy(t, Options{Resolver: res, RootCAs: roots.Pool, AllowPrivate: true, TLSPorts: []int{o.port}},
 		Policy{Domains: []string{"*.secret.test", "plain.test", "wrong.test"}, Secrets: []Secret{
 			{Domain: "*.secret.test", Name: "API_KEY", Value: value},
 			{Domain: "*.secret.test", Name: "API", Value: "short"},

@@ -2,9 +2,12 @@ package egress
 
 import (
 	"fmt"
+	"net"
 	"regexp"
+	"strconv"
 	"strings"
 
+	"go.uber.org/zap"
 	"gopkg.in/yaml.v3"
 
 	"github.com/ciproxy/ciproxy/internal/settings"
@@ -109,4 +112,88 @@ func itemLines(p *settings.Map, key string) []int {
 		lines = append(lines, item.Line)
 	}
 	return lines
+}
+
+// Settings configure the egress server of a tool whose backend runs it (the local one), as the
+// operator wrote them.
+type Settings struct {
+	// AllowPrivate lets allowed names resolve to private, loopback and link-local addresses.
+	AllowPrivate bool
+	// DNSServer ("host:port") resolves the sandboxes' names instead of the host's resolver.
+	DNSServer string
+	// HTTPPorts and TLSPorts are the ports plain http and CONNECT may reach (80 and 443).
+	HTTPPorts, TLSPorts []int
+	// MaxConnections bounds a container's connections at once.
+	MaxConnections int
+	// MaxBytesIn and MaxBytesOut bound what a container receives and sends over its life (0: no bound).
+	MaxBytesIn, MaxBytesOut int64
+}
+
+// Default egress settings, as config.example.yaml documents them.
+const (
+	DefaultMaxConnections = 64
+	DefaultMaxBytesIn     = 1 << 30
+	DefaultMaxBytesOut    = 256 << 20
+)
+
+// DefaultSettings are the settings of a tool that sets none.
+func DefaultSettings() Settings {
+	return Settings{HTTPPorts: []int{80}, TLSPorts: []int{443}, MaxConnections: DefaultMaxConnections,
+		MaxBytesIn: DefaultMaxBytesIn, MaxBytesOut: DefaultMaxBytesOut}
+}
+
+// ServerKeys are the litellm_params keys DecodeServerSettings reads.
+func ServerKeys() []string {
+	return []string{"allow_private_destinations", "dns_server", "egress_http_ports", "egress_tls_ports",
+		"egress_max_connections", "egress_max_bytes_in", "egress_max_bytes_out"}
+}
+
+// DecodeServerSettings reads a tool's egress server settings from p; each wrong value is recorded
+// in p with its line and its default stands in.
+func DecodeServerSettings(p *settings.Map) Settings {
+	s := DefaultSettings()
+	s.AllowPrivate = p.Bool("allow_private_destinations", false)
+	if v := p.String("dns_server"); v.Present {
+		if _, port, err := net.SplitHostPort(v.S); err != nil || port == "" {
+			p.Errorf(p.ValueLine("dns_server"), "%s: %s is not host:port", p.Key("dns_server"), v.Shown())
+		} else {
+			s.DNSServer = v.S
+		}
+	}
+	s.HTTPPorts = ports(p, "egress_http_ports", s.HTTPPorts)
+	s.TLSPorts = ports(p, "egress_tls_ports", s.TLSPorts)
+	s.MaxConnections = p.Int("egress_max_connections", s.MaxConnections, 1)
+	s.MaxBytesIn, _ = p.Size("egress_max_bytes_in", s.MaxBytesIn)
+	s.MaxBytesOut, _ = p.Size("egress_max_bytes_out", s.MaxBytesOut)
+	return s
+}
+
+func ports(p *settings.Map, key string, def []int) []int {
+	list, ok := p.StringList(key)
+	if !ok {
+		return def
+	}
+	var out []int
+	for _, x := range list {
+		n, err := strconv.Atoi(strings.TrimSpace(x))
+		if err != nil || n <= 0 || n > 65535 {
+			p.Errorf(p.ValueLine(key), "%s: %q is not a port", p.Key(key), x)
+			continue
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return def
+	}
+	return out
+}
+
+// Options are the server options of s.
+func (s Settings) Options(log *zap.Logger) Options {
+	o := Options{AllowPrivate: s.AllowPrivate, HTTPPorts: s.HTTPPorts, TLSPorts: s.TLSPorts,
+		MaxConnections: s.MaxConnections, MaxBytesIn: s.MaxBytesIn, MaxBytesOut: s.MaxBytesOut, Log: log}
+	if s.DNSServer != "" {
+		o.Resolver = NewResolver(s.DNSServer)
+	}
+	return o
 }

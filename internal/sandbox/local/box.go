@@ -15,7 +15,10 @@ import (
 	"syscall"
 	"time"
 
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"github.com/ciproxy/ciproxy/internal/egress"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
@@ -69,6 +72,13 @@ type box struct {
 	// done is closed when every process of the sandbox has exited and the kernel's output has
 	// reached EOF, that is when nothing of the sandbox runs any more.
 	done chan struct{}
+
+	// egress is the listener of the sandbox's 127.0.0.1:egressPort (nil without an egress
+	// server): unanswered until Create gives the box its container's policy (serveEgress).
+	egressMu     sync.Mutex
+	egress       net.Listener
+	egressCancel context.CancelFunc
+	egressDone   chan struct{}
 
 	killOnce sync.Once
 	reason   atomic.Pointer[string] // why the sandbox was killed
@@ -154,6 +164,9 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 		TmpSize: mem / 2, TmpInodes: inodesFor(mem / 2), ShmSize: min(shmSize, mem/4),
 		Seccomp: !p.knobs.noSeccomp,
 	}
+	if p.egress != nil {
+		req.EgressPort = egressPort
+	}
 	if p.perSandboxUIDs() {
 		req.UID = p.uids.host(uid)
 	}
@@ -174,8 +187,18 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	if b.pidfd, err = readStarted(b.setup, deadline, "started"); err != nil {
+	var extra []*os.File
+	if b.pidfd, extra, err = readStarted(b.setup, deadline, "started", 1); err != nil {
 		return nil, fmt.Errorf("local sandbox: starting a sandbox: %w", err)
+	}
+	if len(extra) > 0 {
+		b.egress, err = net.FileListener(extra[0])
+		extra[0].Close()
+		if err != nil {
+			b.pidfd.Close()
+			return nil, fmt.Errorf("local sandbox: the egress listener: %w", err)
+		}
+		cleanup = append(cleanup, func() { b.egress.Close() })
 	}
 	cleanup = append(cleanup, func() {
 		signalPidfd(b.pidfd, unix.SIGKILL)
@@ -197,7 +220,7 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 	if _, err := b.setup.Write([]byte("go")); err != nil {
 		return nil, fmt.Errorf("local sandbox: %w", err)
 	}
-	if b.kernel, err = readStarted(b.setup, deadline, "kernel"); err != nil {
+	if b.kernel, _, err = readStarted(b.setup, deadline, "kernel", 0); err != nil {
 		return nil, fmt.Errorf("local sandbox: starting a sandbox: %w", err)
 	}
 	cleanup = append(cleanup, func() { b.kernel.Close() })
@@ -239,6 +262,7 @@ func (p *Provider) start(ctx context.Context, mem int64) (_ *box, err error) {
 		b.setup.Close()
 		b.pidfd.Close()
 		b.kernel.Close()
+		b.stopEgress()
 		if b.cg != nil {
 			b.oom.Store(b.cg.oomKills() > b.copyOOM.Load())
 			b.cg.remove()
@@ -667,4 +691,38 @@ func (h *headBuffer) Bytes() []byte {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return bytes.Clone(h.buf.Bytes())
+}
+
+// serveEgress starts answering the sandbox's egress listener for container under policy p (the
+// zero policy answers every request with its refusal). Once only; nothing after the box ended.
+func (b *box) serveEgress(srv *egress.Server, container string, p egress.Policy) {
+	b.egressMu.Lock()
+	defer b.egressMu.Unlock()
+	if b.egress == nil || b.egressDone != nil || srv == nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	l := b.egress
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ctx, l, container, p); err != nil {
+			b.p.log.Warn("local sandbox: egress stopped", zap.String("sandbox", b.id), zap.Error(err))
+		}
+	}()
+	b.egressCancel, b.egressDone = cancel, done
+}
+
+// stopEgress closes the egress listener and every connection through it, and waits for them.
+func (b *box) stopEgress() {
+	b.egressMu.Lock()
+	defer b.egressMu.Unlock()
+	switch {
+	case b.egressDone != nil:
+		b.egressCancel()
+		<-b.egressDone
+	case b.egress != nil:
+		b.egress.Close()
+	}
+	b.egress = nil
 }

@@ -13,6 +13,12 @@ const (
 	dataDir        = "/mnt/data"
 	kernelPath     = "/opt/ciproxy/kernel.py"
 	codeFilterPath = "/opt/ciproxy/kernel.bpf"
+	caBundlePath   = "/opt/ciproxy/ca-certificates.crt"
+	userBase       = "/tmp/.local"
+	// egressPort is where a sandbox's code reaches the egress proxy, on its own loopback.
+	egressPort = 3128
+	egressURL  = "http://127.0.0.1:3128"
+	noProxy    = "localhost,127.0.0.1,::1"
 	// shmSize bounds /dev/shm, a tmpfs that costs memory (Docker's default).
 	shmSize = 64 << 20
 	// zygoteTmpSize bounds the fork server's own /tmp (matplotlib's and fontconfig's caches).
@@ -68,6 +74,7 @@ func sandboxEnv(hostPaths []string) []string {
 			path += ":" + filepath.Join(hp, "bin")
 		}
 	}
+	path += ":" + userBase + "/bin" // what pip installs, last: it cannot shadow a system program
 	return []string{
 		"PATH", path,
 		"HOME", dataDir,
@@ -78,6 +85,16 @@ func sandboxEnv(hostPaths []string) []string {
 		"MPLCONFIGDIR", "/tmp/.config/matplotlib",
 		"XDG_CACHE_HOME", "/tmp/.cache",
 		"PYTHONDONTWRITEBYTECODE", "1",
+		// The way out is the proxy's egress listener; tools read one spelling or the other.
+		"HTTP_PROXY", egressURL, "HTTPS_PROXY", egressURL, "http_proxy", egressURL, "https_proxy", egressURL,
+		"NO_PROXY", noProxy, "no_proxy", noProxy,
+		"npm_config_proxy", egressURL, "npm_config_https_proxy", egressURL, "npm_config_cache", "/tmp/.npm",
+		// The host's roots and the egress proxy's own authority (for the domains with secrets).
+		"SSL_CERT_FILE", caBundlePath, "REQUESTS_CA_BUNDLE", caBundlePath, "CURL_CA_BUNDLE", caBundlePath,
+		"PIP_CERT", caBundlePath, "NODE_EXTRA_CA_CERTS", caBundlePath, "GIT_SSL_CAINFO", caBundlePath,
+		// pip installs into /tmp (the sandbox's own, counted in its memory), on the kernels' path.
+		"PYTHONUSERBASE", userBase, "PIP_USER", "1", "PIP_BREAK_SYSTEM_PACKAGES", "1",
+		"PIP_DISABLE_PIP_VERSION_CHECK", "1", "PIP_NO_INPUT", "1",
 		"PYTHONUNBUFFERED", "1",
 		// RLIMIT_AS counts every thread's arena and stack: keep BLAS and friends single-threaded.
 		"OPENBLAS_NUM_THREADS", "1",

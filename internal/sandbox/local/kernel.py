@@ -725,10 +725,27 @@ def _next_request():
             continue
 
 
+def _user_site():
+    """Puts the directory that pip install --user fills (under PYTHONUSERBASE) on sys.path, made
+    now: the import system rereads a directory on the path whose mtime changed, so a package
+    installed later imports at once, but it never looks again at one that did not exist."""
+    base = os.environ.get("PYTHONUSERBASE")
+    if not base:
+        return
+    path = os.path.join(base, "lib", "python%d.%d" % sys.version_info[:2], "site-packages")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return
+    if path not in sys.path:
+        sys.path.append(path)
+
+
 def serve():
     """Runs the kernel on fds 0 and 1 until its requests end."""
     global _current
     _start_shell_server()  # first: no thread, no user code, nothing of either in S
+    _user_site()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(_WAKE_SIGNAL, _on_wake)
     _setup_protocol()
@@ -1059,9 +1076,17 @@ def _child(req, fds, code_filter):
     _loopback_up()
     # NET_ADMIN was for lo alone: neither I nor K gets it.
     _drop_capabilities(_zygote_caps & ~(1 << _CAP_NET_ADMIN))
+    # The sandbox's only way out: a listener on its own loopback whose connections the proxy
+    # accepts (its egress proxy), made here, before any code of the sandbox runs, so that the
+    # address is the proxy's; the init hands it over and keeps no copy.
+    egress = None
+    if req.get("egress_port"):
+        egress = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        egress.bind(("127.0.0.1", int(req["egress_port"])))
+        egress.listen(128)
     if os.fork() == 0:
         try:
-            _init(req, fds, code_filter)
+            _init(req, fds, code_filter, egress)
         except BaseException as exc:
             try:
                 _report(socket.socket(fileno=fds[3]), _failure(exc))
@@ -1069,13 +1094,15 @@ def _child(req, fds, code_filter):
                 os._exit(1)
 
 
-def _init(req, fds, code_filter):
+def _init(req, fds, code_filter, egress):
     """I: pid 1 of the sandbox."""
     setup = socket.socket(fileno=fds[3])
     _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     pidfd = os.pidfd_open(os.getpid())
-    _report(setup, {"type": "started"}, [pidfd])
+    _report(setup, {"type": "started"}, [pidfd] + ([egress.fileno()] if egress else []))
     os.close(pidfd)
+    if egress:
+        egress.close()
     if setup.recv(16) != b"go":
         os._exit(1)
     _unshare(_CLONE_NEWCGROUP)

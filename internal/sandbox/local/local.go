@@ -36,6 +36,7 @@ package local
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	_ "embed"
 	"encoding/hex"
 	"errors"
@@ -51,6 +52,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ciproxy/ciproxy/internal/containers"
+	"github.com/ciproxy/ciproxy/internal/egress"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/settings"
 )
@@ -111,6 +114,10 @@ type Options struct {
 	// UIDBase and UIDCount are the range of host uids that sandboxes run as when the proxy runs as
 	// root, one uid each (see uids.go); no other user or service on the host may use it.
 	UIDBase, UIDCount uint32
+	// Network is the operator's bound on the network policies of the tool's containers; Egress
+	// configures the proxy their code goes out through.
+	Network egress.Bound
+	Egress  egress.Settings
 	// Tool is the sandbox_tool_name put in handles.
 	Tool string
 	// Logger; nil means no logging.
@@ -134,6 +141,7 @@ func DefaultOptions() Options {
 		MaxOpenFiles: DefaultMaxOpenFiles,
 		UIDBase:      DefaultUIDBase,
 		UIDCount:     DefaultUIDCount,
+		Egress:       egress.DefaultSettings(),
 	}
 }
 
@@ -198,9 +206,10 @@ type Provider struct {
 
 	uids         *uidLease
 	cg           *cgroupHost // nil: no cgroup
-	copier       string      // the copy helper's path (charge.go), "" when the host has none
-	codeFilter   []byte      // installed by every kernel on itself
-	zygoteFilter []byte      // installed by bubblewrap on the fork server
+	egress       *egress.Server
+	copier       string // the copy helper's path (charge.go), "" when the host has none
+	codeFilter   []byte // installed by every kernel on itself
+	zygoteFilter []byte // installed by bubblewrap on the fork server
 
 	// grace is how long an interrupted execution may take to stop before the sandbox is killed.
 	grace time.Duration
@@ -224,6 +233,7 @@ type knobs struct {
 	noSeccomp    bool          // kernels and the zygote run without their filters
 	noCgroups    bool          // as on a host without writable cgroups
 	startTimeout time.Duration // instead of startTimeout (an emulated machine starts slowly)
+	egressRoots  *x509.CertPool // the roots the egress proxy verifies servers with (a test's own)
 }
 
 var _ sandbox.Provider = (*Provider)(nil)
@@ -275,12 +285,21 @@ func newProvider(opts Options, k knobs) (*Provider, error) {
 			return nil, fmt.Errorf("local sandbox: %w", err)
 		}
 	}
+	eo := opts.Egress.Options(opts.Logger)
+	eo.RootCAs = k.egressRoots
+	srv, err := egress.New(eo)
+	if err != nil {
+		cg.close()
+		os.RemoveAll(base)
+		lock.Close()
+		return nil, fmt.Errorf("local sandbox: %w", err)
+	}
 	copier, _ := exec.LookPath(copyHelper)
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Provider{
 		copier: copier,
 		opts:   opts, knobs: k, bwrap: bwrap, id: id, base: base, lock: lock, log: opts.Logger,
-		uids: uids, cg: cg, codeFilter: codeFilter, zygoteFilter: zygoteFilter,
+		uids: uids, cg: cg, egress: srv, codeFilter: codeFilter, zygoteFilter: zygoteFilter,
 		grace: interruptGrace,
 		ctx:   ctx, cancel: cancel, refill: make(chan struct{}, 1),
 		live: map[string]*box{},
@@ -328,7 +347,33 @@ func (p *Provider) Create(ctx context.Context, opts sandbox.CreateOptions) (sand
 	}
 	p.live[b.id] = b
 	p.mu.Unlock()
+	container := opts.Metadata[containers.MetadataContainerID]
+	if container == "" {
+		container = b.id
+	}
+	b.serveEgress(p.egress, container, opts.Network)
 	return sandbox.Handle{Backend: Backend, Tool: p.opts.Tool, ID: b.id}, nil
+}
+
+// NetworkBound implements sandbox.Networked.
+func (p *Provider) NetworkBound() egress.Bound { return p.opts.Network }
+
+// DomainSecrets implements sandbox.Networked: the egress proxy substitutes them.
+func (p *Provider) DomainSecrets() bool { return true }
+
+var _ sandbox.Networked = (*Provider)(nil)
+
+// systemRoots is the host's bundle of trusted certificates (Debian's path), which the sandbox
+// trusts as its programs would outside.
+const systemRoots = "/etc/ssl/certs/ca-certificates.crt"
+
+// caBundle is what a sandbox trusts: the host's roots, then the egress proxy's authority.
+func (p *Provider) caBundle() []byte {
+	roots, _ := os.ReadFile(systemRoots)
+	if len(roots) > 0 && roots[len(roots)-1] != '\n' {
+		roots = append(roots, '\n')
+	}
+	return append(roots, p.egress.CA()...)
 }
 
 // takeWarm takes a live kernel from the pool, or returns nil, and asks for a refill.

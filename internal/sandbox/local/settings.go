@@ -12,13 +12,15 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ciproxy/ciproxy/internal/egress"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/settings"
 )
 
 // Keys are the litellm_params keys of a local sandbox tool (besides sandbox_provider).
 func Keys() []string {
-	return []string{"python", "memory_limit", "max_memory", "max_processes", "max_file_size", "max_disk_size", "pool_size", "work_dir", "host_paths", "cpu_limit", "max_open_files", "uid_base", "uid_count"}
+	keys := []string{"python", "memory_limit", "max_memory", "max_processes", "max_file_size", "max_disk_size", "pool_size", "work_dir", "host_paths", "cpu_limit", "max_open_files", "uid_base", "uid_count"}
+	return append(append(keys, egress.Keys()...), egress.ServerKeys()...)
 }
 
 // DecodeSettings reads a local sandbox tool's litellm_params from p: every key it does not set keeps
@@ -82,6 +84,8 @@ func DecodeSettings(p *settings.Map) Options {
 	} else {
 		o.UIDCount = uint32(count)
 	}
+	o.Network = egress.DecodeSettings(p)
+	o.Egress = egress.DecodeServerSettings(p)
 	return o
 }
 

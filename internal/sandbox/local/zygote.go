@@ -67,6 +67,9 @@ type spawnRequest struct {
 	TmpInodes  int64  `json:"tmp_inodes"`
 	ShmSize    int64  `json:"shm_size"`
 	Seccomp    bool   `json:"seccomp"`
+	// EgressPort: the init listens on 127.0.0.1:EgressPort in the sandbox's network namespace
+	// and hands the proxy the listener (0: none).
+	EgressPort int `json:"egress_port,omitempty"`
 }
 
 // zygoteConfig is argv[2] of kernel.py --zygote.
@@ -140,6 +143,10 @@ func (p *Provider) startZygote(ctx context.Context) (*zygote, error) {
 		return nil, fmt.Errorf("local sandbox: fork server: %w", err)
 	}
 	if err := add(codeFilterPath, p.codeFilter); err != nil {
+		ours.Close()
+		return nil, fmt.Errorf("local sandbox: fork server: %w", err)
+	}
+	if err := add(caBundlePath, p.caBundle()); err != nil {
 		ours.Close()
 		return nil, fmt.Errorf("local sandbox: fork server: %w", err)
 	}
@@ -309,15 +316,16 @@ type started struct {
 }
 
 // readStarted waits for the sandbox's init to report a message of type typ with a pidfd ("started":
-// of itself; "kernel": of the kernel it forked), or an error.
-func readStarted(conn *net.UnixConn, deadline time.Time, typ string) (*os.File, error) {
+// of itself; "kernel": of the kernel it forked), or an error. The init may send more descriptors
+// after the pidfd (the egress listener with "started"): up to extra of them are returned.
+func readStarted(conn *net.UnixConn, deadline time.Time, typ string, extra int) (*os.File, []*os.File, error) {
 	conn.SetReadDeadline(deadline)
 	defer conn.SetReadDeadline(time.Time{})
 	buf := make([]byte, 4096)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var fds []int
 	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
@@ -329,24 +337,30 @@ func readStarted(conn *net.UnixConn, deadline time.Time, typ string) (*os.File, 
 	}
 	var msg started
 	jerr := json.Unmarshal(buf[:n], &msg)
-	if jerr != nil || msg.Type != typ || len(fds) != 1 {
+	if jerr != nil || msg.Type != typ || len(fds) < 1 || len(fds) > 1+extra {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 		if n == 0 {
-			return nil, errors.New("the sandbox's init exited before reporting")
+			return nil, nil, errors.New("the sandbox's init exited before reporting")
 		}
 		if msg.Message != "" {
-			return nil, errors.New(msg.Message)
+			return nil, nil, errors.New(msg.Message)
 		}
-		return nil, fmt.Errorf("unexpected setup message %q", buf[:n])
+		return nil, nil, fmt.Errorf("unexpected setup message %q", buf[:n])
 	}
 	// Non-blocking, so that the runtime's poller can wait for the process's exit.
 	if err := unix.SetNonblock(fds[0], true); err != nil {
-		unix.Close(fds[0])
-		return nil, err
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return nil, nil, err
 	}
-	return os.NewFile(uintptr(fds[0]), "pidfd"), nil
+	var rest []*os.File
+	for _, fd := range fds[1:] {
+		rest = append(rest, os.NewFile(uintptr(fd), "sandbox descriptor"))
+	}
+	return os.NewFile(uintptr(fds[0]), "pidfd"), rest, nil
 }
 
 // pidfdPID returns the pid, in this process's pid namespace, of the process a pidfd refers to.

@@ -1,0 +1,211 @@
+package local
+
+import (
+	"archive/zip"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ciproxy/ciproxy/internal/egress"
+	"github.com/ciproxy/ciproxy/internal/egress/egresstest"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+)
+
+// wheel builds a pure-Python wheel of one module, as a package index would serve it.
+func wheel(t testing.TB, name, version, source string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	z := zip.NewWriter(&buf)
+	dist := fmt.Sprintf("%s-%s.dist-info", name, version)
+	files := [][2]string{
+		{name + "/__init__.py", source},
+		{dist + "/METADATA", fmt.Sprintf("Metadata-Version: 2.1\nName: %s\nVersion: %s\n", strings.ReplaceAll(name, "_", "-"), version)},
+		{dist + "/WHEEL", "Wheel-Version: 1.0\nGenerator: ciproxy-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"},
+	}
+	var record strings.Builder
+	for _, f := range files {
+		w, err := z.Create(f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(w, f[1])
+		sum := sha256.Sum256([]byte(f[1]))
+		fmt.Fprintf(&record, "%s,sha256=%s,%d\n", f[0], base64.RawURLEncoding.EncodeToString(sum[:]), len(f[1]))
+	}
+	fmt.Fprintf(&record, "%s/RECORD,,\n", dist)
+	w, _ := z.Create(dist + "/RECORD")
+	io.WriteString(w, record.String())
+	if err := z.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// packageIndex serves one wheel the way PyPI's simple API (PEP 503) does.
+func packageIndex(t testing.TB, project string, whl []byte, file string) http.Handler {
+	sum := sha256.Sum256(whl)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/simple/" + project + "/":
+			fmt.Fprintf(w, `<!DOCTYPE html><html><body><a href="/files/%s#sha256=%s">%s</a></body></html>`, file, hex.EncodeToString(sum[:]), file)
+		case "/files/" + file:
+			w.Write(whl)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// TestEgress runs real code in a real sandbox against servers on this host's loopback, named
+// through a DNS server the test controls: what the policy allows is reached through the egress
+// proxy and nothing else is; pip installs a package from an index; a domain secret reaches its
+// server and never the sandbox.
+func TestEgress(t *testing.T) {
+	const secret = "sk-egress-test-5b1f0c"
+	roots := egresstest.NewPKI(t)
+	cert := roots.Issue(t, "api.secret.test")
+	var mu sync.Mutex
+	var auth []string
+	api := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auth = append(auth, r.Header.Get("Authorization"))
+		mu.Unlock()
+		io.WriteString(w, "api ok")
+	}))
+	api.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	api.StartTLS()
+	defer api.Close()
+	whl := wheel(t, "ciproxy_hello", "1.0", "GREETING = 'hello from a wheel'\n")
+	index := httptest.NewServer(packageIndex(t, "ciproxy-hello", whl, "ciproxy_hello-1.0-py3-none-any.whl"))
+	defer index.Close()
+	dns := egresstest.NewDNS(t)
+	loop := netip.MustParseAddr("127.0.0.1")
+	for _, n := range []string{"pypi.test", "api.secret.test", "refused.test"} {
+		dns.Set(n, loop)
+	}
+	indexPort, apiPort := index.Listener.Addr().(*net.TCPAddr).Port, api.Listener.Addr().(*net.TCPAddr).Port
+
+	p, err := newProvider(testOptions(Options{
+		Tool:    "egress-test",
+		Network: egress.Bound{Policy: egress.Policy{Domains: []string{"pypi.test", "*.secret.test", "refused.test"}}},
+		Egress: egress.Settings{AllowPrivate: true, DNSServer: dns.Addr(), HTTPPorts: []int{indexPort},
+			TLSPorts: []int{apiPort}, MaxConnections: 16},
+	}), testKnobs(knobs{egressRoots: roots.Pool}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	h := create(t, p, sandbox.CreateOptions{Network: egress.Policy{
+		Domains: []string{"pypi.test", "api.secret.test"},
+		Secrets: []egress.Secret{{Domain: "api.secret.test", Name: "API_TOKEN", Value: secret}},
+	}})
+
+	t.Run("pip install", func(t *testing.T) {
+		res := run(t, p, h, fmt.Sprintf(`import subprocess, sys
+r = subprocess.run([sys.executable, "-m", "pip", "install", "--index-url", "http://pypi.test:%d/simple/",
+    "--trusted-host", "pypi.test", "ciproxy-hello"], capture_output=True, text=True)
+print(r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+import ciproxy_hello
+ciproxy_hello.GREETING, ciproxy_hello.__file__`, indexPort))
+		if got := mainText(res); !strings.Contains(got, "'hello from a wheel'") || !strings.Contains(got, "'/tmp/.local/lib/python3.") {
+			t.Fatalf("import after pip install: %s\n%s%v", got, res.Stdout, res.Error)
+		}
+	})
+	t.Run("secret", func(t *testing.T) {
+		res := run(t, p, h, fmt.Sprintf(`import urllib.request
+req = urllib.request.Request("https://api.secret.test:%d/v1", headers={"Authorization": "Bearer $API_TOKEN"})
+urllib.request.urlopen(req, timeout=20).read().decode()`, apiPort))
+		if got := mainText(res); got != "api ok" {
+			t.Fatalf("%s %v", got, res.Error)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(auth) != 1 || auth[0] != "Bearer "+secret {
+			t.Errorf("the server saw %q", auth)
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		res := run(t, p, h, `import urllib.request, urllib.error, socket
+out = []
+for url in ["http://refused.test/", "https://refused.test/", "http://10.0.0.1/"]:
+    try:
+        urllib.request.urlopen(url, timeout=20)
+        out.append("reached " + url)
+    except urllib.error.HTTPError as e:
+        out.append("%d %s" % (e.code, e.read().decode().strip()))
+    except Exception as e:
+        out.append("%s: %s" % (type(e).__name__, e))
+s = socket.socket()
+s.settimeout(5)
+try:
+    s.connect(("1.1.1.1", 80))
+    out.append("direct connection made")
+except OSError as e:
+    out.append("direct: " + e.strerror)
+out`)
+		got := mainText(res)
+		for _, want := range []string{
+			"403 ciproxy egress: refused.test is not in this container's allowed domains",
+			"Tunnel connection failed: 403 Forbidden",
+			"403 ciproxy egress: 10.0.0.1 is an IP address",
+			"direct: Network is unreachable",
+		} {
+			if !strings.Contains(got, want) {
+				t.Errorf("missing %q in %s", want, got)
+			}
+		}
+	})
+	t.Run("secret not in the sandbox", func(t *testing.T) {
+		res := run(t, p, h, fmt.Sprintf(`import os
+secret = %q
+found = []
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    for name in ("environ", "cmdline"):
+        try:
+            if secret.encode() in open(f"/proc/{pid}/{name}", "rb").read():
+                found.append(f"/proc/{pid}/{name}")
+        except OSError:
+            pass
+for root in ("/mnt/data", "/tmp", "/etc", "/opt", "/dev/shm"):
+    for d, _, files in os.walk(root):
+        for f in files:
+            try:
+                if secret.encode() in open(os.path.join(d, f), "rb").read():
+                    found.append(os.path.join(d, f))
+            except OSError:
+                pass
+found, os.environ["HTTPS_PROXY"]`, secret))
+		if got := mainText(res); got != "([], 'http://127.0.0.1:3128')" {
+			t.Errorf("%s", got)
+		}
+	})
+	t.Run("disabled", func(t *testing.T) {
+		off := create(t, p, sandbox.CreateOptions{})
+		res := run(t, p, off, fmt.Sprintf(`import urllib.request, urllib.error
+try:
+    urllib.request.urlopen("http://pypi.test:%d/simple/", timeout=20)
+    r = "reached"
+except urllib.error.HTTPError as e:
+    r = "%%d %%s" %% (e.code, e.read().decode().strip())
+r`, indexPort))
+		if got := mainText(res); !strings.Contains(got, "403 ciproxy egress: this container has no network access") {
+			t.Errorf("%s", got)
+		}
+	})
+}
