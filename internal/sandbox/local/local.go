@@ -230,9 +230,9 @@ type Provider struct {
 
 // knobs are switches for tests and benchmarks only.
 type knobs struct {
-	noSeccomp    bool          // kernels and the zygote run without their filters
-	noCgroups    bool          // as on a host without writable cgroups
-	startTimeout time.Duration // instead of startTimeout (an emulated machine starts slowly)
+	noSeccomp    bool           // kernels and the zygote run without their filters
+	noCgroups    bool           // as on a host without writable cgroups
+	startTimeout time.Duration  // instead of startTimeout (an emulated machine starts slowly)
 	egressRoots  *x509.CertPool // the roots the egress proxy verifies servers with (a test's own)
 }
 
