@@ -42,6 +42,8 @@ type setup struct {
 	// ChatOnly declares the model's upstream a Chat Completions server
 	// (model_info.supported_endpoints: ["/v1/chat/completions"]).
 	ChatOnly bool
+	// LocalSettings are more litellm_params lines of the local tool ("key: value").
+	LocalSettings []string
 }
 
 // yaml renders the configuration file.
@@ -61,7 +63,7 @@ func (s setup) yaml() string {
 	if s.WorkDir != "" {
 		fmt.Fprintf(&b, "      work_dir: %s\n", s.WorkDir)
 	}
-	for _, kv := range imageSandboxSettings() {
+	for _, kv := range append(imageSandboxSettings(), s.LocalSettings...) {
 		fmt.Fprintf(&b, "      %s\n", kv)
 	}
 	if s.E2B != nil {

@@ -1,13 +1,8 @@
 package local
 
 import (
-	"archive/zip"
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/base64"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -22,51 +17,6 @@ import (
 	"github.com/ciproxy/ciproxy/internal/egress/egresstest"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
-
-// wheel builds a pure-Python wheel of one module, as a package index would serve it.
-func wheel(t testing.TB, name, version, source string) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	z := zip.NewWriter(&buf)
-	dist := fmt.Sprintf("%s-%s.dist-info", name, version)
-	files := [][2]string{
-		{name + "/__init__.py", source},
-		{dist + "/METADATA", fmt.Sprintf("Metadata-Version: 2.1\nName: %s\nVersion: %s\n", strings.ReplaceAll(name, "_", "-"), version)},
-		{dist + "/WHEEL", "Wheel-Version: 1.0\nGenerator: ciproxy-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"},
-	}
-	var record strings.Builder
-	for _, f := range files {
-		w, err := z.Create(f[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.WriteString(w, f[1])
-		sum := sha256.Sum256([]byte(f[1]))
-		fmt.Fprintf(&record, "%s,sha256=%s,%d\n", f[0], base64.RawURLEncoding.EncodeToString(sum[:]), len(f[1]))
-	}
-	fmt.Fprintf(&record, "%s/RECORD,,\n", dist)
-	w, _ := z.Create(dist + "/RECORD")
-	io.WriteString(w, record.String())
-	if err := z.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
-// packageIndex serves one wheel the way PyPI's simple API (PEP 503) does.
-func packageIndex(t testing.TB, project string, whl []byte, file string) http.Handler {
-	sum := sha256.Sum256(whl)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/simple/" + project + "/":
-			fmt.Fprintf(w, `<!DOCTYPE html><html><body><a href="/files/%s#sha256=%s">%s</a></body></html>`, file, hex.EncodeToString(sum[:]), file)
-		case "/files/" + file:
-			w.Write(whl)
-		default:
-			http.NotFound(w, r)
-		}
-	})
-}
 
 // TestEgress runs real code in a real sandbox against servers on this host's loopback, named
 // through a DNS server the test controls: what the policy allows is reached through the egress
@@ -87,8 +37,7 @@ func TestEgress(t *testing.T) {
 	api.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
 	api.StartTLS()
 	defer api.Close()
-	whl := wheel(t, "ciproxy_hello", "1.0", "GREETING = 'hello from a wheel'\n")
-	index := httptest.NewServer(packageIndex(t, "ciproxy-hello", whl, "ciproxy_hello-1.0-py3-none-any.whl"))
+	index := httptest.NewServer(egresstest.Index(t, "ciproxy-hello", "1.0", "GREETING = 'hello from a wheel'\n"))
 	defer index.Close()
 	dns := egresstest.NewDNS(t)
 	loop := netip.MustParseAddr("127.0.0.1")
