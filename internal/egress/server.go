@@ -177,6 +177,12 @@ func (r *refusal) write(w io.Writer) {
 
 func (c *session) handle(ctx context.Context, conn net.Conn) {
 	defer conn.Close()
+	defer func() {
+		// Whatever a sandbox or a server sends, one connection's failure is that connection's.
+		if r := recover(); r != nil {
+			c.log.Error("egress: a connection's handler panicked", zap.Any("panic", r))
+		}
+	}()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	if n := c.conns.Add(1); n > int64(c.s.opts.MaxConnections) {
@@ -323,13 +329,33 @@ func (c *session) forward(ctx context.Context, conn net.Conn, br *bufio.Reader, 
 		refuse(http.StatusBadGateway, "sending the request to %s failed", host).write(conn)
 		return false
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(up), req)
+	resp, err := newReader(up).response(req)
 	if err != nil {
 		refuse(http.StatusBadGateway, "%s did not answer with HTTP", host).write(conn)
 		return false
 	}
 	defer resp.Body.Close()
 	return c.relay(conn, resp, keep)
+}
+
+// reader reads what a server sends: heads bounded as a request's are, bodies unbounded (the
+// quotas count them).
+type reader struct {
+	head *io.LimitedReader
+	br   *bufio.Reader
+}
+
+func newReader(r io.Reader) *reader {
+	head := &io.LimitedReader{R: r, N: 1 << 62}
+	return &reader{head: head, br: bufio.NewReader(head)}
+}
+
+// response reads the server's response to req.
+func (r *reader) response(req *http.Request) (*http.Response, error) {
+	r.head.N = maxHead
+	resp, err := http.ReadResponse(r.br, req)
+	r.head.N = 1 << 62
+	return resp, err
 }
 
 // relay writes resp to the client and reports whether the connection may carry another request.

@@ -487,3 +487,39 @@ func TestPublic(t *testing.T) {
 		}
 	}
 }
+
+// TestHostileServer: a server's endless head or garbage is a 502 to the code, the proxy bounded.
+func TestHostileServer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	answers := []string{"HTTP/1.1 200 OK\r\nX-Long: " + strings.Repeat("a", 1<<20), "garbage\r\n\r\n"}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for _, a := range answers {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			c.Read(make([]byte, 4096))
+			io.WriteString(c, a)
+			c.Close()
+		}
+	}()
+	res := newResolver()
+	res.set("bad.test", "127.0.0.1")
+	port := l.Addr().(*net.TCPAddr).Port
+	p := startProxy(t, Options{Resolver: res, AllowPrivate: true, HTTPPorts: []int{port}}, Policy{Domains: []string{"bad.test"}})
+	c := p.client(t, nil)
+	for range answers {
+		if status, body, _ := get(t, c, "http://"+hostPort("bad.test", port)+"/", nil); status != 502 || !strings.Contains(body, "did not answer with HTTP") {
+			t.Errorf("%d %q", status, body)
+		}
+	}
+}

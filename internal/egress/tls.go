@@ -205,7 +205,7 @@ func (c *session) intercept(ctx context.Context, conn net.Conn, br *bufio.Reader
 	}
 	head := &io.LimitedReader{R: client}
 	cr := bufio.NewReader(head)
-	sr := bufio.NewReader(server)
+	sr := newReader(server)
 	for first := true; ; first = false {
 		head.N = maxHead
 		if first {
@@ -234,7 +234,7 @@ func (c *session) intercept(ctx context.Context, conn net.Conn, br *bufio.Reader
 			return
 		}
 		req.Body.Close()
-		resp, err := http.ReadResponse(sr, req)
+		resp, err := sr.response(req)
 		if err != nil {
 			refuse(http.StatusBadGateway, "%s did not answer with HTTP", host).write(client)
 			return
