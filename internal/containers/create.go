@@ -64,7 +64,7 @@ func (s *Manager) Create(ctx context.Context, tool, owner string, opts sandbox.C
 		opts.Metadata = map[string]string{}
 	}
 	maps.Copy(opts.Metadata, s.opts.Metadata)
-	opts.Metadata[MetadataContainerID] = id
+	opts.Metadata[sandbox.MetadataContainerID] = id
 	// From before the sandbox exists until its record does (or it is deleted), the id is claimed
 	// as being created, so that no orphan sweep takes the new sandbox for one.
 	creating := CreatingClaim(id)

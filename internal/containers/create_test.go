@@ -26,8 +26,8 @@ func TestSessionsCreateOpenRun(t *testing.T) {
 	if got, want := f.p.lastCreate.Lifetime, 21*time.Minute; got != want {
 		t.Errorf("Create asked the backend for lifetime %v; want idle + margin = %v", got, want)
 	}
-	if got := f.p.lastCreate.Metadata[MetadataContainerID]; got != c.ID() {
-		t.Errorf("sandbox metadata %s = %q; want the container id %q", MetadataContainerID, got, c.ID())
+	if got := f.p.lastCreate.Metadata[sandbox.MetadataContainerID]; got != c.ID() {
+		t.Errorf("sandbox metadata %s = %q; want the container id %q", sandbox.MetadataContainerID, got, c.ID())
 	}
 	rec := f.record(t, "alice", c.ID())
 	var h sandbox.Handle

@@ -32,11 +32,6 @@ const (
 	StatusExpired = "expired"
 )
 
-// MetadataContainerID is the sandbox metadata key (where the backend keeps metadata, as e2b does)
-// naming the container a sandbox was created for, so that a sandbox whose record was never written
-// (its process died in between) can be found by listing the backend's sandboxes.
-const MetadataContainerID = "ciproxy_container_id"
-
 // keepAliveMargin is added to every backend lifetime asked for, so the backend never ends a
 // sandbox just before the reaper would.
 const keepAliveMargin = time.Minute

@@ -110,7 +110,7 @@ func SweepOrphans(ctx context.Context, o OrphanOptions) (int, bool, error) {
 			continue
 		}
 		for _, sb := range listed {
-			if id := sb.Metadata[MetadataContainerID]; id != "" {
+			if id := sb.Metadata[sandbox.MetadataContainerID]; id != "" {
 				holder, err := o.Store.Holder(ctx, CreatingClaim(id))
 				if err != nil {
 					return 0, true, errors.Join(append(errs, err)...)
@@ -142,7 +142,7 @@ func SweepOrphans(ctx context.Context, o OrphanOptions) (int, bool, error) {
 		}
 		deleted++
 		log.Info("orphan sandbox deleted (no live container names it)", zap.String("tool", c.t.name),
-			zap.String("sandbox", h.ID), zap.String("container", c.sb.Metadata[MetadataContainerID]))
+			zap.String("sandbox", h.ID), zap.String("container", c.sb.Metadata[sandbox.MetadataContainerID]))
 	}
 	return deleted, true, errors.Join(errs...)
 }

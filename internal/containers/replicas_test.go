@@ -20,7 +20,7 @@ type claimWatcher struct {
 
 func (w *claimWatcher) Create(ctx context.Context, opts sandbox.CreateOptions) (sandbox.Handle, error) {
 	w.meta = opts.Metadata
-	w.holder, _ = w.st.Holder(ctx, CreatingClaim(opts.Metadata[MetadataContainerID]))
+	w.holder, _ = w.st.Holder(ctx, CreatingClaim(opts.Metadata[sandbox.MetadataContainerID]))
 	return w.recProvider.Create(ctx, opts)
 }
 
@@ -45,7 +45,7 @@ func TestSessionsForReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w.meta[MetadataDeployment] != "d1" || w.meta[MetadataContainerID] != c.ID() || w.meta["k"] != "v" {
+	if w.meta[MetadataDeployment] != "d1" || w.meta[sandbox.MetadataContainerID] != c.ID() || w.meta["k"] != "v" {
 		t.Errorf("sandbox metadata = %v", w.meta)
 	}
 	if w.holder != "http://10.0.0.1:4000" {

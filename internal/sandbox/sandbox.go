@@ -120,7 +120,8 @@ type CreateOptions struct {
 	// Lifetime is how long the backend should keep the sandbox without a KeepAlive (e2b timeout).
 	// 0 means the tool default.
 	Lifetime time.Duration
-	// Metadata is attached where the backend supports it.
+	// Metadata is attached where the backend supports it. MetadataContainerID in it names the
+	// container the sandbox is for.
 	Metadata map[string]string
 	// KernelIdle is how long the container's kernel may stay unused before containers.Manager restarts it
 	// (a KernelRestarter's), keeping the files; 0: never. Providers ignore it.
@@ -217,3 +218,9 @@ type Message struct {
 	Output                // result fields (Output.Text is the result's text/plain)
 	ExecError             // error fields
 }
+
+// MetadataContainerID is the CreateOptions.Metadata key naming the container a sandbox is created
+// for: backends that keep metadata (e2b) store it, so that a sandbox whose record was never
+// written (its process died in between) can be found by listing the backend's sandboxes; others
+// use it to name the container in their logs.
+const MetadataContainerID = "ciproxy_container_id"

@@ -36,7 +36,7 @@ func TestSweepOrphans(t *testing.T) {
 		t.Helper()
 		id := st.NewID(store.ContainerKind)
 		h, err := p.Create(ctx, sandbox.CreateOptions{Metadata: map[string]string{
-			containers.MetadataDeployment: deployment, containers.MetadataContainerID: id}})
+			containers.MetadataDeployment: deployment, sandbox.MetadataContainerID: id}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +142,7 @@ func TestSweepOrphansRacesACreate(t *testing.T) {
 	if ok, err := st.Claim(ctx, containers.CreatingClaim(id), "creator", time.Minute); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	h, err := p.Create(ctx, sandbox.CreateOptions{Metadata: map[string]string{containers.MetadataDeployment: "d1", containers.MetadataContainerID: id}})
+	h, err := p.Create(ctx, sandbox.CreateOptions{Metadata: map[string]string{containers.MetadataDeployment: "d1", sandbox.MetadataContainerID: id}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/egress"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/settings"
@@ -347,7 +346,7 @@ func (p *Provider) Create(ctx context.Context, opts sandbox.CreateOptions) (sand
 	}
 	p.live[b.id] = b
 	p.mu.Unlock()
-	container := opts.Metadata[containers.MetadataContainerID]
+	container := opts.Metadata[sandbox.MetadataContainerID]
 	if container == "" {
 		container = b.id
 	}
