@@ -58,7 +58,12 @@ func TestNetworkPolicy(t *testing.T) {
 	indexPort, apiPort := index.Listener.Addr().(*net.TCPAddr).Port, api.Listener.Addr().(*net.TCPAddr).Port
 
 	up := upstreamtest.New(t)
-	up.Script(runUserCode)
+	up.Script(func(req upstreamtest.Request) upstreamtest.Turn {
+		if req.Tool("shell") != nil {
+			return runUserCommands(req)
+		}
+		return runUserCode(req)
+	})
 	cfg := setup{Upstream: up.URL(), WorkDir: workDir(t), LocalSettings: []string{
 		`allowed_domains: ["pypi.test", "*.secret.test"]`,
 		`domain_secrets: [{domain: "*.secret.test", name: OP_TOKEN, value: os.environ/E2E_OPERATOR_TOKEN}]`,
@@ -146,6 +151,19 @@ except Exception as e:
 	created := do(t, http.MethodPost, p.URL+"/v1/containers", body)
 	if created.Status != 200 || strings.Contains(string(created.Body), requestSecret) || !strings.Contains(string(created.Body), `"allowed_domains":["pypi.test","api.secret.test"]`) {
 		t.Errorf("POST /v1/containers: %d %s", created.Status, created.Body)
+	}
+
+	// The shell tool's container_auto: the commands go out the same way.
+	body, _ = json.Marshal(map[string]any{
+		"model": clientModel,
+		"input": fmt.Sprintf("python3 -m pip install -q --index-url http://pypi.test:%d/simple/ --trusted-host pypi.test ciproxy-hello && python3 -c 'import ciproxy_hello; print(ciproxy_hello.GREETING)'\n"+
+			"python3 -c 'import urllib.request; urllib.request.urlopen(\"http://example.com/\")' 2>&1 | tail -1", indexPort),
+		"tools": []any{map[string]any{"type": "shell", "environment": map[string]any{"type": "container_auto",
+			"network_policy": map[string]any{"type": "allowlist", "allowed_domains": []string{"pypi.test"}}}}},
+	})
+	sh := do(t, http.MethodPost, p.URL+"/v1/responses", body)
+	if sh.Status != 200 || !strings.Contains(string(sh.Body), "hello from a wheel") || !strings.Contains(string(sh.Body), "HTTP Error 403: Forbidden") {
+		t.Errorf("shell: %d %.3000s", sh.Status, sh.Body)
 	}
 
 	p.Stop()
