@@ -25,10 +25,11 @@ for f in /etc/subuid /etc/subgid; do
 done
 
 # What each mode runs: every e2e test of the image, the clients' scenarios against it (pass-through,
-# the code interpreter on the local sandbox, files in and out, the Containers API) and the
+# the code interpreter on the local sandbox, files in and out, the Containers API, network
+# policies with pip installs and domain secrets) and the
 # isolation probes. The rootless mode, the image's default, gets the probes and the code
 # interpreter only: the pod mode runs everything under the same user with stricter settings.
-full='^(TestImage.*|TestPassthroughOpenAIGo|TestCodeInterpreterOpenAIGo|TestFilesRoundTripOpenAIGo|TestInputPartsOpenAIGo|TestNodeOpenAIClient|TestNodeFilesRoundTrip)$'
+full='^(TestImage.*|TestPassthroughOpenAIGo|TestCodeInterpreterOpenAIGo|TestFilesRoundTripOpenAIGo|TestInputPartsOpenAIGo|TestNodeOpenAIClient|TestNodeFilesRoundTrip|TestNetworkPolicy)$'
 small='^(TestImageHealthAndIsolation|TestImageSandboxProbes|TestCodeInterpreterOpenAIGo)$'
 for mode in "${modes[@]}"; do
 	run=$full

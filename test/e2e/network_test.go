@@ -33,7 +33,16 @@ func TestNetworkPolicy(t *testing.T) {
 	)
 	roots := egresstest.NewPKI(t)
 	// The proxy verifies the API's certificate against this file alone (Go reads SSL_CERT_FILE).
-	rootsFile := filepath.Join(t.TempDir(), "roots.pem")
+	// Where an image under test sees it too (imageShare), readable by its user.
+	dir, err := os.MkdirTemp(imageShare, "ciproxy-e2e-roots-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	rootsFile := filepath.Join(dir, "roots.pem")
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(rootsFile, roots.PEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
