@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ciproxy/ciproxy/internal/egress/egresstest"
 )
 
 // hello answers with the name it was asked for, which tells a test which origin it reached.
@@ -144,32 +146,49 @@ func TestDestinations(t *testing.T) {
 // once per request and dials the address it checked, so the first request reaches the public
 // address and the second is refused.
 func TestRebinding(t *testing.T) {
-	o := newOrigin(t, "tcp4", hello("public"), nil)
-	res := newResolver()
-	res.set("rebind.test", "93.184.215.14", "127.0.0.1")
-	var mu sync.Mutex
-	var dialled []string
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		mu.Lock()
-		dialled = append(dialled, addr)
-		mu.Unlock()
-		// The public address stands for the origin: no test reaches the internet.
-		var d net.Dialer
-		return d.DialContext(ctx, network, o.Listener.Addr().String())
-	}
-	p := startProxy(t, Options{Resolver: res, Dial: dial}, Policy{Domains: []string{"rebind.test"}})
-	c := p.client(t, nil)
-	if status, body, _ := get(t, c, "http://rebind.test/", nil); status != 200 || !strings.Contains(body, "hello from public") {
-		t.Fatalf("first: %d %q", status, body)
-	}
-	if status, body, _ := get(t, c, "http://rebind.test/", nil); status != 403 || !strings.Contains(body, "resolves to 127.0.0.1, a private address") {
-		t.Fatalf("second: %d %q, want 403", status, body)
-	}
-	if got := res.queries("rebind.test"); got != 2 {
-		t.Errorf("%d lookups for two requests, want 2", got)
-	}
-	if len(dialled) != 1 || dialled[0] != "93.184.215.14:80" {
-		t.Errorf("dialled %v, want [93.184.215.14:80]: the address checked", dialled)
+	public, loopback := netip.MustParseAddr("93.184.215.14"), netip.MustParseAddr("127.0.0.1")
+	table := newResolver()
+	table.set("rebind.test", public.String(), loopback.String())
+	// The same through a DNS server, as dns_server configures it (NewResolver): answers of TTL 0,
+	// A and AAAA asked each time.
+	dns := egresstest.NewDNS(t)
+	dns.Sequence("rebind.test", []netip.Addr{public}, []netip.Addr{loopback})
+	for _, tt := range []struct {
+		name    string
+		r       Resolver
+		queries func() int
+		want    int
+	}{
+		{"table", table, func() int { return table.queries("rebind.test") }, 2},
+		{"dns server", NewResolver(dns.Addr()), func() int { return dns.Queries("rebind.test") }, 4},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := newOrigin(t, "tcp4", hello("public"), nil)
+			var mu sync.Mutex
+			var dialled []string
+			dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+				mu.Lock()
+				dialled = append(dialled, addr)
+				mu.Unlock()
+				// The public address stands for the origin: no test reaches the internet.
+				var d net.Dialer
+				return d.DialContext(ctx, network, o.Listener.Addr().String())
+			}
+			p := startProxy(t, Options{Resolver: tt.r, Dial: dial}, Policy{Domains: []string{"rebind.test"}})
+			c := p.client(t, nil)
+			if status, body, _ := get(t, c, "http://rebind.test/", nil); status != 200 || !strings.Contains(body, "hello from public") {
+				t.Fatalf("first: %d %q", status, body)
+			}
+			if status, body, _ := get(t, c, "http://rebind.test/", nil); status != 403 || !strings.Contains(body, "resolves to 127.0.0.1, a private address") {
+				t.Fatalf("second: %d %q, want 403", status, body)
+			}
+			if got := tt.queries(); got != tt.want {
+				t.Errorf("%d queries for two requests, want %d: one lookup each", got, tt.want)
+			}
+			if len(dialled) != 1 || dialled[0] != "93.184.215.14:80" {
+				t.Errorf("dialled %v, want [93.184.215.14:80]: the address checked", dialled)
+			}
+		})
 	}
 }
 
