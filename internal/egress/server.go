@@ -148,14 +148,16 @@ func (s *Server) Serve(ctx context.Context, l net.Listener, container string, p 
 
 // session is one container's egress: its policy and what it has used.
 type session struct {
-	s      *Server
-	id     string
-	p      Policy
-	log    *zap.Logger
-	conns  atomic.Int64
-	in     atomic.Int64 // bytes received from the internet
-	out    atomic.Int64 // bytes sent to it
-	logged atomic.Bool  // the quota's end was logged
+	s     *Server
+	id    string
+	p     Policy
+	log   *zap.Logger
+	conns atomic.Int64
+	// refusing counts the connections past the limit being answered 429.
+	refusing atomic.Int64
+	in       atomic.Int64 // bytes received from the internet
+	out      atomic.Int64 // bytes sent to it
+	logged   atomic.Bool  // the quota's end was logged
 }
 
 // refusal is an answer the proxy gives itself.
@@ -189,12 +191,16 @@ func (c *session) handle(ctx context.Context, conn net.Conn) {
 		c.conns.Add(-1)
 		r := refuse(http.StatusTooManyRequests, "too many connections at once (this container's limit is %d)", c.s.opts.MaxConnections)
 		c.decide("", "", 0, r)
-		// Read the request first, so that the client takes the refusal as its answer. The
-		// sandbox holds a descriptor for each connection, so its own limit bounds these.
-		conn.SetReadDeadline(time.Now().Add(refusalTimeout))
-		if _, err := http.ReadRequest(bufio.NewReader(io.LimitReader(conn, maxHead))); err == nil {
-			r.write(conn)
+		// Read the request first, so that the client takes the refusal as its answer; as many
+		// refusals at once as connections served, past that the connection is just closed, so
+		// that a flood holds no more of the proxy than twice the limit.
+		if n := c.refusing.Add(1); n <= int64(c.s.opts.MaxConnections) {
+			conn.SetReadDeadline(time.Now().Add(refusalTimeout))
+			if _, err := http.ReadRequest(bufio.NewReader(io.LimitReader(conn, maxHead))); err == nil {
+				r.write(conn)
+			}
 		}
+		c.refusing.Add(-1)
 		return
 	}
 	defer c.conns.Add(-1)
