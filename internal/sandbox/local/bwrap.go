@@ -89,6 +89,7 @@ func sandboxEnv(hostPaths []string) []string {
 		"HTTP_PROXY", egressURL, "HTTPS_PROXY", egressURL, "http_proxy", egressURL, "https_proxy", egressURL,
 		"NO_PROXY", noProxy, "no_proxy", noProxy,
 		"npm_config_proxy", egressURL, "npm_config_https_proxy", egressURL, "npm_config_cache", "/tmp/.npm",
+		"npm_config_update_notifier", "false", "npm_config_audit", "false", "npm_config_fund", "false",
 		// The host's roots and the egress proxy's own authority (for the domains with secrets).
 		"SSL_CERT_FILE", caBundlePath, "REQUESTS_CA_BUNDLE", caBundlePath, "CURL_CA_BUNDLE", caBundlePath,
 		"PIP_CERT", caBundlePath, "NODE_EXTRA_CA_CERTS", caBundlePath, "GIT_SSL_CAINFO", caBundlePath,

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -157,4 +159,53 @@ r`, indexPort))
 			t.Errorf("%s", got)
 		}
 	})
+}
+
+// TestEgressNPM: with node offered from the host (host_paths) and a registry allowlisted, npm
+// install works through the egress proxy and the package loads.
+func TestEgressNPM(t *testing.T) {
+	npm, err := exec.LookPath("npm")
+	if err != nil {
+		t.Skip("no npm on this host")
+	}
+	cli, err := filepath.EvalSymlinks(npm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	modules := cli
+	for filepath.Base(modules) != "node_modules" && modules != "/" {
+		modules = filepath.Dir(modules)
+	}
+	if modules == "/" {
+		t.Skipf("npm (%s) is not in a node_modules directory", cli)
+	}
+	registry := httptest.NewUnstartedServer(nil)
+	port := registry.Listener.Addr().(*net.TCPAddr).Port
+	registry.Config.Handler = egresstest.NPMRegistry(t, fmt.Sprintf("http://npm.test:%d", port), "ciproxy-hello", "1.0.0",
+		"module.exports = {greeting: 'hello from npm'};\n")
+	registry.Start()
+	defer registry.Close()
+	dns := egresstest.NewDNS(t)
+	dns.Set("npm.test", netip.MustParseAddr("127.0.0.1"))
+	p, err := newProvider(testOptions(Options{
+		Tool: "egress-npm", HostPaths: []string{modules},
+		Network: egress.Bound{Policy: egress.Policy{Domains: []string{"npm.test"}}},
+		Egress:  egress.Settings{AllowPrivate: true, DNSServer: dns.Addr(), HTTPPorts: []int{port}, TLSPorts: []int{443}},
+	}), testKnobs(knobs{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	h := create(t, p, sandbox.CreateOptions{Network: egress.Policy{Domains: []string{"npm.test"}}})
+	res := run(t, p, h, fmt.Sprintf(`import subprocess
+r = subprocess.run(["npm", "install", "--registry", "http://npm.test:%d/", "ciproxy-hello"], cwd="/mnt/data", capture_output=True, text=True)
+n = subprocess.run(["node", "-e", "console.log(require('ciproxy-hello').greeting)"], cwd="/mnt/data", capture_output=True, text=True)
+print(r.returncode, r.stdout[-1500:], r.stderr[-1500:], n.stdout, n.stderr[-1500:])`, port))
+	if !strings.Contains(res.Stdout, "hello from npm") {
+		t.Fatalf("npm install: %s %v", res.Stdout, res.Error)
+	}
 }
