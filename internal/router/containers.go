@@ -430,7 +430,7 @@ func (s *server) createContainerFile(w http.ResponseWriter, r *http.Request) err
 	if err := readForm(multipart.NewReader(body, params["boundary"]), up); err != nil {
 		w.Header().Set("Connection", "close")
 		up.undo()
-		return uploadError(err, r, cfg)
+		return uploadError(err, body, r, cfg)
 	}
 	body.done()
 	switch {

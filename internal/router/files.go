@@ -152,7 +152,7 @@ func (s *server) createFile(w http.ResponseWriter, r *http.Request) error {
 	if err := readForm(multipart.NewReader(body, params["boundary"]), form); err != nil {
 		// What remains of the body cannot be read usefully; do not let net/http try.
 		w.Header().Set("Connection", "close")
-		return uploadError(err, r, cfg)
+		return uploadError(err, body, r, cfg)
 	}
 	body.done()
 	f, err := form.commit()
@@ -167,12 +167,14 @@ func (s *server) createFile(w http.ResponseWriter, r *http.Request) error {
 var errUploadTimeout = errors.New("the upload took longer than upload_timeout")
 
 // uploadBody sets a read deadline before every read, so a client may neither stall for longer
-// than perRead nor, sending a byte now and then, make its upload last past end.
+// than perRead nor, sending a byte now and then, make its upload last past end. It remembers the
+// first error a read ended with (io.EOF aside), for uploadError.
 type uploadBody struct {
 	r       io.Reader
 	rc      *http.ResponseController
 	perRead time.Duration
 	end     time.Time
+	err     error
 }
 
 // uploadBody is r's body, of at most max bytes, under the upload's deadlines.
@@ -199,6 +201,9 @@ func (b *uploadBody) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	if errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(b.end) {
 		err = fmt.Errorf("%w: %w", errUploadTimeout, err)
+	}
+	if err != nil && b.err == nil && !errors.Is(err, io.EOF) {
+		b.err = err
 	}
 	return n, err
 }
@@ -228,11 +233,24 @@ func (rr *readRecorder) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// uploadError maps a failure while reading the form: the client's errors and the store's refusals
-// become 4xx; a store that failed otherwise is a 500 (or 503) whose cause only the log sees.
-func uploadError(err error, r *http.Request, cfg *config.Config) error {
-	var apiErr *apierror.Error
+// uploadError maps a failure while reading the form from body: the client's errors and the
+// store's refusals become 4xx; a store that failed otherwise is a 500 (or 503) whose cause only
+// the log sees.
+//
+// When a read of the body failed, that failure is the answer, whatever err the layers above made
+// of it. They may not have seen it: bufio's ReadLine drops an error that comes with part of a
+// line, so textproto reports a header line cut by the deadline as malformed; and net/http cancels
+// the request's context as the read fails, so a store that checks the context before its next
+// read reports context.Canceled. Either would otherwise pass for a client that left, and the
+// client would get an empty 200 where the 408 of upload_timeout is due. err is kept in the
+// message only, so that its context.Canceled does not make handle take the request for one whose
+// client left.
+func uploadError(err error, body *uploadBody, r *http.Request, cfg *config.Config) error {
 	var rerr readError
+	if body.err != nil && (!errors.As(err, &rerr) || !errors.Is(rerr.err, body.err)) {
+		err = fmt.Errorf("%w (then: %v)", readError{body.err}, err)
+	}
+	var apiErr *apierror.Error
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &apiErr):
