@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -28,9 +30,20 @@ const (
 	killTimeout = 10 * time.Second
 )
 
+// startRequest is envd's StartRequest. Tag (field 3 of StartRequest, not of ProcessConfig) names
+// the process for a ProcessSelector before its pid is known.
 type startRequest struct {
 	Process processConfig `json:"process"`
+	Tag     string        `json:"tag,omitempty"`
 	Stdin   bool          `json:"stdin"`
+}
+
+// processList is envd's ListResponse, as far as the client reads it.
+type processList struct {
+	Processes []struct {
+		PID uint32  `json:"pid"`
+		Tag *string `json:"tag"`
+	} `json:"processes"`
 }
 
 type processConfig struct {
@@ -67,25 +80,38 @@ type endStream struct {
 
 // Exec implements sandbox.Shell with envd's process service: one Start of /bin/bash -c command
 // in /mnt/data with stdin closed and no envs of ours, its deadline the command's timeout (envd
-// kills the process at it and ends the stream with deadline_exceeded). envd does not kill a
-// process whose client left, so when ctx ends Exec kills it: SendSignal SIGKILL, and the
-// command's process group with a second Start.
+// kills the process at it and ends the stream with deadline_exceeded), and a tag of its own. envd
+// does not kill a process whose client left, so when ctx ends Exec kills it: SendSignal SIGKILL,
+// and the command's process group with a second Start. When ctx ends before the start event
+// brought the pid, the tag finds the process (killTagged).
 func (p *Provider) Exec(ctx context.Context, h sandbox.Handle, command string, opts sandbox.ExecOptions) (sandbox.ExecResult, error) {
 	timeout := opts.Timeout
 	if timeout <= 0 {
 		timeout = p.opts.RunTimeout
 	}
+	tag := processTag()
 	var pid uint32
-	res, err := p.start(ctx, h, command, timeout, func(started uint32) { pid = started }, opts.OnOutput)
-	if ctx.Err() != nil && pid != 0 {
-		p.killProcess(h, pid)
+	var sent atomic.Bool
+	res, err := p.start(ctx, h, command, tag, timeout, func(started uint32) { pid = started }, opts.OnOutput, &sent)
+	if ctx.Err() != nil {
+		switch {
+		case pid != 0:
+			p.killProcess(h, pid)
+		case sent.Load():
+			p.killTagged(h, tag)
+		}
 	}
 	return res, err
 }
 
+// processTag is a Start's tag: unique, so that a selector by tag names that process alone.
+func processTag() string { return "ciproxy-" + randomSuffix() + randomSuffix() }
+
 // start runs one Start call to its end.
-func (p *Provider) start(ctx context.Context, h sandbox.Handle, command string, timeout time.Duration, onStart func(uint32), onOutput func(sandbox.Stream, string)) (sandbox.ExecResult, error) {
-	msg, err := json.Marshal(startRequest{Process: processConfig{Cmd: "/bin/bash", Args: []string{"-c", command}, Cwd: sandbox.DataDir}})
+// sent becomes true once a connection to envd was had for the request, from when the process may
+// exist in envd.
+func (p *Provider) start(ctx context.Context, h sandbox.Handle, command, tag string, timeout time.Duration, onStart func(uint32), onOutput func(sandbox.Stream, string), sent *atomic.Bool) (sandbox.ExecResult, error) {
+	msg, err := json.Marshal(startRequest{Process: processConfig{Cmd: "/bin/bash", Args: []string{"-c", command}, Cwd: sandbox.DataDir}, Tag: tag})
 	if err != nil {
 		return sandbox.ExecResult{}, fmt.Errorf("e2b exec: %w", err)
 	}
@@ -96,6 +122,11 @@ func (p *Provider) start(ctx context.Context, h sandbox.Handle, command string, 
 	// arrives before the connection is cut.
 	reqCtx, cancel := context.WithTimeout(ctx, timeout+5*time.Second)
 	defer cancel()
+	if sent != nil {
+		// From the connection on, the request may reach envd (WroteRequest can come after Do
+		// returned on a cancellation): the process may exist, under its tag.
+		reqCtx = httptrace.WithClientTrace(reqCtx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { sent.Store(true) }})
+	}
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, p.dataURL(h, EnvdPort, "/process.Process/Start"), bytes.NewReader(body))
 	if err != nil {
 		return sandbox.ExecResult{}, fmt.Errorf("%w: e2b exec: %w", sandbox.ErrUnavailable, err)
@@ -223,7 +254,7 @@ func (p *Provider) killProcess(h sandbox.Handle, pid uint32) {
 	treeDone := make(chan struct{})
 	go func() {
 		defer close(treeDone)
-		_, _ = p.start(ctx, h, fmt.Sprintf(killTree, pid), killTimeout, func(uint32) {}, nil)
+		_, _ = p.start(ctx, h, fmt.Sprintf(killTree, pid), processTag(), killTimeout, func(uint32) {}, nil, nil)
 	}()
 	t := time.NewTimer(killTreeWait)
 	select {
@@ -235,6 +266,50 @@ func (p *Provider) killProcess(h sandbox.Handle, pid uint32) {
 	_ = p.rpc(ctx, h, "exec kill", "process.Process/SendSignal", sig, nil)
 	<-treeDone
 }
+
+// killTagged kills a command whose caller went away before its start event: its pid is not
+// known, its tag is. envd's List gives the pid of the process with that tag, which killProcess
+// then kills with its tree. envd registers a process before it sends the start event, but the
+// Start may still be on its way: List is asked again until tagWait passes. SendSignal by tag
+// is the last resort only (List failed, or never showed the tag): envd's selection by tag stops
+// at the first tagged process whose tag differs (docs/wire-e2b.md), so with other tagged processes
+// running it may answer not_found for a process that exists.
+func (p *Provider) killTagged(h sandbox.Handle, tag string) {
+	ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
+	defer cancel()
+	deadline := time.Now().Add(tagWait)
+	for {
+		var list processList
+		if err := p.rpc(ctx, h, "exec list", "process.Process/List", struct{}{}, &list); err != nil {
+			break
+		}
+		for _, proc := range list.Processes {
+			if proc.Tag != nil && *proc.Tag == tag {
+				p.killProcess(h, proc.PID)
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		t := time.NewTimer(tagPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+	sig := map[string]any{"process": map[string]string{"tag": tag}, "signal": "SIGNAL_SIGKILL"}
+	_ = p.rpc(ctx, h, "exec kill", "process.Process/SendSignal", sig, nil)
+}
+
+// tagWait is how long killTagged looks for a process that envd may not have started yet, tagPoll
+// how often.
+const (
+	tagWait = 2 * time.Second
+	tagPoll = 100 * time.Millisecond
+)
 
 // killTreeWait is how long killProcess waits for the tree to be killed before it kills the
 // command's process.

@@ -3,6 +3,8 @@ package e2b_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 )
 
 type shellOutput struct {
@@ -82,6 +85,77 @@ func TestExec(t *testing.T) {
 		if got := req.Header.Get(k); got != want {
 			t.Errorf("Start header %s = %q; want %q", k, got, want)
 		}
+	}
+	// Every Start carries a tag of its own (StartRequest's tag), for a kill before its pid is known.
+	if len(req.Body) < 5 || !regexp.MustCompile(`^\{"process":\{[^}]*\},"tag":"ciproxy-[0-9a-f]{32}","stdin":false\}$`).Match(req.Body[5:]) {
+		t.Errorf("Start body %q; want a unique tag", req.Body)
+	}
+}
+
+// TestExecCancelBeforeStart cancels a command after its Start reached envd but before the start
+// event (with the pid) reached the client: the emulator holds the start event back. The command
+// is found by its tag and killed, with what it started.
+func TestExecCancelBeforeStart(t *testing.T) {
+	_, srv := newEnv(t)
+	p := provider(t, srv)
+	h := create(t, p)
+	srv.DelayNextStarts(1, time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	seen := make(chan e2btest.Process, 1)
+	go func() {
+		defer cancel()
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if ps := srv.Processes(h.ID); len(ps) == 1 {
+				// Give the command time to start its child.
+				time.Sleep(300 * time.Millisecond)
+				seen <- ps[0]
+				return
+			}
+		}
+		close(seen)
+	}()
+	start := time.Now()
+	var o shellOutput
+	_, err := p.Exec(ctx, h, "sleep 1048 & sleep 30; echo late", sandbox.ExecOptions{Timeout: time.Minute, OnOutput: o.on})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Exec after cancel = %v; want context.Canceled", err)
+	}
+	proc, ok := <-seen
+	if !ok {
+		t.Fatal("the command was never listed")
+	}
+	if !strings.HasPrefix(proc.Tag, "ciproxy-") {
+		t.Errorf("the command's tag = %q", proc.Tag)
+	}
+	if o.out.String() != "" {
+		t.Errorf("stdout %q before the start event", o.out.String())
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("Exec returned after %v", d)
+	}
+	// Killed, not left to its own end (30 s later): no longer listed.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ps := srv.Processes(h.ID)
+		if len(ps) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still running after the cancel: %+v", ps)
+		}
+	}
+	if _, ok := srv.LastRequest("49983 POST /process.Process/List"); !ok {
+		t.Error("no List to find the tag's pid")
+	}
+	if sig, ok := srv.LastRequest("49983 POST /process.Process/SendSignal"); !ok || string(sig.Body) != fmt.Sprintf(`{"process":{"pid":%d},"signal":"SIGNAL_SIGKILL"}`, proc.PID) {
+		t.Errorf("SendSignal %q; want SIGKILL to pid %d", sig.Body, proc.PID)
+	}
+	var left shellOutput
+	if _, err := p.Exec(context.Background(), h, `for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' < "$f"; echo; done | grep -c '^sleep 1048 ' || true`, sandbox.ExecOptions{Timeout: 30 * time.Second, OnOutput: left.on}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(left.out.String()) != "0" {
+		t.Errorf("processes left by the cancelled command: %q", left.out.String())
 	}
 }
 

@@ -1,6 +1,7 @@
 package e2btest
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -25,20 +26,36 @@ import (
 // sandbox's user and cwd are the local sandbox's (uid 1000, /mnt/data); SendSignal kills the
 // command and everything it started, where envd signals the process alone; a signalled command
 // ends as "exit status 128+N" unless SendSignal killed it.
+//
+// Tags are envd's: a Start's tag (StartRequest field 3) is kept with the process, listed by List
+// and matched by a ProcessSelector's tag. envd looks a tag up by ranging over its processes and
+// stops at the first tagged one whose tag differs, so a process is found by tag only when no
+// other tagged process comes first; the emulator ranges in ascending pid order (one of the orders
+// envd's map may take), which makes that deterministic: the oldest tagged process is found.
 
 // emuProcess is one running command.
 type emuProcess struct {
 	pid    uint32
-	tag    string
+	tag    *string // nil: the Start had none
+	cmd    string
+	args   []string
 	config json.RawMessage
 	kill   context.CancelFunc
 	killed bool // by SendSignal; guarded by Server.mu
 }
 
 func (s *Server) processRoutes() {
-	s.handleStream(s.envd, "49983 ", "POST /process.Process/Start", s.startProcess)
-	s.handleStream(s.envd, "49983 ", "POST /process.Process/SendSignal", s.sendSignal)
-	s.handleStream(s.envd, "49983 ", "POST /process.Process/List", s.listProcesses)
+	// Their bodies are small and kept: a test reads the tag a Start carried, or whom SendSignal named.
+	for pattern, fn := range map[string]http.HandlerFunc{
+		"POST /process.Process/Start":      s.startProcess,
+		"POST /process.Process/SendSignal": s.sendSignal,
+		"POST /process.Process/List":       s.listProcesses,
+	} {
+		s.handle(s.envd, "49983 ", pattern, func(w http.ResponseWriter, r *http.Request, body []byte) {
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			fn(w, r)
+		})
+	}
 }
 
 type startRequestJSON struct {
@@ -136,12 +153,14 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 	// envd does not kill a command whose client went away: its context is not the request's.
 	execCtx, kill := context.WithCancel(context.Background())
 	defer kill()
-	p := &emuProcess{kill: kill}
+	p := &emuProcess{kill: kill, tag: req.Tag, cmd: req.Process.Cmd, args: req.Process.Args}
 	p.config, _ = json.Marshal(req.Process)
-	if req.Tag != nil {
-		p.tag = *req.Tag
-	}
 	s.mu.Lock()
+	var delay time.Duration
+	if s.startFault.n > 0 {
+		s.startFault.n--
+		delay = s.startFault.delay
+	}
 	if sb.procs == nil {
 		sb.procs = map[uint32]*emuProcess{}
 	}
@@ -150,21 +169,70 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 	p.pid = 1<<22 + sb.lastPID
 	sb.procs[p.pid] = p
 	s.mu.Unlock()
-	defer func() {
+	// As envd, the process is forgotten once it has ended, whatever its stream is doing.
+	forget := func() {
 		s.mu.Lock()
 		delete(sb.procs, p.pid)
 		s.mu.Unlock()
-	}()
+	}
+	defer forget()
 
 	w.Header().Set("Content-Type", "application/connect+json")
+	// The headers go out with the start event: envd sends nothing before it.
 	w.WriteHeader(http.StatusOK)
+	timeout := deadline
+	if timeout == 0 {
+		timeout = 24 * time.Hour // no header: no limit
+	}
+	// The command runs from here on, as envd's runs before its start event is sent; its output
+	// waits for the start event. A delayed start event (DelayNextStarts) leaves the command running
+	// and listed, its pid unknown to the client.
+	started, activity := make(chan struct{}), make(chan struct{}, 1)
+	type outcome struct {
+		res sandbox.ExecResult
+		err error
+	}
+	done, finished := make(chan outcome, 1), make(chan struct{})
+	go func() {
+		defer close(finished)
+		res, err := shell.Exec(execCtx, h, b.String(), sandbox.ExecOptions{Timeout: timeout, OnOutput: func(stream sandbox.Stream, text string) {
+			<-started
+			select {
+			case activity <- struct{}{}:
+			default:
+			}
+			field := "stdout"
+			if stream == sandbox.Stderr {
+				field = "stderr"
+			}
+			// envd reads its pipes 32 KiB at a time: one data event per read.
+			for data := []byte(text); len(data) > 0; {
+				n := min(len(data), 32<<10)
+				chunk, _ := json.Marshal(map[string]map[string][]byte{"data": {field: data[:n]}})
+				st.event(string(chunk))
+				data = data[n:]
+			}
+		}})
+		forget()
+		done <- outcome{res, err}
+	}()
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-r.Context().Done(): // the client left: nothing to send it, the command goes on
+		case <-finished: // nothing more to hold back
+		}
+		t.Stop()
+	}
 	st.event(fmt.Sprintf(`{"start":{"pid":%d}}`, p.pid))
+	close(started)
 	// A keepalive event after every interval without data, as envd sends them.
 	interval := 90 * time.Second
 	if v, err := strconv.Atoi(r.Header.Get("Keepalive-Ping-Interval")); err == nil && v > 0 {
 		interval = time.Duration(v) * time.Second
 	}
-	activity, stopKA := make(chan struct{}, 1), make(chan struct{})
+	stopKA := make(chan struct{})
 	go func() {
 		t := time.NewTimer(interval)
 		defer t.Stop()
@@ -180,27 +248,8 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}()
-	timeout := deadline
-	if timeout == 0 {
-		timeout = 24 * time.Hour // no header: no limit
-	}
-	res, err := shell.Exec(execCtx, h, b.String(), sandbox.ExecOptions{Timeout: timeout, OnOutput: func(stream sandbox.Stream, text string) {
-		select {
-		case activity <- struct{}{}:
-		default:
-		}
-		field := "stdout"
-		if stream == sandbox.Stderr {
-			field = "stderr"
-		}
-		// envd reads its pipes 32 KiB at a time: one data event per read.
-		for data := []byte(text); len(data) > 0; {
-			n := min(len(data), 32<<10)
-			chunk, _ := json.Marshal(map[string]map[string][]byte{"data": {field: data[:n]}})
-			st.event(string(chunk))
-			data = data[n:]
-		}
-	}})
+	o := <-done
+	res, err := o.res, o.err
 	close(stopKA)
 	s.mu.Lock()
 	killed := p.killed
@@ -329,38 +378,70 @@ func (s *Server) unary(w http.ResponseWriter, r *http.Request, method string, in
 	return sb, true
 }
 
-// sendSignal serves SendSignal: SIGKILL and SIGTERM, by pid or tag.
+// sendSignal serves SendSignal: SIGKILL and SIGTERM, to a process selected by pid or tag. As
+// envd, the process is looked up first (not_found before a bad signal's unimplemented).
 func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) {
 	var req processSelector
 	sb, ok := s.unary(w, r, "SendSignal", &req)
 	if !ok {
 		return
 	}
-	if req.Signal != "SIGNAL_SIGKILL" && req.Signal != "SIGNAL_SIGTERM" {
-		connectError(w, http.StatusNotImplemented, "unimplemented", "invalid signal: "+req.Signal)
+	sel := req.Process
+	if sel.PID != nil && sel.Tag != nil {
+		// protojson refuses a second member of a oneof.
+		connectError(w, http.StatusBadRequest, "invalid_argument", "unmarshal into process.SendSignalRequest: proto: (line 1:1): error parsing \"tag\", oneof process.ProcessSelector.selector is already set")
+		return
+	}
+	if sel.PID == nil && sel.Tag == nil {
+		connectError(w, http.StatusNotImplemented, "unimplemented", "invalid input type *process.ProcessSelector")
 		return
 	}
 	s.mu.Lock()
-	var p *emuProcess
-	for _, c := range sb.procs {
-		if (req.Process.PID != nil && c.pid == *req.Process.PID) || (req.Process.Tag != nil && c.tag == *req.Process.Tag) {
-			p = c
-		}
-	}
-	if p != nil {
+	p := selectProcess(sb, sel.PID, sel.Tag)
+	if p != nil && (req.Signal == "SIGNAL_SIGKILL" || req.Signal == "SIGNAL_SIGTERM") {
 		p.killed = true
 	}
 	s.mu.Unlock()
 	if p == nil {
-		what := "pid " + fmt.Sprint(derefPID(req.Process.PID))
-		if req.Process.Tag != nil {
-			what = "tag " + *req.Process.Tag
+		what := "pid " + fmt.Sprint(derefPID(sel.PID))
+		if sel.Tag != nil {
+			what = "tag " + *sel.Tag
 		}
 		connectError(w, http.StatusNotFound, "not_found", "process with "+what+" not found")
 		return
 	}
+	if req.Signal != "SIGNAL_SIGKILL" && req.Signal != "SIGNAL_SIGTERM" {
+		connectError(w, http.StatusNotImplemented, "unimplemented", "invalid signal: "+req.Signal)
+		return
+	}
 	p.kill()
 	writeJSON(w, http.StatusOK, []byte(`{}`))
+}
+
+// selectProcess is envd's getProcess: the process with the pid, or the process with the tag as
+// envd's range finds it (it stops at the first tagged process whose tag differs), ranging in
+// ascending pid order. Called with s.mu held.
+func selectProcess(sb *emuSandbox, pid *uint32, tag *string) *emuProcess {
+	if pid != nil {
+		return sb.procs[*pid]
+	}
+	pids := make([]uint32, 0, len(sb.procs))
+	for n := range sb.procs {
+		pids = append(pids, n)
+	}
+	sort.Slice(pids, func(i, j int) bool { return pids[i] < pids[j] })
+	var found *emuProcess
+	for _, n := range pids {
+		p := sb.procs[n]
+		if p.tag == nil {
+			continue
+		}
+		if *p.tag != *tag {
+			break
+		}
+		found = p
+	}
+	return found
 }
 
 func derefPID(p *uint32) uint32 {
@@ -380,7 +461,7 @@ func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) {
 	type info struct {
 		Config json.RawMessage `json:"config"`
 		PID    uint32          `json:"pid"`
-		Tag    string          `json:"tag,omitempty"`
+		Tag    *string         `json:"tag,omitempty"`
 	}
 	s.mu.Lock()
 	list := []info{}
@@ -391,4 +472,33 @@ func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) {
 	sort.Slice(list, func(i, j int) bool { return list[i].PID < list[j].PID })
 	body, _ := json.Marshal(map[string]any{"processes": list})
 	writeJSON(w, http.StatusOK, body)
+}
+
+// Process is a command the emulated process service runs.
+type Process struct {
+	PID  uint32
+	Tag  string // "" when its Start had none
+	Cmd  string
+	Args []string
+}
+
+// Processes lists the commands still running in a sandbox (those List would show), by pid; a
+// command's process is listed from before its start event is sent until it has ended.
+func (s *Server) Processes(sandboxID string) []Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, ok := s.sandboxes[sandboxID]
+	if !ok {
+		return nil
+	}
+	list := []Process{}
+	for _, p := range sb.procs {
+		q := Process{PID: p.pid, Cmd: p.cmd, Args: append([]string(nil), p.args...)}
+		if p.tag != nil {
+			q.Tag = *p.tag
+		}
+		list = append(list, q)
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].PID < list[j].PID })
+	return list
 }

@@ -4,9 +4,12 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 )
@@ -115,10 +118,132 @@ func TestProcessService(t *testing.T) {
 	if r := unary("SendSignal", `{"process":{"pid":4242},"signal":"SIGNAL_SIGKILL"}`); r.status != http.StatusNotFound || r.body != `{"code":"not_found","message":"process with pid 4242 not found"}` {
 		t.Errorf("SendSignal to an unknown pid = %d %s", r.status, r.body)
 	}
-	if r := unary("SendSignal", `{"process":{"pid":1},"signal":"SIGNAL_SIGHUP"}`); r.status != http.StatusNotImplemented || !strings.Contains(r.body, `"unimplemented"`) {
-		t.Errorf("SendSignal SIGHUP = %d %s", r.status, r.body)
+	// envd looks the process up before it checks the signal (TestProcessTags sends one to a live process).
+	if r := unary("SendSignal", `{"process":{"pid":1},"signal":"SIGNAL_SIGHUP"}`); r.status != http.StatusNotFound || !strings.Contains(r.body, `"not_found"`) {
+		t.Errorf("SendSignal SIGHUP to an unknown pid = %d %s", r.status, r.body)
 	}
 	if r := unary("List", `{}`); r.status != http.StatusOK || r.body != `{"processes":[]}` {
 		t.Errorf("List = %d %s", r.status, r.body)
+	}
+}
+
+// TestProcessTags checks tags as envd keeps them: a Start's tag is listed and selects the process
+// for SendSignal, a selector is looked up before its signal is checked, and a lookup by tag stops
+// at the first tagged process whose tag differs (the emulator ranges by ascending pid).
+func TestProcessTags(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(`{"templateID":"code-interpreter-v1","timeout":300,"secure":true}`)
+	id, token := sb["sandboxID"].(string), sb["envdAccessToken"].(string)
+	client := e.srv.Client()
+	// startAsync runs a Start to its end in the background and sends its body.
+	startAsync := func(tag, command string) <-chan string {
+		body := map[string]any{"process": map[string]any{"cmd": "/bin/bash", "args": []string{"-c", command}}, "stdin": false}
+		if tag != "" {
+			body["tag"] = tag
+		}
+		msg, _ := json.Marshal(body)
+		req, _ := http.NewRequest("POST", e.srv.SandboxURL()+"/process.Process/Start", strings.NewReader(envelope(0, string(msg))))
+		for k, v := range map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": "49983", "Content-Type": "application/connect+json", "Connect-Protocol-Version": "1", "X-Access-Token": token} {
+			req.Header.Set(k, v)
+		}
+		out := make(chan string, 1)
+		go func() {
+			resp, err := client.Do(req)
+			if err != nil {
+				out <- "error: " + err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			out <- string(b)
+		}()
+		return out
+	}
+	unary := func(method, body string) response {
+		return e.data(id, e2btest.EnvdPort, "POST", "/process.Process/"+method, body, "Content-Type", "application/json", "Connect-Protocol-Version", "1", "X-Access-Token", token)
+	}
+	// waitFor polls Processes until want holds.
+	waitFor := func(what string, want func([]e2btest.Process) bool) []e2btest.Process {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			ps := e.srv.Processes(id)
+			if want(ps) {
+				return ps
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: processes %+v", what, ps)
+			}
+		}
+	}
+	endEvent := func(stream string) string {
+		msgs, _ := envelopes(t, stream)
+		for _, m := range msgs {
+			if strings.Contains(m, `"end":`) {
+				return m
+			}
+		}
+		return ""
+	}
+
+	// The start event is held back: the process runs, is listed with its tag, and is killed by tag.
+	e.srv.DelayNextStarts(1, time.Minute)
+	a := startAsync("tag-a", "sleep 30")
+	ps := waitFor("a listed", func(ps []e2btest.Process) bool { return len(ps) == 1 })
+	if ps[0].Tag != "tag-a" || ps[0].Cmd != "/bin/bash" || strings.Join(ps[0].Args, " ") != "-c sleep 30" {
+		t.Errorf("Processes = %+v", ps)
+	}
+	if r := unary("List", `{}`); r.status != http.StatusOK || !strings.Contains(r.body, `"tag":"tag-a"`) {
+		t.Errorf("List = %d %s", r.status, r.body)
+	}
+	for _, tc := range []struct{ body, status, want string }{
+		{`{"process":{"tag":"tag-a"},"signal":"SIGNAL_SIGHUP"}`, "501", `{"code":"unimplemented","message":"invalid signal: SIGNAL_SIGHUP"}`},
+		{`{"process":{"tag":"nope"},"signal":"SIGNAL_SIGKILL"}`, "404", `{"code":"not_found","message":"process with tag nope not found"}`},
+		{`{"process":{"pid":7},"signal":"SIGNAL_SIGHUP"}`, "404", `{"code":"not_found","message":"process with pid 7 not found"}`},
+		{`{"process":{},"signal":"SIGNAL_SIGKILL"}`, "501", `"unimplemented"`},
+		{`{"process":{"pid":7,"tag":"tag-a"},"signal":"SIGNAL_SIGKILL"}`, "400", `"invalid_argument"`},
+	} {
+		if r := unary("SendSignal", tc.body); fmt.Sprint(r.status) != tc.status || !strings.Contains(r.body, tc.want) {
+			t.Errorf("SendSignal %s = %d %s; want %s %s", tc.body, r.status, r.body, tc.status, tc.want)
+		}
+	}
+	if len(e.srv.Processes(id)) != 1 {
+		t.Fatalf("a refused SendSignal ended the process: %+v", e.srv.Processes(id))
+	}
+	if r := unary("SendSignal", `{"process":{"tag":"tag-a"},"signal":"SIGNAL_SIGKILL"}`); r.status != http.StatusOK {
+		t.Errorf("SendSignal by tag = %d %s", r.status, r.body)
+	}
+	waitFor("a killed", func(ps []e2btest.Process) bool { return len(ps) == 0 })
+	if got := endEvent(<-a); got != `{"event":{"end":{"exitCode":-1,"status":"signal: killed","error":"signal: killed"}}}` {
+		t.Errorf("end of the killed process = %s", got)
+	}
+
+	// Three at once: an untagged one does not stop the lookup, a tagged one with another tag does.
+	u := startAsync("", "sleep 30")
+	waitFor("u listed", func(ps []e2btest.Process) bool { return len(ps) == 1 })
+	b := startAsync("tag-b", "sleep 30")
+	waitFor("b listed", func(ps []e2btest.Process) bool { return len(ps) == 2 })
+	c := startAsync("tag-c", "sleep 30")
+	ps = waitFor("c listed", func(ps []e2btest.Process) bool { return len(ps) == 3 })
+	if ps[0].Tag != "" || ps[1].Tag != "tag-b" || ps[2].Tag != "tag-c" {
+		t.Fatalf("Processes = %+v", ps)
+	}
+	if r := unary("SendSignal", `{"process":{"tag":"tag-c"},"signal":"SIGNAL_SIGKILL"}`); r.status != http.StatusNotFound {
+		t.Errorf("SendSignal by a tag behind another = %d %s; want envd's not_found", r.status, r.body)
+	}
+	if r := unary("SendSignal", `{"process":{"tag":"tag-b"},"signal":"SIGNAL_SIGKILL"}`); r.status != http.StatusOK {
+		t.Errorf("SendSignal by tag past an untagged process = %d %s", r.status, r.body)
+	}
+	waitFor("b killed", func(ps []e2btest.Process) bool { return len(ps) == 2 })
+	if r := unary("SendSignal", `{"process":{"tag":"tag-c"},"signal":"SIGNAL_SIGKILL"}`); r.status != http.StatusOK {
+		t.Errorf("SendSignal by tag, the first tagged one now = %d %s", r.status, r.body)
+	}
+	if r := unary("SendSignal", fmt.Sprintf(`{"process":{"pid":%d},"signal":"SIGNAL_SIGKILL"}`, ps[0].PID)); r.status != http.StatusOK {
+		t.Errorf("SendSignal by pid = %d %s", r.status, r.body)
+	}
+	waitFor("all killed", func(ps []e2btest.Process) bool { return len(ps) == 0 })
+	for _, ch := range []<-chan string{u, b, c} {
+		if got := endEvent(<-ch); !strings.Contains(got, `"signal: killed"`) {
+			t.Errorf("end of a killed process = %s", got)
+		}
 	}
 }

@@ -75,6 +75,7 @@ type Server struct {
 	execDelay     time.Duration
 	execFail      statusFault
 	streamFault   streamFault
+	startFault    startFault
 	trafficTokens bool
 	maxConcurrent int
 	envdVersion   string
@@ -92,6 +93,11 @@ type createFault struct {
 type statusFault struct {
 	n      int
 	status int
+}
+
+type startFault struct {
+	n     int
+	delay time.Duration
 }
 
 type streamFault struct {
@@ -267,6 +273,16 @@ func (s *Server) CutNextStreams(n, after int, midLine bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.streamFault = streamFault{n: n, after: after, midLine: midLine}
+}
+
+// DelayNextStarts makes the next n process Starts hold their start event (and the response's
+// headers) back for d after the command has started, as a slow link would: meanwhile the command
+// runs and is listed, and the client does not know its pid. A client that leaves ends the wait
+// (the command goes on, as under envd), and so does the command's end.
+func (s *Server) DelayNextStarts(n int, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.startFault = startFault{n: n, delay: d}
 }
 
 // RequireTrafficToken makes sandboxes created from now on carry a trafficAccessToken, which the
