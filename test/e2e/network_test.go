@@ -68,10 +68,12 @@ func TestNetworkPolicy(t *testing.T) {
 
 	up := upstreamtest.New(t)
 	up.Script(func(req upstreamtest.Request) upstreamtest.Turn {
-		if req.Tool("shell") != nil {
-			return runUserCommands(req)
+		if req.Tool("shell") == nil || itemType(req.History[len(req.History)-1]) == "function_call_output" {
+			return runUserCode(req)
 		}
-		return runUserCode(req)
+		// As runUserCommands, with time for pip in the slowest way of running (no cgroups).
+		args, _ := json.Marshal(map[string]any{"commands": strings.Split(lastUserText(req), "\n"), "timeout_ms": 60000, "max_output_length": nil})
+		return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("shell", string(args))}, Usage: callUsage}
 	})
 	cfg := setup{Upstream: up.URL(), WorkDir: workDir(t), LocalSettings: []string{
 		`allowed_domains: ["pypi.test", "*.secret.test"]`,
