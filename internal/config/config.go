@@ -73,6 +73,11 @@ type Deployment struct {
 	// API is the API the deployment speaks for /v1/responses: model_info.supported_endpoints when
 	// the entry gives it, else the provider's default (DefaultAPI).
 	API API
+	// InterceptedTools is model_info.intercepted_tools: the hosted tools the proxy runs itself for
+	// this model, in place of Interception.Tools (Interception.ForModel). nil: the entry does not say,
+	// Interception.Tools applies; empty: none, every hosted tool passes through as sent. The
+	// entries of one model_name agree on it (Parse checks).
+	InterceptedTools []string
 	// Params are the default request parameters of litellm_params (temperature, max_tokens, seed,
 	// ...), in Chat Completions names and file order, each value as JSON. A client's own value for
 	// a parameter wins; internal/upstream applies them (and maps them for the Responses API).
@@ -265,6 +270,17 @@ func (in Interception) Intercepts(typ string) bool {
 		return slices.Contains(HostedTools, typ)
 	}
 	return slices.Contains(in.Tools, typ)
+}
+
+// ForModel returns the interception settings of a request for a model whose entry says tools
+// (its Deployment.InterceptedTools): in itself, with Tools replaced by tools unless that is nil.
+// Interception must still apply to the request (InterceptionActive, ProviderEnabled) for any tool
+// to be run.
+func (in Interception) ForModel(tools []string) Interception {
+	if tools != nil {
+		in.Tools = tools
+	}
+	return in
 }
 
 // General is general_settings.

@@ -154,6 +154,13 @@ func (d *decoder) deployment(i int, item *yaml.Node, creds map[string]credential
 	}
 	info := d.OpenMap(entry.Node("model_info"), path+".model_info", label)
 	endpoints, haveEndpoints := info.StringList("supported_endpoints")
+	if tools, ok := hostedTools(info, "intercepted_tools"); ok {
+		dep.InterceptedTools = tools
+		if d.toolsLines == nil {
+			d.toolsLines = map[int]int{}
+		}
+		d.toolsLines[dep.Line] = info.ValueLine("intercepted_tools")
+	}
 
 	pn := entry.Node("litellm_params")
 	if settings.IsNull(pn) {
@@ -413,4 +420,48 @@ func validHeaderName(s string) bool {
 		}
 	}
 	return true
+}
+
+// modelTools checks model_info.intercepted_tools against the rest of the file, once
+// code_interpreter_interception_params is read: the entries of one model_name must intercept the
+// same tools (balancing and failover take any of them for a request already rewritten for its
+// tools), and an entry whose provider enabled_providers leaves out intercepts nothing whatever it
+// lists, which a warning says.
+func (d *decoder) modelTools(cfg *Config) {
+	first := map[string]int{} // model_name -> index in cfg.Models of its first entry
+	for i, m := range cfg.Models {
+		line, given := d.toolsLines[m.Line]
+		if given && len(m.InterceptedTools) > 0 && !cfg.Interception.ProviderEnabled(m.Provider) {
+			d.Warnf("model_list entry %q at line %d: model_info.intercepted_tools lists %s, but enabled_providers does not list its provider %q: it intercepts nothing",
+				m.ModelName, m.Line, strings.Join(m.InterceptedTools, ", "), m.Provider)
+		}
+		j, seen := first[m.ModelName]
+		if !seen {
+			first[m.ModelName] = i
+			continue
+		}
+		o := cfg.Models[j]
+		mine, theirs := cfg.Interception.ForModel(m.InterceptedTools).Tools, cfg.Interception.ForModel(o.InterceptedTools).Tools
+		if sameTools(mine, theirs) {
+			continue
+		}
+		if !given {
+			line = m.Line
+		}
+		d.Errorf(line, "model_list entry %q: intercepts %s, but its entry at line %d intercepts %s: the entries of one model_name must intercept the same tools (model_info.intercepted_tools)",
+			m.ModelName, toolsShown(mine), o.Line, toolsShown(theirs))
+	}
+}
+
+// sameTools reports whether a and b hold the same tool names, in any order.
+func sameTools(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(slices.Compact(a), slices.Compact(b))
+}
+
+// toolsShown is a list of tools for messages: "[code_interpreter, shell]", "[]" for none.
+func toolsShown(tools []string) string {
+	return "[" + strings.Join(tools, ", ") + "]"
 }

@@ -141,6 +141,8 @@ type decoder struct {
 	backends     []SandboxBackend
 	sharedSecret string
 	ignored      map[string]*IgnoredKey // by place in the file
+	// toolsLines holds the line of each model_info.intercepted_tools value, by its entry's line.
+	toolsLines map[int]int
 }
 
 // syntaxError returns the line and message of a YAML syntax error. yaml.v3 reports the line where
@@ -205,6 +207,7 @@ func (d *decoder) config(data []byte) *Config {
 	var toolNames map[string]int
 	cfg.SandboxTools, toolNames = d.sandboxTools(top.Node("sandbox_tools"))
 	d.litellmSettings(litellm, cfg, toolNames)
+	d.modelTools(cfg)
 	cfg.General = d.general(top.Node("general_settings"))
 	cfg.Ignored = d.ignoredKeys()
 	return cfg
@@ -403,15 +406,8 @@ func (d *decoder) litellmSettings(s *settings.Map, cfg *Config, tools map[string
 		}
 	}
 	in.Tools = slices.Clone(HostedTools)
-	if v, ok := p.StringList("tools"); ok {
-		in.Tools = []string{}
-		for _, t := range v {
-			if !slices.Contains(HostedTools, t) {
-				d.Errorf(p.ValueLine("tools"), "%s: %q is not a hosted tool this proxy runs (%s)", p.Key("tools"), t, strings.Join(HostedTools, ", "))
-				continue
-			}
-			in.Tools = append(in.Tools, t)
-		}
+	if v, ok := hostedTools(p, "tools"); ok {
+		in.Tools = v
 	}
 	in.ShellFunctionName = DefaultShellFunctionName
 	if v := p.String("shell_function_name"); v.Present {
@@ -441,6 +437,38 @@ func (d *decoder) litellmSettings(s *settings.Map, cfg *Config, tools map[string
 	if given && in.Enabled && !slices.Contains(cbs, InterceptionCallback) {
 		d.Warnf("%s is set, but litellm_settings.callbacks does not list %q: interception is off", ipath, InterceptionCallback)
 	}
+}
+
+// hostedTools reads key of m as a list of HostedTools names (code_interpreter_interception_params
+// tools, model_info.intercepted_tools): each other name is an error at its own line, naming the
+// valid ones; a name listed twice counts once. It returns nil, false when the key is absent or
+// null, and an empty, non-nil list for an empty one.
+func hostedTools(m *settings.Map, key string) ([]string, bool) {
+	names, ok := m.StringList(key)
+	if !ok {
+		return nil, false
+	}
+	var items []*yaml.Node // the list's items, for their lines; StringList checked its shape
+	if n := settings.Deref(m.Node(key)); n != nil && n.Kind == yaml.SequenceNode {
+		items = n.Content
+	}
+	out := []string{}
+	for _, t := range names {
+		line := m.ValueLine(key)
+		for _, item := range items {
+			if item = settings.Deref(item); item.Kind == yaml.ScalarNode && item.Value == t {
+				line = item.Line
+				break
+			}
+		}
+		switch {
+		case !slices.Contains(HostedTools, t):
+			m.Errorf(line, "%s: %q is not a hosted tool this proxy runs (%s)", m.Key(key), t, strings.Join(HostedTools, ", "))
+		case !slices.Contains(out, t):
+			out = append(out, t)
+		}
+	}
+	return out, true
 }
 
 func (d *decoder) general(n *yaml.Node) General {
