@@ -127,6 +127,9 @@ type Request struct {
 	Upstream upstream.ResponsesAPI
 	// Provider is the provider of the model's first deployment, for enabled_providers.
 	Provider string
+	// InterceptedTools are the model's first deployment's model_info.intercepted_tools
+	// (config.Deployment.InterceptedTools): nil for Config's Interception.Tools, empty for none.
+	InterceptedTools []string
 	// Caller is the owner the router named (router.Caller: a client key's name, or a hash of the
 	// key; "" without one). It owns the containers and the responses the request creates.
 	Caller string

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"runtime/debug"
-	"slices"
 
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
@@ -54,7 +53,7 @@ func (e *Engine) prepare(ctx context.Context, in *Request, routed bool) (*Plan, 
 		p.Intercepted = true
 		return p, e.refused(apierror.BadRequest("The request body must be a JSON object.", "", ""))
 	}
-	code := applies(in.Config, in.Provider, root)
+	code := applies(in.Config, in.Provider, in.InterceptedTools, root)
 	var prev *prevRecord
 	prevErr := error(nil)
 	if id := root.Get("previous_response_id").String(); id != "" {
@@ -66,7 +65,7 @@ func (e *Engine) prepare(ctx context.Context, in *Request, routed bool) (*Plan, 
 	if !p.Intercepted {
 		return p, nil
 	}
-	ic := in.Config.Interception
+	ic := in.interception()
 	// Code runs only where interception applies; a stateless upstream's other requests keep
 	// their tools as sent (its translation refuses a code_interpreter tool left in).
 	req, aerr := parseRoot(root, in.Body, ic, code)
@@ -100,15 +99,22 @@ func (e *Engine) refused(aerr *apierror.Error) *apierror.Error {
 	return aerr
 }
 
-// applies reports whether the engine intercepts a request with this body for this provider.
-func applies(cfg *config.Config, provider string, root gjson.Result) bool {
+// applies reports whether the engine intercepts a request with this body for this provider and
+// a model whose entry says tools (its model_info.intercepted_tools; nil: the config's tools).
+func applies(cfg *config.Config, provider string, tools []string, root gjson.Result) bool {
 	if cfg == nil || !cfg.InterceptionActive() {
 		return false
 	}
-	if p := cfg.Interception.EnabledProviders; p != nil && !slices.Contains(p, provider) {
+	if !cfg.Interception.ProviderEnabled(provider) {
 		return false
 	}
-	return wants(root, cfg.Interception)
+	return wants(root, cfg.Interception.ForModel(tools))
+}
+
+// interception is the config's interception settings for in's model: the hosted tools it runs
+// are the model's own when its entry lists them.
+func (in *Request) interception() config.Interception {
+	return in.Config.Interception.ForModel(in.InterceptedTools)
 }
 
 // Container returns the container the request uses, the one rule for it on every replica:
@@ -166,7 +172,7 @@ func (e *Engine) Serve(w http.ResponseWriter, hr *http.Request, p *Plan) (err er
 	ctx := hr.Context()
 	in := p.Request
 	caller := in.Caller
-	ic := in.Config.Interception
+	ic := in.interception()
 	release, err := req.findFiles(ctx, e.files, caller, in.Inline)
 	if err != nil {
 		e.m.requests.WithLabelValues("client_error").Inc()

@@ -138,7 +138,9 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) error {
 		Checked:  true, // by resolve
 		Upstream: target,
 		Provider: deps[0].Provider,
-		Caller:   Caller(r.Context()),
+		// The entries of one model_name agree on it (config.Parse checks).
+		InterceptedTools: deps[0].InterceptedTools,
+		Caller:           Caller(r.Context()),
 	}
 	ir.Inline = func(n int64) (func(), error) { return s.inlined.Reserve(ir.Caller, n, inlineLimits(req.cfg)) }
 	if chat {
