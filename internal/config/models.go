@@ -154,13 +154,15 @@ func (d *decoder) deployment(i int, item *yaml.Node, creds map[string]credential
 	}
 	info := d.OpenMap(entry.Node("model_info"), path+".model_info", label)
 	endpoints, haveEndpoints := info.StringList("supported_endpoints")
+	at := toolsAt{label: label, line: item.Line}
 	if tools, ok := hostedTools(info, "intercepted_tools"); ok {
 		dep.InterceptedTools = tools
-		if d.toolsLines == nil {
-			d.toolsLines = map[int]int{}
-		}
-		d.toolsLines[dep.Line] = info.ValueLine("intercepted_tools")
+		at.given, at.line = true, info.ValueLine("intercepted_tools")
 	}
+	if d.toolsAt == nil {
+		d.toolsAt = map[int]toolsAt{}
+	}
+	d.toolsAt[dep.Line] = at
 
 	pn := entry.Node("litellm_params")
 	if settings.IsNull(pn) {
@@ -422,6 +424,13 @@ func validHeaderName(s string) bool {
 	return true
 }
 
+// toolsAt is where a model_list entry's intercepted_tools are, for modelTools' messages.
+type toolsAt struct {
+	label string // "model_list[2] (gpt-4.1)"
+	line  int    // of the value, else of the entry
+	given bool   // the entry sets model_info.intercepted_tools
+}
+
 // modelTools checks model_info.intercepted_tools against the rest of the file, once
 // code_interpreter_interception_params is read: the entries of one model_name must intercept the
 // same tools (balancing and failover take any of them for a request already rewritten for its
@@ -430,10 +439,10 @@ func validHeaderName(s string) bool {
 func (d *decoder) modelTools(cfg *Config) {
 	first := map[string]int{} // model_name -> index in cfg.Models of its first entry
 	for i, m := range cfg.Models {
-		line, given := d.toolsLines[m.Line]
-		if given && len(m.InterceptedTools) > 0 && !cfg.Interception.ProviderEnabled(m.Provider) {
-			d.Warnf("model_list entry %q at line %d: model_info.intercepted_tools lists %s, but enabled_providers does not list its provider %q: it intercepts nothing",
-				m.ModelName, m.Line, strings.Join(m.InterceptedTools, ", "), m.Provider)
+		at := d.toolsAt[m.Line]
+		if at.given && len(m.InterceptedTools) > 0 && !cfg.Interception.ProviderEnabled(m.Provider) {
+			d.Warnf("%s.model_info.intercepted_tools lists %s, but enabled_providers leaves out its provider %q: the model intercepts nothing",
+				at.label, strings.Join(m.InterceptedTools, ", "), m.Provider)
 		}
 		j, seen := first[m.ModelName]
 		if !seen {
@@ -445,11 +454,8 @@ func (d *decoder) modelTools(cfg *Config) {
 		if sameTools(mine, theirs) {
 			continue
 		}
-		if !given {
-			line = m.Line
-		}
-		d.Errorf(line, "model_list entry %q: intercepts %s, but its entry at line %d intercepts %s: the entries of one model_name must intercept the same tools (model_info.intercepted_tools)",
-			m.ModelName, toolsShown(mine), o.Line, toolsShown(theirs))
+		d.Errorf(at.line, "%s: intercepts %s, but %s (line %d) intercepts %s: the entries of one model_name must intercept the same tools (model_info.intercepted_tools; absent: code_interpreter_interception_params.tools)",
+			at.label, toolsShown(mine), d.toolsAt[o.Line].label, o.Line, toolsShown(theirs))
 	}
 }
 

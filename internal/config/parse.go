@@ -141,8 +141,8 @@ type decoder struct {
 	backends     []SandboxBackend
 	sharedSecret string
 	ignored      map[string]*IgnoredKey // by place in the file
-	// toolsLines holds the line of each model_info.intercepted_tools value, by its entry's line.
-	toolsLines map[int]int
+	// toolsAt says where each model_list entry's intercepted_tools are, by the entry's line.
+	toolsAt map[int]toolsAt
 }
 
 // syntaxError returns the line and message of a YAML syntax error. yaml.v3 reports the line where
