@@ -369,6 +369,9 @@ func TestExampleConfigLiteLLMBlocks(t *testing.T) {
 		gpt.StreamTimeout != 60*time.Second || gpt.API != APIResponses || gpt.Attempts != 3 {
 		t.Errorf("gpt-4.1 = %+v; want 3 params, a header, an extra_body key, the timeouts, the Responses API and 3 attempts", gpt)
 	}
+	if !reflect.DeepEqual(gpt.InterceptedTools, []string{"code_interpreter"}) {
+		t.Errorf("gpt-4.1 InterceptedTools = %q; want [code_interpreter], as model_info.intercepted_tools says", gpt.InterceptedTools)
+	}
 	az := c.Deployments("gpt-4o-azure")
 	if len(az) != 1 || az[0].Provider != "azure" || az[0].APIKey != "az" || az[0].KeyHeader != KeyHeaderAzure || az[0].APIVersion != "2025-04-01-preview" || az[0].Unusable != "" {
 		t.Errorf("gpt-4o-azure = %+v; want a usable Azure deployment with its key and version", az)
