@@ -106,7 +106,8 @@ type Responses interface {
 	PutResponse(ctx context.Context, r Response, calls []Call) error
 	// Response returns the response stored under id.
 	Response(ctx context.Context, id string) (Response, error)
-	// Call returns the code_interpreter_call stored under id ("ci_...").
+	// Call returns the code_interpreter_call ("ci_...") or shell item ("sh_...", "sho_...")
+	// stored under id.
 	Call(ctx context.Context, id string) (Call, error)
 	// DeleteResponse forgets a response; its calls stay, so a stateless client can still replay
 	// them. Deleting what does not exist is not an error.
@@ -144,6 +145,9 @@ type Call struct {
 	ContainerID string `json:"container_id,omitempty"`
 	Code        string `json:"code"`
 	Output      string `json:"output"` // the function_call_output text the model was given
+	// Item is, for a shell item the proxy minted (a shell_call "sh_..." or a shell_call_output
+	// "sho_..."), the item as the client received it, in JSON; "" for a code_interpreter_call.
+	Item string `json:"item,omitempty"`
 	// ExpiresAt is when the call is forgotten; zero means never.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }

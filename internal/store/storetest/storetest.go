@@ -1050,6 +1050,7 @@ func testResponses(t *testing.T, clock *Clock, s store.Responses) {
 	calls := []store.Call{
 		{ID: "ci_1", Owner: "alice", CallID: "call_1", Code: "1+1", Output: "2", ExpiresAt: now.Add(24 * time.Hour)},
 		{ID: "ci_2", Owner: "alice", CallID: "call_2", ContainerID: "cntr_1", Code: "print('x')", Output: "x\n", ExpiresAt: now.Add(48 * time.Hour)},
+		{ID: "sh_3", Owner: "alice", CallID: "call_3", Item: `{"id":"sh_3","type":"shell_call","call_id":"call_3"}`, ExpiresAt: now.Add(24 * time.Hour)},
 	}
 	if err := s.PutResponse(ctx, r, calls); err != nil {
 		t.Fatal(err)
@@ -1063,6 +1064,9 @@ func testResponses(t *testing.T, clock *Clock, s store.Responses) {
 	c, err := s.Call(ctx, "ci_2")
 	if err != nil || c != calls[1] {
 		t.Errorf("Call = %+v, %v; want %+v", c, err, calls[1])
+	}
+	if c, err := s.Call(ctx, "sh_3"); err != nil || c != calls[2] {
+		t.Errorf("Call(sh_3) = %+v, %v; want %+v", c, err, calls[2])
 	}
 	// A response without body or input keeps them nil.
 	if err := s.PutResponse(ctx, store.Response{ID: "resp_bare", Owner: "bob"}, nil); err != nil {
