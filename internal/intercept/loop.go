@@ -97,7 +97,10 @@ func (r *run) loop(ctx context.Context) error {
 			if c.shell {
 				stop = stop || stopShell
 				if !r.req.shell.hosted {
-					continue // the client runs it (clientCalls), and answers it in its next request
+					// The client runs it (clientCalls), and answers it in its next request; the
+					// call is kept for an item_reference to it.
+					r.keepShellItem(c.ciID, c.callID, r.tr.shownItem(c.ref))
+					continue
 				}
 				out, err := r.shell(ctx, c, i, stopShell)
 				if err != nil {
@@ -198,6 +201,15 @@ func (r *run) complete(ctx context.Context, turns, pending [][]byte) error {
 		return fmt.Errorf("intercept: storing the response: %w", err)
 	}
 	return r.emit(ev)
+}
+
+// keepShellItem records a shell item the client is shown (its shell_call, or a shell_call_output
+// of commands that ran) with the response, so that an item_reference to its id resolves to it.
+func (r *run) keepShellItem(id, callID string, item []byte) {
+	if id == "" || item == nil {
+		return
+	}
+	r.stored = append(r.stored, store.Call{ID: id, Owner: r.caller, CallID: callID, Item: string(item)})
 }
 
 // execute runs one stand-in call in the container.

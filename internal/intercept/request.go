@@ -580,6 +580,7 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 	var failed error
 	lk.err = &failed
 	var pending [][]byte
+	var prevSR *store.Response // previous_response_id's record, when it is the caller's
 	prevRaw := gjson.GetBytes(r.raw, "previous_response_id")
 	if prev := prevRaw.String(); prev != "" {
 		var sr store.Response
@@ -605,6 +606,7 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 			return apierror.BadRequest("Previous response with id '"+prev+"' not found.", "previous_response_id", apierror.CodePreviousResponseNotFound)
 		}
 		if known {
+			prevSR = &sr
 			r.useContainer(sr.ContainerID)
 			for _, it := range sr.Pending {
 				pending = append(pending, it)
@@ -623,15 +625,17 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 	case in.Type == gjson.String:
 		r.input = append(append([][]byte(nil), pending...), userMessageOf(in))
 	default:
-		if r.shell.fn != "" {
-			if bad := checkShellPairs(in, prevRaw.String() != ""); bad != nil {
-				return bad
-			}
+		// References to the shell items the proxy minted become those items, for the pairing
+		// check and the upstream alike.
+		items := in.Array()
+		for i, it := range items {
+			items[i] = shellReference(it, lk)
 		}
 		r.input = append(r.input, pending...)
 		k := 0
 		var unknown *apierror.Error
-		in.ForEach(func(_, it gjson.Result) bool {
+		opaque := false // an item_reference the proxy cannot resolve goes upstream as it is
+		for _, it := range items {
 			for i := range r.files {
 				if r.files[i].item == k {
 					r.files[i].at = len(r.input)
@@ -643,18 +647,34 @@ func (r *parsedRequest) resolve(lk lookup) *apierror.Error {
 				}
 			}
 			items, container := translateInputItem(it, r.fn, r.shell.fn, lk)
-			if lk.stateless && len(items) == 1 && gjson.GetBytes(items[0], "type").String() == "item_reference" {
-				// Nobody upstream can resolve it: OpenAI's answer for an item it does not hold.
-				unknown = apierror.NotFound("Item with id '"+it.Get("id").String()+"' not found.", "input")
-				return false
+			if len(items) == 1 && gjson.GetBytes(items[0], "type").String() == "item_reference" {
+				if lk.stateless {
+					// Nobody upstream can resolve it: OpenAI's answer for an item it does not hold.
+					unknown = apierror.NotFound("Item with id '"+it.Get("id").String()+"' not found.", "input")
+					break
+				}
+				opaque = true
 			}
 			r.input = append(r.input, items...)
 			r.useContainer(container)
 			k++
-			return true
-		})
+		}
 		if unknown != nil && failed == nil {
 			return unknown
+		}
+		if r.shell.fn != "" && failed == nil {
+			var prior func(string) bool // nil: the input is the whole context
+			switch {
+			case opaque || (prevRaw.String() != "" && prevSR == nil):
+				// The upstream holds context the proxy does not see (an item only it can
+				// resolve, a conversation it keeps): its calls are not checked here.
+				prior = func(string) bool { return true }
+			case prevSR != nil:
+				prior = lk.priorShellCalls(*prevSR, r.shell.fn)
+			}
+			if bad := checkShellPairs(items, prior); bad != nil && failed == nil {
+				return bad
+			}
 		}
 	}
 	if failed != nil {

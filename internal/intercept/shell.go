@@ -22,6 +22,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/containers"
 	"github.com/ciproxy/ciproxy/internal/intercept/argstream"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/store"
 )
 
 // shellTool is the request's shell tool as the proxy handles it.
@@ -685,7 +686,11 @@ func (r *run) shell(ctx context.Context, c standIn, i int, stop bool) (string, e
 	r.tr.addFiles(written.Files, true)
 	r.e.m.executions.WithLabelValues(result).Inc()
 	r.e.m.execTime.WithLabelValues(result).Observe(r.e.now().Sub(start).Seconds())
-	return model, r.emit(r.tr.shellOutputDone(run, status))
+	done := r.tr.shellOutputDone(run, status)
+	// The commands went to the container: the call and its output are kept, as code calls are.
+	r.keepShellItem(c.ciID, c.callID, r.tr.shownItem(c.ref))
+	r.keepShellItem(run.id, run.callID, r.tr.out[run.index])
+	return model, r.emit(done)
 }
 
 // shellCallInput is the stand-in's function_call for a shell_call the client sends back.
@@ -724,29 +729,24 @@ func shellOutputText(output gjson.Result) string {
 }
 
 // checkShellPairs refuses, as OpenAI does, a shell_call_output in input whose call_id names no
-// shell_call of the context (the input, or, with previous_response_id, the conversation the
-// upstream keeps, which is not checked here), and a shell_call of the input without its output.
-func checkShellPairs(in gjson.Result, continued bool) *apierror.Error {
+// shell_call of the context, and a shell_call of the input without its output. The context is
+// the input before the output and what prior reports of the conversation previous_response_id
+// continues (nil: there is none); a prior that cannot tell reports every call_id as known.
+func checkShellPairs(in []gjson.Result, prior func(callID string) bool) *apierror.Error {
 	calls, outputs := map[string]bool{}, map[string]bool{}
 	var order []string
-	var bad *apierror.Error
-	in.ForEach(func(_, it gjson.Result) bool {
+	for _, it := range in {
 		id := it.Get("call_id").String()
 		switch it.Get("type").String() {
 		case "shell_call":
 			calls[id] = true
 			order = append(order, id)
 		case "shell_call_output":
-			if !calls[id] && !continued {
-				bad = apierror.BadRequest("No tool call found for shell call output with call_id "+id+".", "input", "")
-				return false
+			if !calls[id] && (prior == nil || !prior(id)) {
+				return apierror.BadRequest("No tool call found for shell call output with call_id "+id+".", "input", "")
 			}
 			outputs[id] = true
 		}
-		return true
-	})
-	if bad != nil {
-		return bad
 	}
 	for _, id := range order {
 		if !outputs[id] {
@@ -754,4 +754,92 @@ func checkShellPairs(in gjson.Result, continued bool) *apierror.Error {
 		}
 	}
 	return nil
+}
+
+// shellReference returns the shell item the proxy minted that an item_reference names ("sh_…",
+// "sho_…"), as the client received it; any other item, and a reference the store does not hold
+// for the caller, is returned as it is.
+func shellReference(it gjson.Result, lk lookup) gjson.Result {
+	if it.Get("type").String() != "item_reference" {
+		return it
+	}
+	id := it.Get("id").String()
+	if !strings.HasPrefix(id, "sh_") && !strings.HasPrefix(id, "sho_") {
+		return it
+	}
+	if sc, ok := storedCall(lk, id); ok && sc.Item != "" && gjson.Valid(sc.Item) {
+		return gjson.Parse(sc.Item)
+	}
+	return it
+}
+
+// maxChainReads bounds the records read back along a previous_response_id chain for the calls of
+// its conversation; a longer chain is not checked.
+const maxChainReads = 32
+
+// priorShellCalls reports, for a call_id, whether the conversation sr ends is known to hold a
+// shell call of it, or not known well enough to tell: sr's conversation as the proxy kept it (for
+// an upstream that keeps nothing), or, while the chain is the caller's and stored with its
+// bodies, each response's input and output back to the first. Records are read only while a
+// call_id is still missing.
+func (lk lookup) priorShellCalls(sr store.Response, sfn string) func(string) bool {
+	ids := map[string]bool{}
+	next, whole, reads := &sr, false, 0
+	return func(callID string) bool {
+		for !ids[callID] && next != nil {
+			cur := next
+			next = nil
+			var prev string
+			if prev, whole = lk.shellCallsOf(*cur, sfn, ids); prev == "" || whole {
+				break
+			}
+			if reads++; reads > maxChainReads {
+				break
+			}
+			sr, known, err := readResponse(lk.ctx, lk.store, prev)
+			if err != nil {
+				lk.fail(err)
+				break
+			}
+			if known && sr.Owner == lk.caller {
+				next = &sr
+			}
+		}
+		return ids[callID] || (next == nil && !whole)
+	}
+}
+
+// shellCallsOf adds the call_ids of the shell calls of one stored response to ids, and returns
+// the response it continues ("" for none) and whether its record holds the whole conversation.
+// A record that holds none of it (not kept, or deleted) is a chain that cannot be followed: ""
+// and false.
+func (lk lookup) shellCallsOf(sr store.Response, sfn string, ids map[string]bool) (prev string, whole bool) {
+	add := func(items []gjson.Result) {
+		for _, it := range items {
+			switch typ := it.Get("type").String(); {
+			case typ == "shell_call", typ == "function_call" && it.Get("name").String() == sfn:
+				ids[it.Get("call_id").String()] = true
+			case typ == "item_reference":
+				if ref := shellReference(it, lk); ref.Get("type").String() == "shell_call" {
+					ids[ref.Get("call_id").String()] = true
+				}
+			}
+		}
+	}
+	if sr.UpstreamID == "" && len(sr.Pending) > 0 {
+		// The conversation the proxy kept: every item of the chain, in the upstream's form.
+		items := make([]gjson.Result, len(sr.Pending))
+		for i, it := range sr.Pending {
+			items[i] = gjson.ParseBytes(it)
+		}
+		add(items)
+		return "", true
+	}
+	if sr.Body == nil {
+		return "", false
+	}
+	add(gjson.ParseBytes(sr.Input).Array())
+	add(gjson.GetBytes(sr.Body, "output").Array())
+	prev = gjson.GetBytes(sr.Body, "previous_response_id").String()
+	return prev, prev == ""
 }

@@ -2,6 +2,7 @@ package intercept
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -322,5 +323,224 @@ func TestShellTwoCallsOneTurn(t *testing.T) {
 	}
 	if outs := fcOutputs(h.up.Requests()[1]); len(outs) != 2 || !strings.Contains(outs[0], "one") || !strings.Contains(outs[1], "two") {
 		t.Errorf("the model was told %q", outs)
+	}
+}
+
+// TestCheckShellPairs: an output needs a call before it in the input or in the conversation
+// previous_response_id continues; a call of the input needs its output.
+func TestCheckShellPairs(t *testing.T) {
+	call := func(id string) string {
+		return `{"type":"shell_call","call_id":"` + id + `","action":{"commands":["ls"]}}`
+	}
+	out := func(id string) string { return `{"type":"shell_call_output","call_id":"` + id + `","output":[]}` }
+	known := func(ids ...string) func(string) bool {
+		return func(id string) bool { return slices.Contains(ids, id) }
+	}
+	unknowable := func(string) bool { return true }
+	for _, tc := range []struct {
+		name  string
+		items []string
+		prior func(string) bool
+		msg   string // "": accepted
+	}{
+		{"pair in the input", []string{call("call_a"), out("call_a")}, nil, ""},
+		{"output without call", []string{out("call_a")}, nil, "No tool call found for shell call output with call_id call_a."},
+		{"output before its call", []string{out("call_a"), call("call_a")}, nil, "No tool call found for shell call output with call_id call_a."},
+		{"call without output", []string{call("call_a")}, nil, "No tool output found for shell call call_a."},
+		{"output of a prior call", []string{out("call_p")}, known("call_p"), ""},
+		{"output of no prior call", []string{out("call_x")}, known("call_p"), "No tool call found for shell call output with call_id call_x."},
+		{"prior and input", []string{call("call_a"), out("call_a"), out("call_p")}, known("call_p"), ""},
+		{"a context that cannot be told", []string{out("call_x")}, unknowable, ""},
+		{"a call without output whatever the context", []string{call("call_a")}, unknowable, "No tool output found for shell call call_a."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			items := gjson.Parse("[" + strings.Join(tc.items, ",") + "]").Array()
+			bad := checkShellPairs(items, tc.prior)
+			switch {
+			case tc.msg == "" && bad != nil:
+				t.Errorf("refused: %v", bad.Message)
+			case tc.msg != "" && (bad == nil || bad.Message != tc.msg || bad.Param != "input" || bad.Status != 400):
+				t.Errorf("got %+v; want 400 %q at input", bad, tc.msg)
+			}
+		})
+	}
+}
+
+// localShell is a local shell tool's request body after the first: input, and the fields extra.
+func localShell(input, extra string) string {
+	b := `{"model":"gpt-test","tools":[{"type":"shell","environment":{"type":"local"}}],"input":` + input
+	if extra != "" {
+		b += "," + extra
+	}
+	return b + "}"
+}
+
+func shellOutputOf(callID string) string {
+	return `{"type":"shell_call_output","call_id":"` + callID + `","output":[{"stdout":"a.txt\n","stderr":"","outcome":{"type":"exit","exit_code":0}}]}`
+}
+
+// TestShellPairingPrevious: continuing a response the proxy stored, an output is checked against
+// the calls of its conversation: the previous response's and those of its chain. An output that
+// answers none is OpenAI's 400 before anything goes upstream; one that answers a call is sent.
+func TestShellPairingPrevious(t *testing.T) { forEachAPI(t, testShellPairingPrevious) }
+
+func testShellPairingPrevious(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api))
+	h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("ls")}})
+	status, resp := h.post(shellBody(`,"environment":{"type":"local"}`, ""), "k1")
+	if status != 200 || strings.Join(types(resp), ",") != "shell_call" {
+		t.Fatalf("first turn %d: %s", status, resp)
+	}
+	first, callA := gjson.GetBytes(resp, "id").String(), gjson.GetBytes(resp, "output.0.call_id").String()
+	// The second response answers it, and the model makes another call.
+	h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("cat a.txt")}})
+	status, resp = h.post(localShell("["+shellOutputOf(callA)+"]", `"previous_response_id":"`+first+`"`), "k1")
+	if status != 200 || strings.Join(types(resp), ",") != "shell_call" {
+		t.Fatalf("second turn %d: %s", status, resp)
+	}
+	second, callB := gjson.GetBytes(resp, "id").String(), gjson.GetBytes(resp, "output.0.call_id").String()
+	for _, tc := range []struct {
+		name, prev string
+		callIDs    []string // the outputs sent, the last one checked
+		status     int      // 0: sent upstream, whatever it answers
+	}{
+		{"wrong call_id on the previous response", first, []string{"call_wrong"}, 400},
+		{"wrong call_id along the chain", second, []string{callB, "call_wrong"}, 400},
+		{"the previous response's call", second, []string{callB}, 200},
+		{"a call further back in the chain", second, []string{callB, callA}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(h.up.Requests())
+			if tc.status != 400 {
+				h.up.Enqueue(text("listed"))
+			}
+			var outs []string
+			for _, id := range tc.callIDs {
+				outs = append(outs, shellOutputOf(id))
+			}
+			status, resp := h.post(localShell("["+strings.Join(outs, ",")+"]", `"previous_response_id":"`+tc.prev+`"`), "k1")
+			sent := len(h.up.Requests()) - before
+			if tc.status == 400 {
+				want := "No tool call found for shell call output with call_id " + tc.callIDs[len(tc.callIDs)-1] + "."
+				if status != 400 || gjson.GetBytes(resp, "error.message").String() != want || gjson.GetBytes(resp, "error.param").String() != "input" ||
+					gjson.GetBytes(resp, "error.type").String() != "invalid_request_error" || sent != 0 {
+					t.Errorf("answer %d %s, %d upstream requests; want 400 %q, none sent", status, resp, sent, want)
+				}
+				return
+			}
+			if (tc.status == 200 && status != 200) || sent != 1 {
+				t.Fatalf("answer %d %s, %d upstream requests; want it sent", status, resp, sent)
+			}
+			if tc.status == 0 {
+				return // what an upstream makes of an output answered twice is its own business
+			}
+			reqs := h.up.Requests()
+			if outs := fcOutputs(reqs[len(reqs)-1]); len(outs) == 0 || !strings.Contains(outs[len(outs)-1], `"stdout":"a.txt\n"`) {
+				t.Errorf("the model was told %q", outs)
+			}
+		})
+	}
+}
+
+// TestShellPairingForeignPrevious: a previous_response_id the proxy did not mint is the
+// upstream's conversation, which the proxy cannot see: the output goes upstream unchecked.
+func TestShellPairingForeignPrevious(t *testing.T) {
+	h := newHarness(t)
+	// The scripted upstream knows no such response either, and says so: what matters is that
+	// the request reached it.
+	status, resp := h.post(localShell("["+shellOutputOf("call_upstreams")+"]", `"previous_response_id":"resp_upstreams0123"`), "k1")
+	reqs := h.up.Requests()
+	if len(reqs) != 1 || gjson.GetBytes(reqs[0].Body, "previous_response_id").String() != "resp_upstreams0123" ||
+		strings.HasPrefix(gjson.GetBytes(resp, "error.message").String(), "No tool call found") {
+		t.Fatalf("answer %d %s, %d upstream requests; want it passed on", status, resp, len(reqs))
+	}
+	if outs := fcOutputs(reqs[0]); len(outs) != 1 {
+		t.Errorf("the upstream got outputs %q", outs)
+	}
+}
+
+// TestShellItemReference: a stateless replay may name the shell items the proxy minted by id:
+// they resolve to the items themselves, for the pairing check and for the upstream; an id the
+// proxy does not hold for the caller is an unknown item, as any other reference.
+func TestShellItemReference(t *testing.T) { forEachAPI(t, testShellItemReference) }
+
+func testShellItemReference(t *testing.T, api upstreamAPI) {
+	h := newHarness(t, onAPI(api))
+	// A local call, and a hosted call with its output, each in a response stored or not.
+	h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("ls -la")}})
+	_, resp := h.post(shellBody(`,"environment":{"type":"local"}`, `"store":false`), "k1")
+	local := gjson.GetBytes(resp, "output.0")
+	h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("echo one")}}, text("first"))
+	_, resp = h.post(shellBody(containerAuto, ""), "k1")
+	hostedCall, hostedOut := gjson.GetBytes(resp, "output.0"), gjson.GetBytes(resp, "output.1")
+	if local.Get("type").String() != "shell_call" || hostedCall.Get("type").String() != "shell_call" || hostedOut.Get("type").String() != "shell_call_output" {
+		t.Fatalf("first turns: %s / %s", local.Raw, resp)
+	}
+	ref := func(id string) string { return `{"type":"item_reference","id":"` + id + `"}` }
+	user := `{"role":"user","content":"go on"}`
+	// What went upstream: the stand-in's call with these commands, and the output with this text.
+	type sent struct{ commands, output string }
+	for _, tc := range []struct {
+		name   string
+		tool   string // the shell tool's environment
+		items  []string
+		caller string
+		status int
+		msg    string
+		want   sent
+	}{
+		{"a local call and the client's output", `{"type":"local"}`, []string{ref(local.Get("id").String()), shellOutputOf(local.Get("call_id").String()), user}, "k1", 200, "",
+			sent{`"ls -la"`, `"stdout":"a.txt\n"`}},
+		{"a local call without its output", `{"type":"local"}`, []string{ref(local.Get("id").String()), user}, "k1", 400,
+			"No tool output found for shell call " + local.Get("call_id").String() + ".", sent{}},
+		{"a hosted call and its output", `{"type":"container_auto"}`, []string{ref(hostedCall.Get("id").String()), ref(hostedOut.Get("id").String()), user}, "k1", 200, "",
+			sent{`"echo one"`, `"stdout":"one\n"`}},
+		{"a hosted output without its call", `{"type":"container_auto"}`, []string{ref(hostedOut.Get("id").String()), user}, "k1", 400,
+			"No tool call found for shell call output with call_id " + hostedCall.Get("call_id").String() + ".", sent{}},
+		{"another caller's call", `{"type":"local"}`, []string{ref(local.Get("id").String()), shellOutputOf(local.Get("call_id").String()), user}, "k2", 0, "", sent{}},
+		{"an unknown id", `{"type":"local"}`, []string{ref("sh_unknown"), shellOutputOf(local.Get("call_id").String()), user}, "k1", 0, "", sent{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(h.up.Requests())
+			unknown := tc.status == 0
+			if tc.status == 200 {
+				h.up.Enqueue(text("ok"))
+			}
+			body := `{"model":"gpt-test","store":false,"tools":[{"type":"shell","environment":` + tc.tool + `}],"input":[` + strings.Join(tc.items, ",") + `]}`
+			status, resp := h.post(body, tc.caller)
+			reqs := h.up.Requests()
+			switch {
+			case unknown && api.chat:
+				// Nobody upstream could resolve it: OpenAI's 404 for an item it does not hold.
+				id := gjson.Get(tc.items[0], "id").String()
+				if status != 404 || gjson.GetBytes(resp, "error.message").String() != "Item with id '"+id+"' not found." || len(reqs) != before {
+					t.Errorf("answer %d %s, %d sent; want 404 for %s, nothing sent", status, resp, len(reqs)-before, id)
+				}
+			case unknown:
+				// The upstream may hold it: the reference goes on as sent, and the output with it
+				// (the scripted upstream holds nothing, and answers OpenAI's 404).
+				if len(reqs) != before+1 || len(inputItems(reqs[before], "item_reference")) != 1 ||
+					len(inputItems(reqs[before], "function_call")) != 0 || len(fcOutputs(reqs[before])) != 1 || status != 404 {
+					t.Errorf("answer %d %s, %d sent; want the reference passed on", status, resp, len(reqs)-before)
+				}
+			case tc.status == 400:
+				if status != 400 || gjson.GetBytes(resp, "error.message").String() != tc.msg || gjson.GetBytes(resp, "error.param").String() != "input" || len(reqs) != before {
+					t.Errorf("answer %d %s, %d sent; want 400 %q, nothing sent", status, resp, len(reqs)-before, tc.msg)
+				}
+			default:
+				if status != 200 || len(reqs) != before+1 {
+					t.Fatalf("answer %d %s, %d sent", status, resp, len(reqs)-before)
+				}
+				last := reqs[len(reqs)-1]
+				calls, outs := inputItems(last, "function_call"), fcOutputs(last)
+				if n := len(inputItems(last, "item_reference")); n != 0 {
+					t.Errorf("%d item_reference items went upstream", n)
+				}
+				if len(calls) != 1 || gjson.GetBytes(calls[0], "name").String() != "shell" || !strings.Contains(gjson.GetBytes(calls[0], "arguments").String(), tc.want.commands) ||
+					len(outs) != 1 || !strings.Contains(outs[0], tc.want.output) {
+					t.Errorf("upstream got calls %s and outputs %q; want %s and %s", calls, outs, tc.want.commands, tc.want.output)
+				}
+			}
+		})
 	}
 }

@@ -524,6 +524,17 @@ func (t *translator) calls() []standIn {
 	return out
 }
 
+// shownItem is the client's item of call ref as shown so far (nil when it is not done).
+func (t *translator) shownItem(ref int) []byte {
+	if ref < 0 || ref >= len(t.slots) || t.slots[ref] == nil {
+		return nil
+	}
+	if i := t.slots[ref].index; i < len(t.out) {
+		return t.out[i]
+	}
+	return nil
+}
+
 // clientCalls reports whether the current upstream call asked for a client's own function, or
 // for a shell command the client runs (a shell tool without a container).
 func (t *translator) clientCalls() bool {
