@@ -110,12 +110,16 @@ func (s *Server) CA() []byte { return s.ca.pem }
 // done. A zero p refuses every request with a message saying the container has no network.
 func (s *Server) Serve(ctx context.Context, l net.Listener, container string, p Policy) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	c := &session{s: s, id: container, p: p, log: s.opts.Log.With(zap.String("container", container))}
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// However Serve ends, the connections end with it: cancelled first, then waited for.
+	defer func() {
+		cancel()
+		l.Close()
+		wg.Wait()
+	}()
 	for {
 		conn, err := l.Accept()
 		if err != nil {

@@ -10,6 +10,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -79,6 +82,8 @@ type box struct {
 	egress       net.Listener
 	egressCancel context.CancelFunc
 	egressDone   chan struct{}
+
+	midLine atomic.Bool // the kernel's output ends in a partial line (for diagnostics)
 
 	killOnce sync.Once
 	reason   atomic.Pointer[string] // why the sandbox was killed
@@ -339,6 +344,7 @@ func (b *box) read(r *os.File) {
 			lineStart := atStart
 			whole := lineStart && err == nil
 			atStart = err == nil
+			b.midLine.Store(!atStart)
 			switch {
 			case whole && bytes.Equal(piece, readyLine) && !readied:
 				readied = true
@@ -667,8 +673,11 @@ func (p *Provider) RestartKernel(ctx context.Context, h sandbox.Handle) error {
 		b.kill("the kernel did not restart")
 		return ctx.Err()
 	case <-t.C:
+		// What the sandbox was doing, for the operator's log: this should not happen.
+		state := b.processState()
 		b.kill("the kernel did not restart")
-		return fmt.Errorf("%w: local sandbox %s: the kernel was not ready %s after its restart", sandbox.ErrNotFound, h.ID, p.startWait())
+		return fmt.Errorf("%w: local sandbox %s: the kernel was not ready %s after its restart (%s; output mid-line: %v; stderr: %q)",
+			sandbox.ErrNotFound, h.ID, p.startWait(), state, b.midLine.Load(), b.stderr.Bytes())
 	}
 }
 
@@ -725,4 +734,44 @@ func (b *box) stopEgress() {
 		b.egress.Close()
 	}
 	b.egress = nil
+}
+
+// descendants returns pid and every process below it, through /proc's children lists.
+func descendants(pid int) []int {
+	out := []int{pid}
+	tasks, _ := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", task.Name(), "children"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if child, err := strconv.Atoi(f); err == nil {
+				out = append(out, descendants(child)...)
+			}
+		}
+	}
+	return out
+}
+
+// processState describes the sandbox's processes: for each, its pid, name, state and the kernel
+// function it waits in.
+func (b *box) processState() string {
+	var parts []string
+	for _, pid := range descendants(b.pid) {
+		dir := filepath.Join("/proc", strconv.Itoa(pid))
+		stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ...: comm may hold spaces and parentheses, so cut at the last ')'.
+		s := string(stat)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 || i+3 > len(s) {
+			continue
+		}
+		wchan, _ := os.ReadFile(filepath.Join(dir, "wchan"))
+		parts = append(parts, fmt.Sprintf("%d %s %c %s", pid, s[strings.IndexByte(s, '(')+1:i], s[i+2], wchan))
+	}
+	return "processes: " + strings.Join(parts, ", ")
 }

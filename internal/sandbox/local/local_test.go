@@ -829,22 +829,6 @@ func TestCheckWithoutBubblewrap(t *testing.T) {
 }
 
 // descendants returns pid and every process below it.
-func descendants(pid int) []int {
-	out := []int{pid}
-	tasks, _ := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
-	for _, task := range tasks {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", task.Name(), "children"))
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if child, err := strconv.Atoi(f); err == nil {
-				out = append(out, descendants(child)...)
-			}
-		}
-	}
-	return out
-}
 
 func TestConcurrentRuns(t *testing.T) {
 	shared := sharedProvider(t)
