@@ -44,6 +44,8 @@ type setup struct {
 	ChatOnly bool
 	// LocalSettings are more litellm_params lines of the local tool ("key: value").
 	LocalSettings []string
+	// Interception are more code_interpreter_interception_params lines ("key: value").
+	Interception []string
 }
 
 // yaml renders the configuration file.
@@ -75,6 +77,9 @@ func (s setup) yaml() string {
 		tool = "local"
 	}
 	fmt.Fprintf(&b, "litellm_settings:\n  callbacks: [\"code_interpreter_interception\"]\n  code_interpreter_interception_params:\n    sandbox_tool_name: %s\n", tool)
+	for _, kv := range s.Interception {
+		fmt.Fprintf(&b, "    %s\n", kv)
+	}
 	b.WriteString("general_settings:\n  shutdown_grace: 10s\n")
 	if s.MasterKey != "" {
 		fmt.Fprintf(&b, "  master_key: %s\n", s.MasterKey)

@@ -118,26 +118,44 @@ func TestNodeFilesRoundTrip(t *testing.T) {
 
 // TestNodeShell runs test/node/shell.test.mjs: the hosted shell tool with the openai npm package
 // (create and stream) and the Agents SDK's shellTool, hosted and local, against a scripted model
-// that runs `echo hi from shell` and then answers with what it saw, on the local sandbox.
+// that runs `echo hi from shell` and then answers with what it saw, on each sandbox backend and
+// each upstream API.
 func TestNodeShell(t *testing.T) {
 	node := nodeForClientTests(t)
-	up := upstreamtest.New(t)
-	up.Script(func(req upstreamtest.Request) upstreamtest.Turn {
+	script := func(req upstreamtest.Request) upstreamtest.Turn {
 		if n := len(req.History); n > 0 && itemType(req.History[n-1]) == "function_call_output" {
 			return runUserCode(req) // "Done. " and what the model was told
 		}
 		return upstreamtest.Turn{Items: []upstreamtest.Item{upstreamtest.FunctionCall("shell", `{"commands":["echo hi from shell"],"timeout_ms":null,"max_output_length":null}`)}, Usage: callUsage}
-	})
-	p := startProxy(t, setup{Upstream: up.URL(), MasterKey: "sk-node-master"}.yaml())
-	c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(c, node, "--test", "--test-reporter=spec", "shell.test.mjs")
-	cmd.Dir = filepath.Join(repoRoot, "test", "node")
-	cmd.Env = append(os.Environ(), "CIPROXY_BASE_URL="+p.URL+"/v1", "CIPROXY_MODEL="+clientModel, "CIPROXY_API_KEY=sk-node-master")
-	out, err := cmd.CombinedOutput()
-	t.Logf("node --test shell.test.mjs:\n%s", out)
-	if err != nil {
-		t.Fatalf("the Node shell tests failed: %v", err)
+	}
+	for _, tool := range sandboxTools {
+		for _, api := range []string{"responses", "chat"} {
+			t.Run(tool+"/"+api, func(t *testing.T) {
+				t.Parallel()
+				var opts []upstreamtest.Option
+				if api == "chat" {
+					opts = append(opts, upstreamtest.WithChatFlavour(upstreamtest.ChatVLLM))
+				}
+				up := upstreamtest.New(t, opts...)
+				up.Script(script)
+				emu, _ := newEmulator(t)
+				p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: workDir(t),
+					ChatOnly: api == "chat", MasterKey: "sk-node-master"}.yaml())
+				c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+				defer cancel()
+				cmd := exec.CommandContext(c, node, "--test", "--test-reporter=spec", "shell.test.mjs")
+				cmd.Dir = filepath.Join(repoRoot, "test", "node")
+				cmd.Env = append(os.Environ(), "CIPROXY_BASE_URL="+p.URL+"/v1", "CIPROXY_MODEL="+clientModel, "CIPROXY_API_KEY=sk-node-master")
+				out, err := cmd.CombinedOutput()
+				t.Logf("node --test shell.test.mjs:\n%s", out)
+				if err != nil {
+					t.Fatalf("the Node shell tests failed: %v", err)
+				}
+				if reqs := up.Requests(); len(reqs) == 0 || (api == "chat") != (reqs[0].Path == "/v1/chat/completions") {
+					t.Errorf("the upstream got %d requests, not on the %s API", len(reqs), api)
+				}
+			})
+		}
 	}
 }
 
