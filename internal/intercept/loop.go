@@ -80,7 +80,7 @@ func (r *run) loop(ctx context.Context) error {
 		r.iterations++
 		end := r.tr.outcome()
 		if end == outcomeFailed {
-			return r.emitAll(r.tr.upstreamFailed()...)
+			return r.emitAll(append(r.tr.release(-1), r.tr.upstreamFailed()...)...)
 		}
 		calls := r.tr.calls()
 		if len(calls) == 0 {
@@ -107,6 +107,10 @@ func (r *run) loop(ctx context.Context) error {
 					return err
 				}
 				outputs = append(outputs, functionOutput(c.callID, out))
+				// The items the model made after the call, held until its output was shown.
+				if err := r.emitAll(r.tr.release(c.ref)...); err != nil {
+					return err
+				}
 				continue
 			}
 			var ex execution
@@ -126,7 +130,7 @@ func (r *run) loop(ctx context.Context) error {
 					return err
 				}
 			}
-			if err := r.emitAll(r.tr.executed(c.ref, ex)...); err != nil {
+			if err := r.emitAll(append(r.tr.executed(c.ref, ex), r.tr.release(c.ref)...)...); err != nil {
 				return err
 			}
 			outputs = append(outputs, functionOutput(c.callID, ex.model))
@@ -136,6 +140,9 @@ func (r *run) loop(ctx context.Context) error {
 				// from what the client sends (translateInputItem).
 				r.stored = append(r.stored, store.Call{ID: c.ciID, Owner: r.caller, ContainerID: r.tr.container, CallID: c.callID, Code: c.code, Output: ex.model})
 			}
+		}
+		if err := r.emitAll(r.tr.release(-1)...); err != nil {
+			return err
 		}
 		if stop || r.tr.clientCalls() {
 			// The client's own function is the client's to run: return with its call; ours are

@@ -350,7 +350,25 @@ func (t *translator) startShellCall(s *slot) []Event {
 	t.started++
 	item := shellCallItem{ID: s.ciID, Type: "shell_call", Status: "in_progress", Action: shellAction{Commands: []string{}},
 		CallID: s.callID, Environment: t.environment()}
+	if t.req.shell.hosted {
+		t.reserveOutput(s)
+	}
 	return []Event{newItemEvent(evItemAdded, s.index, marshal(item))}
+}
+
+// reserveOutput keeps the client output_index after hosted call s for its shell_call_output.
+// An upstream that numbered a later item before this one has taken it: the output then goes
+// after every item, where it cannot collide.
+func (t *translator) reserveOutput(s *slot) {
+	for _, o := range t.slots {
+		if o != nil && o != s && o.index == s.index+1 {
+			return
+		}
+	}
+	s.outIndex = s.index + 1
+	for len(t.out) <= s.outIndex {
+		t.out = append(t.out, nil)
+	}
 }
 
 // feedCommands streams a chunk of a shell call's arguments as command events: each command
@@ -452,8 +470,7 @@ func (t *translator) shellCallDone(s *slot) []Event {
 	return []Event{newItemEvent(evItemDone, s.index, item)}
 }
 
-// shellRun is the shell_call_output of one call as it is produced: its item is added after
-// every item so far.
+// shellRun is the shell_call_output of one call as it is produced: its item follows the call.
 type shellRun struct {
 	index  int
 	id     string
@@ -465,8 +482,11 @@ type shellRun struct {
 // startShellOutput opens the shell_call_output of call ref.
 func (t *translator) startShellOutput(ref int) (*shellRun, Event) {
 	s := t.slots[ref]
-	run := &shellRun{index: len(t.out), id: t.mint("sho_"), callID: s.callID, max: s.action.MaxOutputLength, output: []shellEntry{}}
-	t.out = append(t.out, nil)
+	run := &shellRun{index: s.outIndex, id: t.mint("sho_"), callID: s.callID, max: s.action.MaxOutputLength, output: []shellEntry{}}
+	if run.index < 0 || t.out[run.index] != nil {
+		run.index = len(t.out)
+		t.out = append(t.out, nil)
+	}
 	return run, newItemEvent(evItemAdded, run.index, run.item(statusCompleted))
 }
 

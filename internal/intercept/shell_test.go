@@ -3,13 +3,13 @@ package intercept
 import (
 	"encoding/json"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
+	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/testutil/streamcheck"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
@@ -299,30 +299,65 @@ func TestShellOutputBound(t *testing.T) {
 	}
 }
 
-// TestShellTwoCallsOneTurn: two shell calls of one model turn each get their output, after the
-// turn, in call order; the model is told both.
-func TestShellTwoCallsOneTurn(t *testing.T) {
-	h := newHarness(t)
-	h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("echo one"), shellCall("echo two")}}, text("both"))
-	status, resp := h.post(shellBody(containerAuto, `"stream":true`), "k1")
-	if status != 200 {
-		t.Fatalf("status %d: %s", status, resp)
-	}
-	if _, err := streamcheck.Check(resp); err != nil {
-		t.Errorf("the stream breaks OpenAI's event grammar: %v", err)
-	}
-	final := finalResponse(t, parseSSE(t, resp))
-	if got := strings.Join(types(final), ","); got != "shell_call,shell_call,shell_call_output,shell_call_output,message" {
-		t.Fatalf("output types %s", got)
-	}
-	for i, want := range []string{"one\n", "two\n"} {
-		call, out := gjson.GetBytes(final, "output."+strconv.Itoa(i)), gjson.GetBytes(final, "output."+strconv.Itoa(i+2))
-		if out.Get("call_id").String() != call.Get("call_id").String() || out.Get("output.0.stdout").String() != want {
-			t.Errorf("output %d %s for call %s", i, out.Raw, call.Raw)
-		}
-	}
-	if outs := fcOutputs(h.up.Requests()[1]); len(outs) != 2 || !strings.Contains(outs[0], "one") || !strings.Contains(outs[1], "two") {
-		t.Errorf("the model was told %q", outs)
+// TestShellCallsOneTurn: the calls of one model turn each get their output right after them, in
+// the stream and in the JSON response alike, whatever else the turn holds; the items the model
+// made after a call reach the client once that call's output has; the model is told every
+// output.
+func TestShellCallsOneTurn(t *testing.T) {
+	both := `{"model":"gpt-test","input":"x","tools":[{"type":"code_interpreter","container":{"type":"auto"}},{"type":"shell","environment":{"type":"container_auto"}}]`
+	for _, tc := range []struct {
+		name  string
+		turn  []upstreamtest.Item
+		body  string
+		types string
+		told  []string
+	}{
+		{"two shell calls", []upstreamtest.Item{shellCall("echo one"), shellCall("echo two")}, shellBody(containerAuto, `"stream":true`),
+			"shell_call,shell_call_output,shell_call,shell_call_output,message", []string{"one", "two"}},
+		{"shell, code, shell", []upstreamtest.Item{shellCall("echo one"), call("print(2)"), shellCall("echo three")}, both + `,"stream":true}`,
+			"shell_call,shell_call_output,code_interpreter_call,shell_call,shell_call_output,message", []string{"one", "[no output]", "three"}},
+		{"text around a call", []upstreamtest.Item{upstreamtest.Text("First:"), shellCall("echo one"), upstreamtest.Text("then")}, shellBody(containerAuto, `"stream":true`),
+			"message,shell_call,shell_call_output,message,message", []string{"one"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.up.Enqueue(upstreamtest.Turn{Items: tc.turn}, text("both"), upstreamtest.Turn{Items: tc.turn}, text("both"))
+			status, resp := h.post(tc.body, "k1")
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, resp)
+			}
+			if _, err := streamcheck.Check(resp); err != nil {
+				t.Errorf("the stream breaks OpenAI's event grammar: %v\n%s", err, resp)
+			}
+			final := finalResponse(t, parseSSE(t, resp))
+			if got := strings.Join(types(final), ","); got != tc.types {
+				t.Fatalf("output types %s; want %s", got, tc.types)
+			}
+			var calls []string
+			for _, it := range gjson.GetBytes(final, "output").Array() {
+				switch it.Get("type").String() {
+				case "shell_call":
+					calls = append(calls, it.Get("call_id").String())
+				case "shell_call_output":
+					if n := len(calls); n == 0 || it.Get("call_id").String() != calls[n-1] {
+						t.Errorf("output %s does not follow its call (calls so far %q)", it.Raw, calls)
+					}
+				}
+			}
+			outs := fcOutputs(h.up.Requests()[1])
+			if len(outs) != len(tc.told) {
+				t.Fatalf("the model was told %q", outs)
+			}
+			for i, want := range tc.told {
+				if !strings.Contains(outs[i], want) {
+					t.Errorf("output %d to the model %q; want %q in it", i, outs[i], want)
+				}
+			}
+			_, plain := h.post(strings.Replace(tc.body, `,"stream":true`, "", 1), "k1")
+			if got := strings.Join(types(plain), ","); got != tc.types {
+				t.Errorf("the JSON response's output types %s; want %s", got, tc.types)
+			}
+		})
 	}
 }
 
@@ -540,6 +575,51 @@ func testShellItemReference(t *testing.T, api upstreamAPI) {
 					len(outs) != 1 || !strings.Contains(outs[0], tc.want.output) {
 					t.Errorf("upstream got calls %s and outputs %q; want %s and %s", calls, outs, tc.want.commands, tc.want.output)
 				}
+			}
+		})
+	}
+}
+
+// TestShellBudgets: shell calls count in the response's budgets as code calls do: past
+// max_executions or max_response_output a call is shown, not run, the model is told which limit
+// stopped it, and its next turn has tools off.
+func TestShellBudgets(t *testing.T) {
+	long := strings.Repeat("o", 600)
+	for _, tc := range []struct {
+		name string
+		cfg  func(*config.Config)
+		note string
+	}{
+		{"max_executions", func(c *config.Config) { c.Interception.MaxExecutions = 2 }, "max_executions"},
+		{"max_response_output", func(c *config.Config) { c.Interception.MaxResponseOutput = 1000 }, "max_response_output"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, withConfig(tc.cfg))
+			h.up.Enqueue(upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("echo " + long), shellCall("echo " + long), shellCall("echo " + long)}})
+			h.up.Script(func(r upstreamtest.Request) upstreamtest.Turn {
+				if string(r.ToolChoice) == `"none"` {
+					return text("Final answer.")
+				}
+				return upstreamtest.Turn{Items: []upstreamtest.Item{shellCall("echo again")}}
+			})
+			status, resp := h.post(shellBody(containerAuto, ""), "k1")
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, resp)
+			}
+			if ran := len(h.fake.Codes()); ran != 2 {
+				t.Errorf("ran %d commands; want 2", ran)
+			}
+			outs := gjson.GetBytes(resp, `output.#(type=="shell_call_output")#.status`).Array()
+			if len(outs) != 3 || outs[0].String() != "completed" || outs[1].String() != "completed" || outs[2].String() != "incomplete" {
+				t.Errorf("output statuses %v", outs)
+			}
+			reqs := h.up.Requests()
+			last := reqs[len(reqs)-1]
+			if len(reqs) != 2 || string(last.ToolChoice) != `"none"` {
+				t.Fatalf("%d upstream calls, the last with tool_choice %s; want 2, the second with tools off", len(reqs), last.ToolChoice)
+			}
+			if told := fcOutputs(last); len(told) != 3 || !strings.Contains(told[2], tc.note) || strings.Contains(told[2], long) {
+				t.Errorf("the model was told %q; want the third call stopped by %s", told, tc.note)
 			}
 		})
 	}

@@ -104,10 +104,24 @@ type translator struct {
 	end       outcome          // how it ended
 	errDetail []byte           // the error event's detail, if the upstream sent one
 	strip     bool             // remove encrypted_content the proxy asked for on its own behalf
+	// holdFrom is the upstream output_index of its first call that runs in the container (-1:
+	// none yet). The events of the items after it are held until that call has run and its
+	// output is shown, so the client sees each call followed by its output (release).
+	holdFrom  int
+	held      []heldEvent
+	heldBytes int
+	maxHeld   int // bytes of held events at most (defaultMaxHeld)
+}
+
+// heldEvent is a client event of the item at upstream output_index at, held back (holdFrom).
+type heldEvent struct {
+	at int
+	ev Event
 }
 
 // slot is one item of the current upstream call.
 type slot struct {
+	at     int    // upstream output_index
 	index  int    // client output_index
 	upID   string // upstream item id
 	upItem []byte // the upstream item once done (carried into the next iteration)
@@ -127,7 +141,9 @@ type slot struct {
 	tooBig   bool // the arguments are over maxArgs: nothing more of them is kept (limits.go)
 
 	// Shell calls only: the commands as streamed (command events sent for each), and the action
-	// from the complete arguments.
+	// from the complete arguments. outIndex is the client output_index of a hosted call's
+	// shell_call_output, right after the call (-1: after every item so far).
+	outIndex int
 	commands []string
 	cmdDone  int // commands whose .done was sent
 	action   shellAction
@@ -152,13 +168,15 @@ func newTranslator(req *parsedRequest, id string, createdAt int64, mint func(str
 		mint = newID
 	}
 	// Without a code_interpreter tool there is no container, and no file to cite.
-	return &translator{req: req, id: id, createdAt: createdAt, mint: mint, byID: map[string]*slot{}, filesKnown: !req.sandboxed()}
+	return &translator{req: req, id: id, createdAt: createdAt, mint: mint, byID: map[string]*slot{}, filesKnown: !req.sandboxed(), maxHeld: defaultMaxHeld}
 }
 
 // begin starts the next upstream call. stripEncrypted: the call asks for reasoning's encrypted
 // content on the proxy's behalf, so the client must not see it.
 func (t *translator) begin(stripEncrypted bool) {
 	t.base = len(t.out)
+	t.holdFrom = -1
+	t.held, t.heldBytes = t.held[:0], 0
 	t.slots = t.slots[:0]
 	clear(t.byID)
 	t.final = nil
@@ -208,6 +226,10 @@ func (t *translator) startsCall(i int, item gjson.Result) bool {
 	return i < 0 || i >= len(t.slots) || t.slots[i] == nil || !t.slots[i].ours
 }
 
+// maxIndexGap is how far past the items so far an upstream event's output_index may go: servers
+// number items from 0 without gaps, and a few skipped are tolerated.
+const maxIndexGap = 64
+
 // errTooDeep is an upstream event (or a non-streaming answer's Response, which arrives as one)
 // nesting deeper than jsondepth.Max: read no further, since gjson's validator recurses once per
 // level (see package jsondepth).
@@ -224,6 +246,11 @@ func (t *translator) event(data []byte) ([]Event, error) {
 	// Passed and copied as it came: the client must get valid UTF-8 whatever the upstream sent.
 	data = upstream.ValidUTF8(data)
 	typ := gjson.GetBytes(data, "type").String()
+	if oi := gjson.GetBytes(data, "output_index"); oi.Exists() && (oi.Int() < 0 || oi.Int() > int64(len(t.slots)+maxIndexGap)) {
+		// Items are numbered from 0 in order: an index far past them would have every slot up
+		// to it allocated.
+		return nil, fmt.Errorf("%w: output_index %s with %d items so far", upstream.ErrMalformed, oi.Raw, len(t.slots))
+	}
 	if t.needsContainer(typ, data) {
 		return nil, errNeedContainer
 	}
@@ -233,18 +260,31 @@ func (t *translator) event(data []byte) ([]Event, error) {
 	if o, ok := terminalOutcome(typ); ok {
 		return t.terminal(o, data)
 	}
+	evs := t.hold(t.itemOf(data), t.translate(typ, data))
+	if t.heldBytes > t.maxHeld {
+		return nil, fmt.Errorf("%w: over %d bytes of events after a call in one turn", upstream.ErrMalformed, t.maxHeld)
+	}
+	return evs, nil
+}
+
+// defaultMaxHeld bounds the events held back in one upstream call (hold): as much as a
+// non-streaming answer may hold.
+const defaultMaxHeld = 64 << 20
+
+// translate translates an upstream event other than the terminal one.
+func (t *translator) translate(typ string, data []byte) []Event {
 	switch typ {
 	case "response.created", "response.in_progress", "response.queued":
 		resp := gjson.GetBytes(data, "response")
 		if resp.IsObject() {
 			t.skeleton = []byte(resp.Raw)
 		}
-		return t.announce(), nil
+		return t.announce()
 	case "response.output_item.added":
-		return t.itemAdded(data), nil
+		return t.itemAdded(data)
 	case "response.output_item.done":
 		item := gjson.GetBytes(data, "item")
-		return t.itemDone(int(gjson.GetBytes(data, "output_index").Int()), []byte(item.Raw)), nil
+		return t.itemDone(int(gjson.GetBytes(data, "output_index").Int()), []byte(item.Raw))
 	case "response.function_call_arguments.delta", "response.function_call_arguments.done":
 		s := t.byID[gjson.GetBytes(data, "item_id").String()]
 		if oi := gjson.GetBytes(data, "output_index"); s == nil && oi.Exists() && int(oi.Int()) < len(t.slots) {
@@ -252,19 +292,77 @@ func (t *translator) event(data []byte) ([]Event, error) {
 		}
 		if s != nil && s.ours {
 			if typ == "response.function_call_arguments.delta" {
-				return t.feedArgs(s, gjson.GetBytes(data, "delta").String()), nil
+				return t.feedArgs(s, gjson.GetBytes(data, "delta").String())
 			}
-			return t.codeDone(s, gjson.GetBytes(data, "arguments").String()), nil
+			return t.codeDone(s, gjson.GetBytes(data, "arguments").String())
 		}
 	case "response.output_text.done", "response.content_part.done", evAnnotationAdded:
 		if evs, ok := t.textEvent(typ, data); ok {
-			return evs, nil
+			return evs
 		}
 	case "error":
 		t.errDetail = errorEventDetail(data)
-		return append(t.announce(), newErrorEvent(t.errDetail)), nil
+		return append(t.announce(), newErrorEvent(t.errDetail))
 	}
-	return append(t.announce(), t.pass(data)), nil
+	return append(t.announce(), t.pass(data))
+}
+
+// itemOf returns the upstream output_index of the item an event is about (-1: none).
+func (t *translator) itemOf(data []byte) int {
+	if oi := gjson.GetBytes(data, "output_index"); oi.Exists() {
+		return int(oi.Int())
+	}
+	if s := t.byID[gjson.GetBytes(data, "item_id").String()]; s != nil {
+		return s.at
+	}
+	return -1
+}
+
+// hold keeps back the events of the item at upstream output_index at when a call before it in
+// the turn is still to run (holdFrom), and returns the others.
+func (t *translator) hold(at int, evs []Event) []Event {
+	if t.holdFrom < 0 || at <= t.holdFrom {
+		return evs
+	}
+	for _, ev := range evs {
+		t.held = append(t.held, heldEvent{at, ev})
+		if ev.passed != nil {
+			t.heldBytes += len(ev.passed)
+		} else {
+			t.heldBytes += len(ev.appendJSON(nil, 0))
+		}
+	}
+	return nil
+}
+
+// release returns the held events that come after call ref's output: those of the items up to
+// and including the next call that runs in the container, or all of them when there is none
+// (ref -1: all of them).
+func (t *translator) release(ref int) []Event {
+	upTo := -1
+	if ref >= 0 {
+		for _, s := range t.slots[ref+1:] {
+			if s != nil && s.ours && t.inContainer(s) {
+				upTo = s.at
+				break
+			}
+		}
+	}
+	var out []Event
+	kept := t.held[:0]
+	for _, h := range t.held {
+		if upTo < 0 || h.at <= upTo {
+			out = append(out, h.ev)
+		} else {
+			kept = append(kept, h)
+		}
+	}
+	clear(t.held[len(kept):])
+	t.held = kept
+	if upTo < 0 {
+		t.holdFrom, t.heldBytes = -1, 0
+	}
+	return out
 }
 
 // terminal handles the event that ends an upstream call. Items the stream never finished (a
@@ -286,7 +384,7 @@ func (t *translator) terminal(o outcome, data []byte) ([]Event, error) {
 		if i < len(t.slots) && t.slots[i] != nil && t.slots[i].done {
 			return true
 		}
-		evs = append(evs, t.itemDone(i, []byte(item.Raw))...)
+		evs = append(evs, t.hold(i, t.itemDone(i, []byte(item.Raw)))...)
 		return true
 	})
 	if o != outcomeFailed && resp.Get("status").String() == "incomplete" {
@@ -342,7 +440,7 @@ func (t *translator) slotAt(i int, upID string) *slot {
 	}
 	s := t.slots[i]
 	if s == nil {
-		s = &slot{index: t.base + i, upID: upID}
+		s = &slot{at: i, index: t.indexOf(i), upID: upID, outIndex: -1}
 		t.slots[i] = s
 		for len(t.out) <= s.index {
 			t.out = append(t.out, nil)
@@ -356,6 +454,26 @@ func (t *translator) slotAt(i int, upID string) *slot {
 	}
 	return s
 }
+
+// indexOf returns the client output_index of upstream output_index i of the current call:
+// shifted by the items before the call, and by the shell_call_output that follows each hosted
+// shell call before i.
+func (t *translator) indexOf(i int) int {
+	if i >= 0 && i < len(t.slots) && t.slots[i] != nil {
+		return t.slots[i].index
+	}
+	n := t.base + i
+	for _, s := range t.slots[:min(max(i, 0), len(t.slots))] {
+		if s != nil && s.ours && s.shell && t.req.shell.hosted {
+			n++
+		}
+	}
+	return n
+}
+
+// inContainer reports whether stand-in call s runs in the container: code, or a hosted shell
+// call (a local one is the client's).
+func (t *translator) inContainer(s *slot) bool { return !s.shell || t.req.shell.hosted }
 
 // isOurs reports whether item calls a stand-in function. Without the tool it stands for in the
 // request, a function of that name is the client's own.
@@ -401,6 +519,9 @@ func (t *translator) itemAdded(data []byte) []Event {
 // startCall announces a stand-in call as a code_interpreter_call, in the container handed over.
 func (t *translator) startCall(s *slot) []Event {
 	s.ours = true
+	if t.holdFrom < 0 && t.inContainer(s) {
+		t.holdFrom = s.at
+	}
 	if s.shell {
 		return t.startShellCall(s)
 	}
@@ -505,9 +626,9 @@ func (t *translator) itemDone(i int, item []byte) []Event {
 // pass forwards an upstream event with its output_index shifted.
 func (t *translator) pass(data []byte) Event {
 	typ := gjson.GetBytes(data, "type").String()
-	if t.base != 0 {
-		if oi := gjson.GetBytes(data, "output_index"); oi.Exists() {
-			data, _ = sjson.SetBytes(data, "output_index", t.base+int(oi.Int()))
+	if oi := gjson.GetBytes(data, "output_index"); oi.Exists() {
+		if i := t.indexOf(int(oi.Int())); i != int(oi.Int()) {
+			data, _ = sjson.SetBytes(data, "output_index", i)
 		}
 	}
 	return Event{Type: typ, passed: data}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/store/storetest"
+	"github.com/ciproxy/ciproxy/internal/upstream"
 )
 
 var containerIDs = regexp.MustCompile(`cntr_[A-Za-z0-9_\-]+`)
@@ -234,5 +236,62 @@ func TestTranslatorCompletedAt(t *testing.T) {
 	}
 	if got := gjson.GetBytes(tr.completed().Response, "completed_at").Int(); got != 1767225700 {
 		t.Errorf("the final Response's completed_at = %d; want the upstream's", got)
+	}
+}
+
+// TestOutputIndexBounds: an upstream event whose output_index is negative or far past the
+// items so far is malformed; nothing is allocated for it, and nothing panics.
+func TestOutputIndexBounds(t *testing.T) {
+	for _, tc := range []struct {
+		index string
+		ok    bool
+	}{
+		{"0", true},
+		{strconv.Itoa(maxIndexGap), true},
+		{strconv.Itoa(maxIndexGap + 1), false},
+		{"-1", false},
+		{"100000000000", false},
+	} {
+		for _, typ := range []string{"response.output_item.added", "response.output_item.done", "response.function_call_arguments.delta", "response.output_text.done"} {
+			tr := newTranslator(&parsedRequest{code: true, fn: "python"}, "resp_1", 0, nil)
+			tr.begin(false)
+			ev := `{"type":"` + typ + `","output_index":` + tc.index + `,"content_index":0,"item_id":"x","delta":"a","text":"a",` +
+				`"item":{"type":"message","id":"m","status":"completed","role":"assistant","content":[]}}`
+			_, err := tr.event([]byte(ev))
+			if tc.ok != (err == nil) || (err != nil && !errors.Is(err, upstream.ErrMalformed)) {
+				t.Errorf("%s at output_index %s: %v", typ, tc.index, err)
+			}
+			if len(tr.out) > maxIndexGap+1 {
+				t.Errorf("%s at output_index %s: %d items allocated", typ, tc.index, len(tr.out))
+			}
+		}
+	}
+}
+
+// TestHeldEventsBounded: what the model streams after a call in the same turn is held until the
+// call has run; past the bound the answer is malformed, so a model that goes on and on cannot
+// make the proxy hold it all.
+func TestHeldEventsBounded(t *testing.T) {
+	tr := newTranslator(&parsedRequest{code: true, fn: "python"}, "resp_1", 0, nil)
+	tr.maxHeld = 4 << 10
+	tr.setContainer("cntr_x")
+	tr.begin(false)
+	feed := func(ev string) ([]Event, error) { return tr.event([]byte(ev)) }
+	if evs, err := feed(`{"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","id":"fc","call_id":"c","name":"python","arguments":""}}`); err != nil || len(evs) == 0 {
+		t.Fatalf("the call: %d events, %v; want it shown live", len(evs), err)
+	}
+	if evs, err := feed(`{"type":"response.output_item.added","output_index":1,"item":{"type":"message","id":"m","role":"assistant","content":[]}}`); err != nil || len(evs) != 0 {
+		t.Fatalf("the message after the call: %d events, %v; want it held", len(evs), err)
+	}
+	delta := `{"type":"response.output_text.delta","output_index":1,"item_id":"m","content_index":0,"delta":"` + strings.Repeat("x", 1000) + `"}`
+	var err error
+	for i := 0; i < 10 && err == nil; i++ {
+		_, err = feed(delta)
+	}
+	if !errors.Is(err, upstream.ErrMalformed) {
+		t.Fatalf("10 KB held with a 4 KB bound: %v", err)
+	}
+	if got := len(tr.release(-1)); got < 2 {
+		t.Errorf("released %d events; want the held ones", got)
 	}
 }

@@ -226,7 +226,7 @@ func TestShellMatrix(t *testing.T) {
 				}
 
 				// Shell calls count in max_calls_per_turn: the second call of the turn is
-				// shown, not run, and the model is told why.
+				// shown, not run, and the model is told why. Each call is followed by its output.
 				r6, err := client.Responses.New(ctx(t, 120*time.Second), shellParams("two"))
 				if err != nil {
 					t.Fatalf("two: %v", err)
@@ -235,10 +235,10 @@ func TestShellMatrix(t *testing.T) {
 				for i, it := range r6.Output {
 					types[i] = it.Type
 				}
-				if strings.Join(types, ",") != "shell_call,shell_call,shell_call_output,shell_call_output,message" {
+				if strings.Join(types, ",") != "shell_call,shell_call_output,shell_call,shell_call_output,message" {
 					t.Fatalf("two: output %s", r6.RawJSON())
 				}
-				first, second := r6.Output[2].AsShellCallOutput(), r6.Output[3].AsShellCallOutput()
+				first, second := r6.Output[1].AsShellCallOutput(), r6.Output[3].AsShellCallOutput()
 				if first.Status != "completed" || first.Output[0].Stdout != "one\n" || second.Status != "incomplete" || len(second.Output) != 0 {
 					t.Errorf("two: outputs %s\n%s", first.RawJSON(), second.RawJSON())
 				}
