@@ -214,48 +214,65 @@ func TestShellContainersAPIChatOpenAIGo(t *testing.T) {
 	}
 }
 
-// TestShellLocalTwoTurns: a shell tool with a local environment runs nothing in the proxy; the
-// client gets the shell_call, runs it itself, and continues with previous_response_id and the
-// shell_call_output, which the model then sees as its function's output. An output naming a call
-// the conversation does not hold is OpenAI's 400, before the model is asked.
+// TestShellLocalTwoTurns: a shell tool with a local environment, or none, runs nothing in the
+// proxy; the client gets the shell_call, runs it itself, and continues with previous_response_id
+// and the shell_call_output, which the model then sees as its function's output. An output
+// naming a call the conversation does not hold is OpenAI's 400, before the model is asked.
 func TestShellLocalTwoTurns(t *testing.T) {
 	t.Parallel()
-	up := upstreamtest.New(t)
-	up.Script(runUserCommands)
-	p := startProxy(t, setup{Upstream: up.URL(), WorkDir: workDir(t)}.yaml())
-	tools := []any{map[string]any{"type": "shell", "environment": map[string]any{"type": "local"}}}
-	body, _ := json.Marshal(map[string]any{"model": clientModel, "input": "uname -s", "tools": tools})
-	first := do(t, http.MethodPost, p.URL+"/v1/responses", body)
-	var r1 struct {
-		ID     string `json:"id"`
-		Output []struct {
-			Type   string `json:"type"`
-			CallID string `json:"call_id"`
-			Action struct {
-				Commands []string `json:"commands"`
-			} `json:"action"`
-		} `json:"output"`
-	}
-	if err := json.Unmarshal(first.Body, &r1); err != nil || first.Status != 200 || len(r1.Output) != 1 ||
-		r1.Output[0].Type != "shell_call" || strings.Join(r1.Output[0].Action.Commands, ";") != "uname -s" {
-		t.Fatalf("first turn: %d %s", first.Status, first.Body)
-	}
-	turn := func(callID string) rawResponse {
-		body, _ := json.Marshal(map[string]any{"model": clientModel, "previous_response_id": r1.ID, "tools": tools,
-			"input": []any{map[string]any{"type": "shell_call_output", "call_id": callID, "max_output_length": nil,
-				"output": []any{map[string]any{"stdout": "Plan9\n", "stderr": "", "outcome": map[string]any{"type": "exit", "exit_code": 0}}}}}})
-		return do(t, http.MethodPost, p.URL+"/v1/responses", body)
-	}
-	asked := len(up.Requests())
-	bad := turn("call_unknown")
-	if _, _, msg := apiError(t, bad.Body); bad.Status != 400 || msg != "No tool call found for shell call output with call_id call_unknown." {
-		t.Errorf("a wrong call_id: %d %s", bad.Status, bad.Body)
-	}
-	if len(up.Requests()) != asked {
-		t.Error("the model was asked for a refused turn")
-	}
-	good := turn(r1.Output[0].CallID)
-	if good.Status != 200 || !strings.Contains(string(good.Body), `Done. [{\"outcome\":{\"type\":\"exit\",\"exit_code\":0},\"stderr\":\"\",\"stdout\":\"Plan9\\n\"}]`) {
-		t.Errorf("the right call_id: %d %.2000s", good.Status, good.Body)
+	for name, tool := range map[string]map[string]any{
+		"local":   {"type": "shell", "environment": map[string]any{"type": "local"}},
+		"omitted": {"type": "shell"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			up := upstreamtest.New(t)
+			up.Script(runUserCommands)
+			p := startProxy(t, setup{Upstream: up.URL(), WorkDir: workDir(t)}.yaml())
+			tools := []any{tool}
+			body, _ := json.Marshal(map[string]any{"model": clientModel, "input": "uname -s", "tools": tools})
+			first := do(t, http.MethodPost, p.URL+"/v1/responses", body)
+			var r1 struct {
+				ID     string `json:"id"`
+				Output []struct {
+					Type        string          `json:"type"`
+					CallID      string          `json:"call_id"`
+					Environment json.RawMessage `json:"environment"`
+					Action      struct {
+						Commands []string `json:"commands"`
+					} `json:"action"`
+				} `json:"output"`
+			}
+			if err := json.Unmarshal(first.Body, &r1); err != nil || first.Status != 200 || len(r1.Output) != 1 ||
+				r1.Output[0].Type != "shell_call" || strings.Join(r1.Output[0].Action.Commands, ";") != "uname -s" {
+				t.Fatalf("first turn: %d %s", first.Status, first.Body)
+			}
+			// OpenAI names a local environment, and writes no environment key without one.
+			wantEnv := `{"type":"local"}`
+			if name == "omitted" {
+				wantEnv = ""
+			}
+			if got := string(r1.Output[0].Environment); got != wantEnv {
+				t.Errorf("the call's environment %q; want %q", got, wantEnv)
+			}
+			turn := func(callID string) rawResponse {
+				body, _ := json.Marshal(map[string]any{"model": clientModel, "previous_response_id": r1.ID, "tools": tools,
+					"input": []any{map[string]any{"type": "shell_call_output", "call_id": callID, "max_output_length": nil,
+						"output": []any{map[string]any{"stdout": "Plan9\n", "stderr": "", "outcome": map[string]any{"type": "exit", "exit_code": 0}}}}}})
+				return do(t, http.MethodPost, p.URL+"/v1/responses", body)
+			}
+			asked := len(up.Requests())
+			bad := turn("call_unknown")
+			if _, _, msg := apiError(t, bad.Body); bad.Status != 400 || msg != "No tool call found for shell call output with call_id call_unknown." {
+				t.Errorf("a wrong call_id: %d %s", bad.Status, bad.Body)
+			}
+			if len(up.Requests()) != asked {
+				t.Error("the model was asked for a refused turn")
+			}
+			good := turn(r1.Output[0].CallID)
+			if good.Status != 200 || !strings.Contains(string(good.Body), `Done. [{\"outcome\":{\"type\":\"exit\",\"exit_code\":0},\"stderr\":\"\",\"stdout\":\"Plan9\\n\"}]`) {
+				t.Errorf("the right call_id: %d %.2000s", good.Status, good.Body)
+			}
+		})
 	}
 }
