@@ -191,6 +191,18 @@ func BenchmarkChatRequest(b *testing.B) {
 			}
 		}
 	})
+	// A request carrying a file inline (4 MiB of base64 file_data): what its bytes cost.
+	file := []byte(`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"Summarise the file."},` +
+		`{"type":"input_file","filename":"f.pdf","file_data":"data:application/pdf;base64,` + strings.Repeat("QUJDRA", 4<<20/6) + `"}]}]}`)
+	b.Run("file", func(b *testing.B) {
+		b.SetBytes(int64(len(file)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := NewRequest(file, opts); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	r, err := NewRequest(body, opts)
 	if err != nil {
 		b.Fatal(err)

@@ -170,7 +170,7 @@ func (m *messageList) message(param string, it inputItem) error {
 		msg := chatMessage{Role: "assistant"}
 		switch {
 		case content.Type == gjson.String:
-			msg.Content = raw(content)
+			msg.Content = content.Str
 		case content.IsArray():
 			var text, refusal strings.Builder
 			hasText, hasRefusal := false, false
@@ -216,7 +216,7 @@ func (m *messageList) message(param string, it inputItem) error {
 // inputContent translates the content of a user, system or developer message.
 func inputContent(param string, content gjson.Result, role string) (chatMessage, error) {
 	if content.Type == gjson.String {
-		return chatMessage{Content: raw(content)}, nil
+		return chatMessage{Content: content.Str}, nil
 	}
 	if !content.IsArray() {
 		return chatMessage{}, invalidType(param, "a string or an array of content parts")
@@ -230,32 +230,35 @@ func inputContent(param string, content gjson.Result, role string) (chatMessage,
 			err = invalidType(pp, "a content part object")
 			return false
 		}
-		switch typ := p.Get("type").String(); typ {
+		// One pass over the part: a Get per key would scan it again each time, and a file's
+		// data can be megabytes.
+		var typ, text, fileID, imageURL, detail, fileURL, fileData, filename gjson.Result
+		readFields(p, field{"type", &typ}, field{"text", &text}, field{"file_id", &fileID}, field{"image_url", &imageURL},
+			field{"detail", &detail}, field{"file_url", &fileURL}, field{"file_data", &fileData}, field{"filename", &filename})
+		switch typ := typ.String(); typ {
 		case "input_text", "output_text":
-			text := p.Get("text")
 			if text.Type != gjson.String {
 				err = invalidType(pp+".text", "a string")
 				return false
 			}
-			parts = append(parts, chatPart{Type: "text", Text: raw(text)})
+			parts = append(parts, chatPart{Type: "text", Text: str(text)})
 		case "input_image":
 			onlyText = false
 			if role != "user" {
 				err = invalidValue(pp+".type", "Images are only allowed in user messages.")
 				return false
 			}
-			if present(p.Get("file_id")) {
+			if present(fileID) {
 				err = unsupported(pp+".file_id", "Images by file_id are not supported for this model: its upstream speaks only Chat Completions; send image_url.")
 				return false
 			}
-			u := p.Get("image_url")
-			if u.Type != gjson.String {
+			if imageURL.Type != gjson.String {
 				err = missing(pp + ".image_url")
 				return false
 			}
-			part := chatPart{Type: "image_url", ImageURL: &chatImageURL{URL: raw(u)}}
-			if d := p.Get("detail"); d.Type == gjson.String {
-				part.ImageURL.Detail = raw(d)
+			part := chatPart{Type: "image_url", ImageURL: &chatImageURL{URL: str(imageURL)}}
+			if detail.Type == gjson.String {
+				part.ImageURL.Detail = raw(detail)
 			}
 			parts = append(parts, part)
 		case "input_file":
@@ -264,20 +267,22 @@ func inputContent(param string, content gjson.Result, role string) (chatMessage,
 				err = invalidValue(pp+".type", "Files are only allowed in user messages.")
 				return false
 			}
-			for _, f := range []string{"file_id", "file_url"} {
-				if present(p.Get(f)) {
-					err = unsupported(pp+"."+f, "Files by "+f+" are not supported for this model: its upstream speaks only Chat Completions; send file_data.")
+			for _, f := range []struct {
+				key string
+				v   gjson.Result
+			}{{"file_id", fileID}, {"file_url", fileURL}} {
+				if present(f.v) {
+					err = unsupported(pp+"."+f.key, "Files by "+f.key+" are not supported for this model: its upstream speaks only Chat Completions; send file_data.")
 					return false
 				}
 			}
-			data := p.Get("file_data")
-			if data.Type != gjson.String {
+			if fileData.Type != gjson.String {
 				err = missing(pp + ".file_data")
 				return false
 			}
-			file := &chatFile{FileData: raw(data)}
-			if fn := p.Get("filename"); fn.Type == gjson.String {
-				file.Filename = raw(fn)
+			file := &chatFile{FileData: str(fileData)}
+			if filename.Type == gjson.String {
+				file.Filename = str(filename)
 			}
 			parts = append(parts, chatPart{Type: "file", File: file})
 		default:
@@ -316,7 +321,7 @@ func (m *messageList) functionCall(param string, it inputItem) error {
 		m.calls[callID.Str] = len(m.callOrder)
 		m.callOrder = append(m.callOrder, callSeen{id: callID.Str, item: m.items - 1})
 	}
-	call := chatToolCall{ID: callID.Str, Type: "function", Function: chatFunction{Name: name.Str, Arguments: raw(args)}}
+	call := chatToolCall{ID: callID.Str, Type: "function", Function: chatFunction{Name: name.Str, Arguments: str(args)}}
 	if m.open < 0 {
 		// A turn that starts with calls: the message has no text.
 		m.add(chatMessage{Role: "assistant", Content: json.RawMessage("null")})
@@ -342,7 +347,7 @@ func (m *messageList) functionOutput(param string, it inputItem) error {
 	var content any
 	switch {
 	case out.Type == gjson.String:
-		content = raw(out)
+		content = out.Str
 	case out.IsArray():
 		// Tool messages take text only; the parts are joined, as the model reads them in a row.
 		var b strings.Builder

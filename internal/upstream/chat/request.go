@@ -205,6 +205,23 @@ func raw(v gjson.Result) json.RawMessage {
 	return json.RawMessage(v.Raw)
 }
 
+// str returns v's string, or nil when v is absent or null (see chatBody for why not raw).
+func str(v gjson.Result) *string {
+	if !present(v) {
+		return nil
+	}
+	s := v.String()
+	return &s
+}
+
+// textOrRaw is v as a message's content: its string when it is one, else its JSON text.
+func textOrRaw(v gjson.Result) any {
+	if v.Type == gjson.String {
+		return v.Str
+	}
+	return raw(v)
+}
+
 // field handles one top-level field of the Responses request.
 func (t *chatTranslation) field(key string, v gjson.Result) error {
 	if !present(v) {
@@ -407,11 +424,11 @@ func (t *chatTranslation) finish() error {
 	if present(t.instructions) {
 		// system, not developer: every chat server knows system, and OpenAI treats it as
 		// developer for the models that have the distinction.
-		t.msgs.add(chatMessage{Role: "system", Content: raw(t.instructions)})
+		t.msgs.add(chatMessage{Role: "system", Content: textOrRaw(t.instructions)})
 	}
 	switch {
 	case t.input.Type == gjson.String:
-		t.msgs.add(chatMessage{Role: "user", Content: raw(t.input)})
+		t.msgs.add(chatMessage{Role: "user", Content: t.input.Str})
 	case t.input.IsArray():
 		var err error
 		t.input.ForEach(func(k, it gjson.Result) bool {
