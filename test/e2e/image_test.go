@@ -47,6 +47,9 @@ type imageMode struct {
 	probeEnv []string
 	// skips are the isolation tests that must skip in this mode: what it does not give.
 	skips []string
+	// mapped: the container has a user namespace of its own, so its processes run as host uids
+	// of the "containers" subordinate range, whatever uid they have inside.
+	mapped bool
 }
 
 // probesEveryMode hold in every mode: the system call filter, the filesystem view, hostile code,
@@ -69,7 +72,11 @@ func imageModes() map[string]imageMode {
 		skips: []string{"TestProbeMemoryAggregate", "TestProbeSocketFlood", "TestCPULimit", "TestProbeInotifyPerTenant"},
 	}
 	pod := rootless
-	pod.run = append([]string{"--user", "10001:10001", "--read-only", "--cap-drop", "ALL"}, common...)
+	// The pod in a user namespace of its own, as hostUsers: false gives it (the manifest's): its
+	// uids are unprivileged host uids. The host's /sys bound read-only, as in the container mode,
+	// because the network is the host's here (a pod has its own).
+	pod.run = append([]string{"--user", "10001:10001", "--userns", "auto:size=65536", "-v", "/sys:/sys:ro", "--read-only", "--cap-drop", "ALL"}, common...)
+	pod.mapped = true
 	return map[string]imageMode{
 		"rootless": rootless,
 		"pod":      pod,
@@ -90,6 +97,7 @@ func imageModes() map[string]imageMode {
 			// creator at every level above, so at the host's level every sandbox of the container
 			// counts as the container's owner (docs/modes.md).
 			probes: append([]string{"TestProbeMemoryAggregate", "TestProbeSocketFlood", "TestCPULimit"}, probesEveryMode...),
+			mapped: true,
 		},
 	}
 }
@@ -227,6 +235,53 @@ func TestImageHealthAndIsolation(t *testing.T) {
 		if !strings.Contains(line, want) {
 			t.Errorf("the isolation the proxy logged lacks %q: %s", want, line)
 		}
+	}
+	if mode.mapped {
+		checkMappedUIDs(t)
+	}
+}
+
+// checkMappedUIDs fails the test unless every proxy process of the image on this host runs as a
+// host uid of the "containers" subordinate range (scripts/image-test.sh adds it to /etc/subuid):
+// the container's own users, root among them, are no user of the host's.
+func checkMappedUIDs(t *testing.T) {
+	t.Helper()
+	var first, count uint64
+	b, err := os.ReadFile("/etc/subuid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if _, err := fmt.Sscanf(l, "containers:%d:%d", &first, &count); err == nil {
+			break
+		}
+	}
+	if count == 0 {
+		t.Fatal(`/etc/subuid has no "containers" range`)
+	}
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	seen := 0
+	for _, dir := range dirs {
+		if exe, err := os.Readlink(dir + "/exe"); err != nil || exe != "/usr/local/bin/proxy" {
+			continue
+		}
+		status, err := os.ReadFile(dir + "/status")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		var uid uint64
+		for l := range strings.SplitSeq(string(status), "\n") {
+			if rest, ok := strings.CutPrefix(l, "Uid:"); ok {
+				_, _ = fmt.Sscan(rest, &uid)
+			}
+		}
+		seen++
+		if uid < first || uid >= first+count {
+			t.Errorf("%s runs the image's proxy as host uid %d; want one of the containers range %d-%d", dir, uid, first, first+count-1)
+		}
+	}
+	if seen == 0 {
+		t.Error("no process of this host runs the image's /usr/local/bin/proxy")
 	}
 }
 
