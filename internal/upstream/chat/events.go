@@ -4,7 +4,9 @@ package chat
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/ciproxy/ciproxy/internal/sse"
 )
@@ -26,13 +28,6 @@ type streamError struct {
 	Code    string  `json:"code"`
 	Message string  `json:"message"`
 	Param   *string `json:"param"` // always null
-}
-
-// itemEvent is output_item.added and output_item.done.
-type itemEvent struct {
-	head
-	OutputIndex int `json:"output_index"`
-	Item        any `json:"item"`
 }
 
 // partEvent is content_part.added and content_part.done.
@@ -92,22 +87,57 @@ func (s *Stream) frame(f *deltaFrame, typ string, ref func() any) (*deltaFrame, 
 }
 
 // deltaEvent sends the delta event of frame f with this delta, and for output_text.delta the
-// logprobs that came with it (nil: the event has none).
-func (s *Stream) deltaEvent(f *deltaFrame, err error, delta string, logprobs *[]json.RawMessage) {
+// logprobs that came with it (nil: the event has none). raw is the upstream's own JSON string for
+// delta, or "" when delta is not one string of the upstream's (a part's text gathered while its
+// item waited, arguments cut short, arguments sent as an object).
+func (s *Stream) deltaEvent(f *deltaFrame, err error, delta, raw string, logprobs *[]json.RawMessage) {
 	mark := len(s.enc.buf)
 	if err == nil {
 		b := append(s.enc.buf, f.head...)
 		b = strconv.AppendInt(b, int64(s.seq), 10)
 		s.seq++
-		s.enc.buf = append(b, f.ref...)
-		s.deltaText = delta
-		err = s.enc.encode(&s.deltaText)
+		b = append(b, f.ref...)
+		if verbatim(raw) {
+			s.enc.buf = append(b, raw...)
+		} else {
+			s.enc.buf = b
+			s.deltaText = delta
+			err = s.enc.encode(&s.deltaText)
+		}
 	}
-	if err == nil && logprobs != nil {
+	switch {
+	case err != nil || logprobs == nil:
+	case len(*logprobs) == 0:
+		s.enc.buf = append(s.enc.buf, `,"logprobs":[]`...) // most text deltas: no logprobs asked for
+	default:
 		s.enc.buf = append(s.enc.buf, `,"logprobs":`...)
 		err = s.enc.encode(logprobs)
 	}
 	s.closeEvent(f.typ, mark, err)
+}
+
+// verbatim reports whether raw, a JSON string from a chunk that was valid JSON and valid UTF-8,
+// is byte for byte what the encoder writes for its text, so that it can be copied rather than
+// decoded and encoded again: with no escape in it, its text is its bytes between the quotes (a
+// valid JSON string holds no control character or bare quote), and the encoder then escapes only
+// U+2028 and U+2029 (HTML is left alone). Most deltas are such strings. TestDeltaEvents and
+// FuzzVerbatim hold it to encoding/json.
+func verbatim(raw string) bool {
+	if len(raw) < 2 || raw[0] != '"' || strings.IndexByte(raw, '\\') >= 0 {
+		return false
+	}
+	// U+2028 and U+2029 are E2 80 A8 and E2 80 A9 in UTF-8.
+	for i := strings.IndexByte(raw, 0xE2); i >= 0; {
+		if i+2 < len(raw) && raw[i+1] == 0x80 && (raw[i+2] == 0xA8 || raw[i+2] == 0xA9) {
+			return false
+		}
+		j := strings.IndexByte(raw[i+1:], 0xE2)
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	return true
 }
 
 // closeEvent ends the event written from mark on in the encoder's buffer with its closing
@@ -167,16 +197,53 @@ func (s *Stream) emit(typ string, ev any) {
 }
 
 // responseEvent sends typ with the Response in state st (the stream's id, created_at and model
-// filled in).
-func (s *Stream) responseEvent(typ string, st responseState) {
+// filled in). It returns the Response's JSON within the event (nil if it could not be encoded),
+// for an event that carries the same Response.
+func (s *Stream) responseEvent(typ string, st responseState) []byte {
 	st.id, st.createdAt, st.model, st.serviceTier = s.id, s.createdAt, s.model, s.tier
-	mark := len(s.enc.buf)
-	err := s.enc.encode(s.next(typ))
+	// Room for the whole event at once: a Response is mostly its request's echo groups.
+	s.enc.buf = slices.Grow(s.enc.buf, s.r.frame.size()+512)
+	mark, err := s.openEvent(typ, `,"response":`)
+	at := len(s.enc.buf)
 	if err == nil {
-		s.enc.buf = append(s.enc.buf[:len(s.enc.buf)-1], `,"response":`...) // the head without its closing brace
 		err = s.enc.appendResponse(s.r.frame, s.r.response(st))
 	}
+	return s.closeValue(typ, mark, at, err)
+}
+
+// openEvent begins the event typ in the encoder's buffer: its head, then key (a comma and the
+// event's last key, quoted, with its colon), for the caller to append that key's value. It
+// returns where the event begins, for closeEvent.
+func (s *Stream) openEvent(typ, key string) (mark int, err error) {
+	mark = len(s.enc.buf)
+	if err = s.enc.encode(s.next(typ)); err == nil {
+		s.enc.buf = append(s.enc.buf[:len(s.enc.buf)-1], key...) // the head without its closing brace
+	}
+	return mark, err
+}
+
+// closeValue closes an event opened at mark whose last value begins at at, and returns that
+// value's JSON (nil after err).
+func (s *Stream) closeValue(typ string, mark, at int, err error) []byte {
 	s.closeEvent(typ, mark, err)
+	if err != nil {
+		return nil
+	}
+	end := len(s.enc.buf) - 1 // before the event's closing brace
+	return s.enc.buf[at:end:end]
+}
+
+// itemEvent sends output_item.added or output_item.done for the item at index. It returns the
+// item's JSON within the event (nil if it could not be encoded), which the Responses after it
+// carry in their output as it is (encodedItem).
+func (s *Stream) itemEvent(typ string, index int, item any) encodedItem {
+	mark, err := s.openEvent(typ, `,"output_index":`)
+	s.enc.buf = append(strconv.AppendInt(s.enc.buf, int64(index), 10), `,"item":`...)
+	at := len(s.enc.buf)
+	if err == nil {
+		err = s.enc.encode(item)
+	}
+	return s.closeValue(typ, mark, at, err)
 }
 
 // empty is the part as content_part.added announces it.
@@ -207,21 +274,21 @@ func (s *Stream) partAdded(it *streamItem, k int, p *streamPart) {
 	s.emit("response.content_part.added", &partEvent{head: s.next("response.content_part.added"), ItemID: it.id, OutputIndex: it.index, ContentIndex: k, Part: p.empty()})
 }
 
-// textDelta sends a delta with the logprobs that came with it.
-func (s *Stream) textDelta(it *streamItem, k int, p *streamPart, delta string, logprobs []json.RawMessage) {
+// textDelta sends a delta (raw as deltaEvent takes it) with the logprobs that came with it.
+func (s *Stream) textDelta(it *streamItem, k int, p *streamPart, delta, raw string, logprobs []json.RawMessage) {
 	ref := func() any { return &partRef{ItemID: it.id, OutputIndex: it.index, ContentIndex: k} }
 	switch p.kind {
 	case textPart:
 		f, err := s.frame(&p.frame, "response.output_text.delta", ref)
 		s.lps = nonNil(logprobs)
-		s.deltaEvent(f, err, delta, &s.lps)
+		s.deltaEvent(f, err, delta, raw, &s.lps)
 		s.lps = nil
 	case reasoningPart:
 		f, err := s.frame(&p.frame, "response.reasoning_text.delta", ref)
-		s.deltaEvent(f, err, delta, nil)
+		s.deltaEvent(f, err, delta, raw, nil)
 	default:
 		f, err := s.frame(&p.frame, "response.refusal.delta", ref)
-		s.deltaEvent(f, err, delta, nil)
+		s.deltaEvent(f, err, delta, raw, nil)
 	}
 }
 
@@ -245,10 +312,10 @@ func (s *Stream) partDone(it *streamItem, k int, p *streamPart) {
 	s.emit("response.content_part.done", &partEvent{head: s.next("response.content_part.done"), ItemID: it.id, OutputIndex: it.index, ContentIndex: k, Part: p.done()})
 }
 
-// argsDelta sends a piece of arguments.
-func (s *Stream) argsDelta(it *streamItem, delta string) {
+// argsDelta sends a piece of arguments (raw as deltaEvent takes it).
+func (s *Stream) argsDelta(it *streamItem, delta, raw string) {
 	f, err := s.frame(&it.frame, "response.function_call_arguments.delta", func() any { return &callRef{ItemID: it.id, OutputIndex: it.index} })
-	s.deltaEvent(f, err, delta, nil)
+	s.deltaEvent(f, err, delta, raw, nil)
 }
 
 // nonNil is lps, written [] when there are none.

@@ -3,8 +3,10 @@ package chat
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"unicode/utf16"
 
 	"github.com/tidwall/gjson"
 )
@@ -12,22 +14,6 @@ import (
 // TestDeltaEvents holds the delta events, written from frames, to what encoding/json writes for
 // the event structs in OpenAI's key order.
 func TestDeltaEvents(t *testing.T) {
-	type textDelta struct {
-		Type           string            `json:"type"`
-		SequenceNumber int               `json:"sequence_number"`
-		ItemID         string            `json:"item_id"`
-		OutputIndex    int               `json:"output_index"`
-		ContentIndex   int               `json:"content_index"`
-		Delta          string            `json:"delta"`
-		Logprobs       []json.RawMessage `json:"logprobs,omitempty"`
-	}
-	type argsDelta struct {
-		Type           string `json:"type"`
-		SequenceNumber int    `json:"sequence_number"`
-		ItemID         string `json:"item_id"`
-		OutputIndex    int    `json:"output_index"`
-		Delta          string `json:"delta"`
-	}
 	encode := func(v any) string {
 		var b bytes.Buffer
 		enc := json.NewEncoder(&b)
@@ -49,40 +35,100 @@ func TestDeltaEvents(t *testing.T) {
 		{name: "text with logprobs", kind: textPart, delta: "a", logprobs: lp},
 		{name: "escapes", kind: textPart, delta: "<a href=\"x\">&</a>\\\n\t\x01\u2028\u2029é😀\uFFFD"},
 		{name: "empty", kind: textPart, delta: ""},
+		{name: "separators", kind: textPart, delta: "a\u2028b\u2029c é <&>"},
 		{name: "reasoning", kind: reasoningPart, delta: "think <b>"},
 		{name: "refusal", kind: refusalPart, delta: "no & no"},
 		{name: "arguments", call: true, delta: `{"code": "print(\"<&>\")\n"}`},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := &Stream{enc: newEncoder(), seq: 41}
-			it := &streamItem{id: "msg_0123456789abcdef", index: 3}
-			var want string
-			if tc.call {
-				s.argsDelta(it, tc.delta)
-				want = encode(argsDelta{"response.function_call_arguments.delta", 41, it.id, 3, tc.delta})
-			} else {
-				p := &streamPart{kind: tc.kind}
-				s.textDelta(it, 2, p, tc.delta, tc.logprobs)
-				typ := map[partKind]string{textPart: "response.output_text.delta", reasoningPart: "response.reasoning_text.delta", refusalPart: "response.refusal.delta"}[tc.kind]
-				want = encode(textDelta{typ, 41, it.id, 3, 2, tc.delta, tc.logprobs})
-				if tc.kind == textPart && tc.logprobs == nil {
-					want = want[:len(want)-1] + `,"logprobs":[]}`
+		// The delta as upstreams write it: no JSON of theirs, encoding/json's with and without
+		// HTML escaped, and every character escaped. Each gives the same event.
+		raws := map[string]string{"none": "", "plain": encode(tc.delta), "html": string(must(json.Marshal(tc.delta))), "escaped": escapeAll(tc.delta)}
+		if !strings.ContainsFunc(tc.delta, func(r rune) bool { return r < ' ' || r == '"' || r == '\\' }) {
+			raws["literal"] = `"` + tc.delta + `"` // U+2028 and U+2029 too, unescaped
+		}
+		for form, raw := range raws {
+			t.Run(tc.name+"/"+form, func(t *testing.T) {
+				if raw != "" {
+					if v := gjson.Parse(raw); v.Str != tc.delta {
+						t.Fatalf("raw %s reads as %q, not the delta", raw, v.Str)
+					}
 				}
-			}
-			if s.encErr != nil {
-				t.Fatal(s.encErr)
-			}
-			if len(s.out) != 1 {
-				t.Fatalf("%d events, want 1", len(s.out))
-			}
-			if got := string(s.out[0].Data); got != want {
-				t.Errorf("got  %s\nwant %s", got, want)
-			}
-			if s.seq != 42 {
-				t.Errorf("seq %d after the event, want 42", s.seq)
-			}
-		})
+				testDeltaEvent(t, tc.kind, tc.call, tc.delta, raw, tc.logprobs, encode)
+			})
+		}
 	}
+}
+
+// testDeltaEvent sends one delta event (raw as deltaEvent takes it) and compares it with the
+// event struct's encoding.
+func testDeltaEvent(t *testing.T, kind partKind, call bool, delta, raw string, logprobs []json.RawMessage, encode func(any) string) {
+	type textDelta struct {
+		Type           string            `json:"type"`
+		SequenceNumber int               `json:"sequence_number"`
+		ItemID         string            `json:"item_id"`
+		OutputIndex    int               `json:"output_index"`
+		ContentIndex   int               `json:"content_index"`
+		Delta          string            `json:"delta"`
+		Logprobs       []json.RawMessage `json:"logprobs,omitempty"`
+	}
+	type argsDelta struct {
+		Type           string `json:"type"`
+		SequenceNumber int    `json:"sequence_number"`
+		ItemID         string `json:"item_id"`
+		OutputIndex    int    `json:"output_index"`
+		Delta          string `json:"delta"`
+	}
+	s := &Stream{enc: newEncoder(), seq: 41}
+	it := &streamItem{id: "msg_0123456789abcdef", index: 3}
+	var want string
+	if call {
+		s.argsDelta(it, delta, raw)
+		want = encode(argsDelta{"response.function_call_arguments.delta", 41, it.id, 3, delta})
+	} else {
+		p := &streamPart{kind: kind}
+		s.textDelta(it, 2, p, delta, raw, logprobs)
+		typ := map[partKind]string{textPart: "response.output_text.delta", reasoningPart: "response.reasoning_text.delta", refusalPart: "response.refusal.delta"}[kind]
+		want = encode(textDelta{typ, 41, it.id, 3, 2, delta, logprobs})
+		if kind == textPart && logprobs == nil {
+			want = want[:len(want)-1] + `,"logprobs":[]}`
+		}
+	}
+	if s.encErr != nil {
+		t.Fatal(s.encErr)
+	}
+	if len(s.out) != 1 {
+		t.Fatalf("%d events, want 1", len(s.out))
+	}
+	if got := string(s.out[0].Data); got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if s.seq != 42 {
+		t.Errorf("seq %d after the event, want 42", s.seq)
+	}
+}
+
+// escapeAll writes s as a JSON string with every character escaped (\uXXXX, surrogate pairs
+// above the BMP), as some servers write non-ASCII text.
+func escapeAll(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		if r > 0xFFFF {
+			hi, lo := utf16.EncodeRune(r)
+			fmt.Fprintf(&b, `\u%04x\u%04x`, hi, lo)
+			continue
+		}
+		fmt.Fprintf(&b, `\u%04x`, r)
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 // TestResponseFrame holds a Response written with its request's echo groups framed to the bytes

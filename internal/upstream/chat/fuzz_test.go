@@ -11,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
 
 	"github.com/ciproxy/ciproxy/internal/apierror"
 	"github.com/ciproxy/ciproxy/internal/sse"
@@ -168,4 +171,29 @@ func clipBytes(b []byte) []byte {
 		return append(bytes.Clone(b[:2000]), "…"...)
 	}
 	return b
+}
+
+// FuzzVerbatim holds verbatim to its promise: a JSON string it lets through (from a chunk that is
+// valid JSON and valid UTF-8, as Next sees it) is exactly what the encoder writes for its text.
+func FuzzVerbatim(f *testing.F) {
+	for _, s := range []string{`"word "`, `"a\u2028b"`, "\"a\u2028b\"", "\"\u2029\"", `"<&>"`, `"é😀"`, `""`, `"\\"`, `"a\"b"`, "\"\xe2\x80\"", "\"\xe2\""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		if !utf8.ValidString(raw) || !gjson.Valid(raw) {
+			return
+		}
+		v := gjson.Parse(raw)
+		raw = v.Raw // as Next reads it: without the spaces around it
+		if v.Type != gjson.String || !verbatim(raw) {
+			return
+		}
+		enc := newEncoder()
+		if err := enc.encode(v.Str); err != nil {
+			t.Fatal(err)
+		}
+		if string(enc.buf) != raw {
+			t.Fatalf("verbatim(%q), but the encoder writes %q", raw, enc.buf)
+		}
+	})
 }

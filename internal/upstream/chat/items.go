@@ -55,11 +55,11 @@ func (s *Stream) open(it *streamItem) {
 	case callItemKind:
 		item = newCallOut(it.id, "in_progress", "", it.callID, it.name)
 	}
-	s.emit("response.output_item.added", &itemEvent{head: s.next("response.output_item.added"), OutputIndex: it.index, Item: item})
+	s.itemEvent("response.output_item.added", it.index, item)
 	for k, p := range it.parts {
 		s.partAdded(it, k, p)
 		if p.sent < p.text.Len() {
-			s.textDelta(it, k, p, p.text.String()[p.sent:], p.logprobs[p.lpSent:])
+			s.textDelta(it, k, p, p.text.String()[p.sent:], "", p.logprobs[p.lpSent:])
 			p.sent, p.lpSent = p.text.Len(), len(p.logprobs)
 		}
 		if p.closed && k < len(it.parts)-1 {
@@ -67,7 +67,7 @@ func (s *Stream) open(it *streamItem) {
 		}
 	}
 	if it.kind == callItemKind && it.argsSent < it.args.Len() {
-		s.argsDelta(it, it.args.String()[it.argsSent:])
+		s.argsDelta(it, it.args.String()[it.argsSent:], "")
 		it.argsSent = it.args.Len()
 	}
 }
@@ -100,7 +100,10 @@ func (s *Stream) close(it *streamItem) {
 		s.emit("response.function_call_arguments.done", &argsDoneEvent{head: s.next("response.function_call_arguments.done"), ItemID: it.id, OutputIndex: it.index, Name: it.name, Arguments: args})
 		it.final = newCallOut(it.id, status, args, it.callID, it.name)
 	}
-	s.emit("response.output_item.done", &itemEvent{head: s.next("response.output_item.done"), OutputIndex: it.index, Item: it.final})
+	// The Responses after this event carry the item as it encoded here.
+	if b := s.itemEvent("response.output_item.done", it.index, it.final); b != nil {
+		it.final = b
+	}
 }
 
 // terminal sends response.completed or response.incomplete.
@@ -126,6 +129,11 @@ func (s *Stream) announce() {
 		return
 	}
 	s.announced = true
-	s.responseEvent("response.created", responseState{status: "in_progress"})
-	s.responseEvent("response.in_progress", responseState{status: "in_progress"})
+	resp := s.responseEvent("response.created", responseState{status: "in_progress"})
+	if resp == nil {
+		return // the error is recorded
+	}
+	mark, err := s.openEvent("response.in_progress", `,"response":`)
+	s.enc.buf = append(s.enc.buf, resp...) // the same Response
+	s.closeEvent("response.in_progress", mark, err)
 }

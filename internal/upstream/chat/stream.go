@@ -510,7 +510,11 @@ func (s *Stream) addText(it *streamItem, kind partKind, v, logprobs gjson.Result
 		if hasLP {
 			lp = p.logprobs[p.lpSent:]
 		}
-		s.textDelta(it, k, p, v.Str, lp)
+		delta, raw := p.text.String()[p.sent:], ""
+		if len(delta) == len(v.Str) {
+			raw = v.Raw // the delta is this chunk's string
+		}
+		s.textDelta(it, k, p, delta, raw, lp)
 		p.sent = p.text.Len()
 		p.lpSent = len(p.logprobs)
 	}
@@ -598,7 +602,11 @@ func (s *Stream) toolCall(tc gjson.Result) error {
 	}
 	it.args.WriteString(piece)
 	if s.live(it) && piece != "" {
-		s.argsDelta(it, piece)
+		raw := ""
+		if args.Type == gjson.String && piece == args.Str {
+			raw = args.Raw
+		}
+		s.argsDelta(it, piece, raw)
 		it.argsSent = it.args.Len()
 	}
 	return nil

@@ -164,7 +164,7 @@ func (e *encoder) appendResponse(f *responseFrame, resp *response) error {
 	}
 	if err == nil {
 		e.buf = append(e.buf, `,"output":`...)
-		err = e.encode(resp.Output)
+		err = e.appendOutput(resp.Output)
 	}
 	if err == nil {
 		e.buf = append(append(e.buf, f.beforeTier...), `,"service_tier":`...)
@@ -181,6 +181,38 @@ func (e *encoder) appendResponse(f *responseFrame, resp *response) error {
 	e.buf = append(append(e.buf, f.afterUsage...), '}')
 	return nil
 }
+
+// size is the length of f's groups together.
+func (f *responseFrame) size() int {
+	return len(f.beforeModel) + len(f.beforeTier) + len(f.beforeUsage) + len(f.afterUsage)
+}
+
+// appendOutput appends a Response's output array: each item encoded, or copied when it is an
+// encodedItem.
+func (e *encoder) appendOutput(items []any) error {
+	e.buf = append(e.buf, '[')
+	for i, it := range items {
+		if i > 0 {
+			e.buf = append(e.buf, ',')
+		}
+		if b, ok := it.(encodedItem); ok {
+			e.buf = append(e.buf, b...)
+			continue
+		}
+		if err := e.encode(it); err != nil {
+			return err
+		}
+	}
+	e.buf = append(e.buf, ']')
+	return nil
+}
+
+// encodedItem is an output item as this package's encoder wrote it, for a stream whose Responses
+// carry again the items its output_item.done events carried. The encoder copies it; MarshalJSON
+// is for encoding/json elsewhere (tests), which writes the same bytes.
+type encodedItem []byte
+
+func (b encodedItem) MarshalJSON() ([]byte, error) { return b, nil }
 
 type responseError struct {
 	Code    string `json:"code"`
