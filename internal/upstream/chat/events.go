@@ -123,21 +123,8 @@ func (s *Stream) deltaEvent(f *deltaFrame, err error, delta, raw string, logprob
 // U+2028 and U+2029 (HTML is left alone). Most deltas are such strings. TestDeltaEvents and
 // FuzzVerbatim hold it to encoding/json.
 func verbatim(raw string) bool {
-	if len(raw) < 2 || raw[0] != '"' || strings.IndexByte(raw, '\\') >= 0 {
-		return false
-	}
-	// U+2028 and U+2029 are E2 80 A8 and E2 80 A9 in UTF-8.
-	for i := strings.IndexByte(raw, 0xE2); i >= 0; {
-		if i+2 < len(raw) && raw[i+1] == 0x80 && (raw[i+2] == 0xA8 || raw[i+2] == 0xA9) {
-			return false
-		}
-		j := strings.IndexByte(raw[i+1:], 0xE2)
-		if j < 0 {
-			break
-		}
-		i += 1 + j
-	}
-	return true
+	return len(raw) >= 2 && raw[0] == '"' && !strings.Contains(raw, `\`) &&
+		!strings.Contains(raw, "\u2028") && !strings.Contains(raw, "\u2029")
 }
 
 // closeEvent ends the event written from mark on in the encoder's buffer with its closing
