@@ -18,6 +18,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/sandbox/opensandbox"
 	"github.com/ciproxy/ciproxy/internal/settings"
 )
 
@@ -25,11 +26,12 @@ import (
 const closeTimeout = 30 * time.Second
 
 // All returns every sandbox backend, for config.ParseOptions.Backends, in the order messages list
-// them ("local or e2b").
+// them ("local, e2b or opensandbox").
 func All() []config.SandboxBackend {
 	return []config.SandboxBackend{
 		{Name: local.Backend, Keys: local.Keys(), Decode: decoder(local.DecodeSettings)},
 		{Name: "e2b", Keys: e2b.Keys(), Decode: decoder(e2b.DecodeSettings)},
+		{Name: opensandbox.Backend, Keys: opensandbox.Keys(), Decode: decoder(opensandbox.DecodeSettings)},
 	}
 }
 
