@@ -139,19 +139,24 @@ func mustJSON(v any) string {
 // (the emulator, executing through its own local sandbox).
 var sandboxTools = []string{"local", "e2b"}
 
+// remoteTools are the sandbox tools the interception and files suites also run on: the
+// OpenSandbox backend, against its double (executing through its own local sandbox).
+var remoteTools = append(sandboxTools[:len(sandboxTools):len(sandboxTools)], "opensandbox")
+
 // TestCodeInterpreterOpenAIGo drives the intercepted code_interpreter tool with openai-go, for
 // each sandbox tool: a JSON response, the same as a stream, a matplotlib figure, and a container
 // kept across requests (and hidden from other keys).
 func TestCodeInterpreterOpenAIGo(t *testing.T) {
 	t.Parallel()
-	for _, tool := range sandboxTools {
+	for _, tool := range remoteTools {
 		t.Run(tool, func(t *testing.T) {
 			t.Parallel()
 			up := upstreamtest.New(t)
 			up.Script(runUserCode)
 			emu, _ := newEmulator(t)
+			osb, osbEnv := newOpenSandbox(t, tool)
 			wd := workDir(t)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: wd}.yaml())
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, WorkDir: wd}.yaml(), osbEnv...)
 			client := sdk(p, "sk-client-a")
 
 			var created *responses.Response
@@ -361,7 +366,16 @@ func TestCodeInterpreterOpenAIGo(t *testing.T) {
 					t.Errorf("%d e2b sandboxes still live past their idle timeout after the proxy stopped", n)
 				}
 			} else if emu.Creates() != 0 {
-				t.Errorf("the local tool created %d sandboxes in e2b", emu.Creates())
+				t.Errorf("the %s tool created %d sandboxes in e2b", tool, emu.Creates())
+			}
+			if osb != nil {
+				if osb.Creates() == 0 {
+					t.Error("the opensandbox tool never created a sandbox in the double")
+				}
+				osb.Advance(20*time.Minute + 2*time.Minute)
+				if n := osb.Live(); n != 0 {
+					t.Errorf("%d OpenSandbox sandboxes still live past their idle timeout after the proxy stopped", n)
+				}
 			}
 		})
 	}

@@ -102,13 +102,14 @@ func filesParams(fileID string) responses.ResponseNewParams {
 // API, and compare the bytes with what the code wrote.
 func TestFilesRoundTripOpenAIGo(t *testing.T) {
 	t.Parallel()
-	for _, tool := range sandboxTools {
+	for _, tool := range remoteTools {
 		t.Run(tool, func(t *testing.T) {
 			t.Parallel()
 			up := upstreamtest.New(t)
 			up.Script(filesModel)
 			emu, _ := newEmulator(t)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: workDir(t)}.yaml())
+			osb, osbEnv := newOpenSandbox(t, tool)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, WorkDir: workDir(t)}.yaml(), osbEnv...)
 			client := sdk(p, "sk-files")
 
 			fileID := uploadUserData(t, client, "sales.csv", "text/csv", []byte(salesCSV))

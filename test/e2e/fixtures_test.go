@@ -14,6 +14,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
+	"github.com/ciproxy/ciproxy/internal/sandbox/opensandboxtest"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
 )
 
@@ -33,6 +34,9 @@ type setup struct {
 	// E2B, when set, adds an e2b tool pointing at the emulator (with E2BKey as its key as written).
 	E2B    *e2btest.Server
 	E2BKey string
+	// OSB, when set, adds an opensandbox tool pointing at the OpenSandbox double (its key read
+	// from OSB_E2E_KEY, LiteLLM style, which OSBEnv sets).
+	OSB *opensandboxtest.Server
 	// MaxBody is max_request_body_size ("" for the default).
 	MaxBody string
 	// ExtraModels is YAML appended to model_list.
@@ -71,6 +75,10 @@ func (s setup) yaml() string {
 	if s.E2B != nil {
 		fmt.Fprintf(&b, "  - sandbox_tool_name: e2b\n    litellm_params:\n      sandbox_provider: e2b\n      api_key: %s\n      api_base: %s\n      sandbox_url: %s\n",
 			s.E2BKey, s.E2B.URL(), s.E2B.SandboxURL())
+	}
+	if s.OSB != nil {
+		fmt.Fprintf(&b, "  - sandbox_tool_name: opensandbox\n    litellm_params:\n      sandbox_provider: opensandbox\n      api_key: os.environ/OSB_E2E_KEY\n      api_base: %s\n",
+			s.OSB.URL())
 	}
 	tool := s.Tool
 	if tool == "" {
@@ -152,6 +160,30 @@ func newEmulator(t *testing.T) (*e2btest.Server, *local.Provider) {
 		}
 	})
 	return emu, exec
+}
+
+// newOpenSandbox starts an OpenSandbox double executing through a real local sandbox, closed after
+// every proxy the test starts later. With tool "opensandbox" it returns the double and the
+// environment the proxy needs for it; else nil and none.
+func newOpenSandbox(t *testing.T, tool string) (*opensandboxtest.Server, []string) {
+	t.Helper()
+	if tool != "opensandbox" {
+		return nil, nil
+	}
+	exec, err := local.New(local.Options{PoolSize: 1})
+	if err != nil {
+		t.Fatalf("local sandbox for the OpenSandbox double: %v", err)
+	}
+	osb := opensandboxtest.New(exec)
+	t.Cleanup(func() {
+		osb.Close()
+		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := exec.Close(c); err != nil {
+			t.Errorf("closing the double's sandboxes: %v", err)
+		}
+	})
+	return osb, []string{"OSB_E2E_KEY=" + osb.APIKey()}
 }
 
 // Usage the scripted model reports for its two turns; the client must see the sums.
