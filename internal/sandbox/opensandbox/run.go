@@ -182,7 +182,7 @@ type translator struct {
 }
 
 func newTranslator(r io.Reader) *translator {
-	return &translator{br: bufio.NewReaderSize(r, 64<<10)}
+	return &translator{br: bufio.NewReaderSize(r, 16<<10)}
 }
 
 func (t *translator) Read(b []byte) (int, error) {
