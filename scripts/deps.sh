@@ -38,4 +38,5 @@ go mod download
 
 if [[ -z "${1:-}" ]]; then
 	(cd test/node && npm ci --no-audit --no-fund --loglevel=error)
+	(cd internal/sandbox/opensandboxtest/testdata/sdk && npm ci --no-audit --no-fund --loglevel=error)
 fi
