@@ -364,3 +364,28 @@ func TestKeepAliveAndList(t *testing.T) {
 		t.Errorf("%d live past the renewed expiry", n)
 	}
 }
+
+// TestKernelDies: execd reports the end of a run whose kernel died and keeps the stream open; the
+// run ends at execution_complete all the same, says the state is lost, and the next runs have the
+// figure hook again.
+func TestKernelDies(t *testing.T) {
+	srv := newDouble(t)
+	p := provider(t, srv)
+	h := create(t, p, sandbox.CreateOptions{})
+	t.Cleanup(func() { _ = p.Delete(context.Background(), h) })
+	if _, err := p.Run(t.Context(), h, "x = 1", sandbox.RunOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res, err := p.Run(t.Context(), h, "import os\nos._exit(1)", sandbox.RunOptions{Timeout: 30 * time.Second})
+	if err != nil || !strings.Contains(res.Stderr, "kernel died") {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("the run took %s: it waited for the stream's end", d)
+	}
+	res, err = p.Run(t.Context(), h, "print('x' in dir())", sandbox.RunOptions{})
+	if err != nil || res.Stdout != "False\n" || strings.Contains(res.Stderr, "kernel died") {
+		t.Errorf("after the restart: %+v %v", res, err)
+	}
+}
