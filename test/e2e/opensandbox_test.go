@@ -92,6 +92,17 @@ func TestOpenSandboxFaults(t *testing.T) {
 		}
 	})
 	p.Stop()
+	if strings.Contains(p.Log(), osb.APIKey()) {
+		t.Error("the OpenSandbox API key appears in the proxy's log")
+	}
+	// execd (the sandbox's side) never saw the lifecycle key.
+	for _, route := range []string{"POST /code", "POST /code/context", "POST /directories", "GET /files/info"} {
+		if h := osb.LastHeader(route); h == nil {
+			t.Errorf("no %s reached the double", route)
+		} else if strings.Contains(mustJSON(h), osb.APIKey()) {
+			t.Errorf("%s carried the OpenSandbox API key to execd", route)
+		}
+	}
 	osb.Advance(20*time.Minute + 2*time.Minute)
 	if n := osb.Live(); n != 0 {
 		t.Errorf("%d OpenSandbox sandboxes left after the fault round", n)
