@@ -438,10 +438,15 @@ func (p *Provider) KeepAlive(ctx context.Context, h sandbox.Handle, d time.Durat
 	return err
 }
 
-// lifecycle sends one lifecycle request, bounded by RequestTimeout, and returns a 2xx answer's
+// lifecycle sends one lifecycle request, bounded by RequestTimeout (a create, which the servers
+// answer once the sandbox runs, by RequestTimeout plus ReadyTimeout), and returns a 2xx answer's
 // body (at most jsonBodyLimit bytes).
 func (p *Provider) lifecycle(ctx context.Context, op, method, path string, body []byte) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
+	timeout := p.opts.RequestTimeout
+	if op == "create" {
+		timeout += p.opts.ReadyTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {

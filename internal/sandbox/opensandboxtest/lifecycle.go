@@ -28,6 +28,10 @@ func (s *Server) routes() {
 		s.lifecycle("DELETE "+pre+"/sandboxes/{id}", s.delete)
 		s.lifecycle("POST "+pre+"/sandboxes/{id}/renew-expiration", s.renew)
 		s.lifecycle("GET "+pre+"/sandboxes/{id}/endpoints/{port}", s.endpoint)
+		// The SDKs' create telemetry, posted after each create.
+		s.lifecycle("POST "+pre+"/metrics/events", func(w http.ResponseWriter, r *http.Request, _ []byte) {
+			w.WriteHeader(http.StatusNoContent)
+		})
 	}
 	s.execdRoutes()
 }

@@ -58,7 +58,7 @@ func TestOfficialSDK(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, run)
-	cmd.Env = append(os.Environ(), "OSB_API_BASE="+srv.URL(), "OSB_API_KEY="+srv.APIKey(), "OPENSANDBOX_DISABLE_METRICS=1")
+	cmd.Env = append(os.Environ(), "OSB_API_BASE="+srv.URL(), "OSB_API_KEY="+srv.APIKey())
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
