@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,7 +113,7 @@ func (s *Server) newContext(w http.ResponseWriter, r *http.Request, b *box) {
 	if !first {
 		h, err := s.exec.Create(r.Context(), sandbox.CreateOptions{})
 		if err == nil {
-			if err = s.prepareKernel(r.Context(), h); err != nil {
+			if err = s.prepareKernel(r.Context(), h, b.env); err != nil {
 				s.deleteExec([]sandbox.Handle{h})
 			}
 		}
@@ -381,7 +382,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request, b *box) {
 func (s *Server) restartKernel(ctx context.Context, b *box, kc *kernelCtx) {
 	h, err := s.exec.Create(ctx, sandbox.CreateOptions{})
 	if err == nil {
-		err = s.prepareKernel(ctx, h)
+		err = s.prepareKernel(ctx, h, b.env)
 	}
 	if err != nil {
 		return
@@ -485,6 +486,15 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, b *box, cmd, cw
 		}
 		cmd = "cd " + string(lit) + " && " + cmd
 	}
+	// The sandbox's environment, which execd's commands inherit.
+	var exports strings.Builder
+	for k, v := range b.env {
+		if !envName.MatchString(k) {
+			continue
+		}
+		exports.WriteString("export " + k + "=" + shellQuote(v) + "; ")
+	}
+	cmd = exports.String() + cmd
 	id := randomHex(16)
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -569,3 +579,8 @@ func (l *lineSplitter) flush() {
 		l.buf.Reset()
 	}
 }
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// shellQuote quotes s for bash.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

@@ -182,7 +182,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, body []byte) {
 		serviceError(w, http.StatusInternalServerError, "KUBERNETES::API_ERROR", "Failed to create sandbox: "+err.Error())
 		return
 	}
-	if err := s.prepareKernel(r.Context(), h); err != nil {
+	env := map[string]string{}
+	j.Get("env").ForEach(func(k, v gjson.Result) bool {
+		if v.Type == gjson.String {
+			env[k.String()] = v.String()
+		}
+		return true
+	})
+	if err := s.prepareKernel(r.Context(), h, env); err != nil {
 		s.deleteExec([]sandbox.Handle{h})
 		serviceError(w, http.StatusInternalServerError, "KUBERNETES::POD_READY_TIMEOUT", "Sandbox did not become ready: "+err.Error())
 		return
@@ -194,7 +201,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, body []byte) {
 	s.mu.Lock()
 	now := s.nowLocked()
 	b := &box{id: newUUID(), token: j.Get("env.EXECD_ACCESS_TOKEN").String(), state: "Running", created: now,
-		metadata: meta, image: j.Get("image.uri").String(), entrypoint: ep, exec: h,
+		metadata: meta, image: j.Get("image.uri").String(), entrypoint: ep, exec: h, env: env,
 		contexts: map[string]*kernelCtx{}, commands: map[string]*command{}}
 	if p := j.Get("networkPolicy"); p.Exists() {
 		b.policy = json.RawMessage(p.Raw)
@@ -366,8 +373,12 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request, _ []byte) {
 }
 
 // prepareKernel runs kernel.py in a new exec sandbox's kernel, as a hidden cell.
-func (s *Server) prepareKernel(ctx context.Context, h sandbox.Handle) error {
-	res, err := s.exec.Run(ctx, h, "import builtins\nbuiltins._osb_hidden = True\n"+kernelPy, sandbox.RunOptions{})
+// env is the sandbox's environment (create's env), which execd and its kernels inherit.
+func (s *Server) prepareKernel(ctx context.Context, h sandbox.Handle, env map[string]string) error {
+	envJSON, _ := json.Marshal(env)
+	lit, _ := json.Marshal(string(envJSON))
+	code := "import builtins, json, os\nbuiltins._osb_hidden = True\nos.environ.update(json.loads(" + string(lit) + "))\n" + kernelPy
+	res, err := s.exec.Run(ctx, h, code, sandbox.RunOptions{})
 	if err == nil && res.Error != nil {
 		err = fmt.Errorf("%s: %s", res.Error.Name, res.Error.Value)
 	}

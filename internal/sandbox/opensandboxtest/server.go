@@ -88,6 +88,7 @@ type box struct {
 	image      string
 	entrypoint []string
 	policy     json.RawMessage
+	env        map[string]string // create's env
 
 	exec     sandbox.Handle
 	contexts map[string]*kernelCtx
