@@ -132,6 +132,7 @@ func TestExec(t *testing.T) {
 		{"stderr and status", "echo oops >&2; exit 3", 0, "", "oops\n", 3, false},
 		{"empty line", "printf 'a\\n\\nb\\n'", 0, "a\n\nb\n", "", 0, false},
 		{"timeout", "sleep 30", time.Second, "", "", 0, true},
+		{"no execd token in the environment", "env | grep -c EXECD_ACCESS_TOKEN", 0, "0\n", "", 1, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errOut strings.Builder

@@ -147,6 +147,11 @@ func TestRun(t *testing.T) {
 				t.Errorf("result %+v", r)
 			}
 		}},
+		{"no execd token in the environment", "import os, subprocess; print('EXECD_ACCESS_TOKEN' in os.environ, subprocess.run('env', capture_output=True, text=True).stdout.count('EXECD_ACCESS_TOKEN'))", func(t *testing.T, r sandbox.Result) {
+			if r.Stdout != "False 0\n" {
+				t.Errorf("stdout %q", r.Stdout)
+			}
+		}},
 		{"state kept", "x = 41", nil},
 		{"state used", "x + 1", func(t *testing.T, r sandbox.Result) {
 			if len(r.Results) != 1 || r.Results[0].Text != "42" || !r.Results[0].IsMainResult || r.ExecutionCount == 0 {

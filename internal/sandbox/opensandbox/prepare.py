@@ -5,9 +5,12 @@
 # stdout and closes it; the client turns those into image outputs. pyplot runs on Agg, and
 # plt.show() keeps the figures open for the hook. The hook also prints a marker at the end of
 # every cell: a cell that completes without it ran in a kernel that died (its state is lost).
+# execd's access token is removed from the kernel's environment.
 def __ciproxy_prepare():
     import base64, io, os, sys, warnings
 
+    # execd's token came in the sandbox's environment: the code and its commands need it not.
+    os.environ.pop("EXECD_ACCESS_TOKEN", None)
     os.environ.setdefault("MPLBACKEND", "Agg")
     begin, end, done = "\x1e\x1fciproxy-figure ", "\x1e\n", "\x1e\x1fciproxy-done\x1e\n"
 

@@ -39,7 +39,8 @@ func (p *Provider) Exec(ctx context.Context, h sandbox.Handle, command string, o
 	if timeout <= 0 {
 		timeout = p.opts.RunTimeout
 	}
-	body, err := json.Marshal(commandRequest{Command: command, Cwd: sandbox.DataDir, Timeout: max(timeout.Milliseconds(), 1)})
+	// execd's access token is in the sandbox's environment, which commands inherit: not theirs.
+	body, err := json.Marshal(commandRequest{Command: "unset EXECD_ACCESS_TOKEN; " + command, Cwd: sandbox.DataDir, Timeout: max(timeout.Milliseconds(), 1)})
 	if err != nil {
 		return sandbox.ExecResult{}, fmt.Errorf("opensandbox exec: %w", err)
 	}
