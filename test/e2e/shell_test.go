@@ -44,13 +44,14 @@ func shellParams(commands string) responses.ResponseNewParams {
 // and the streamed and JSON renderings agree.
 func TestShellOpenAIGo(t *testing.T) {
 	t.Parallel()
-	for _, tool := range sandboxTools {
+	for _, tool := range remoteTools {
 		t.Run(tool, func(t *testing.T) {
 			t.Parallel()
 			up := upstreamtest.New(t)
 			up.Script(runUserCommands)
 			emu, _ := newEmulator(t)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: workDir(t)}.yaml())
+			osb, osbEnv := newOpenSandbox(t, tool)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, WorkDir: workDir(t)}.yaml(), osbEnv...)
 			client := sdk(p, "sk-client-a")
 			commands := strings.Join([]string{
 				"echo hello; echo oops >&2; exit 3",
