@@ -19,7 +19,9 @@ const (
 )
 
 // listStates are the states of a sandbox that may still hold resources.
-var listStates = []string{"Pending", "Allocated", "Running", "Pausing", "Paused", "Resuming", "Unknown"}
+func listStates() []string {
+	return []string{"Pending", "Allocated", "Running", "Pausing", "Paused", "Resuming", "Unknown"}
+}
 
 var _ sandbox.Lister = (*Provider)(nil)
 
@@ -35,7 +37,7 @@ func (p *Provider) List(ctx context.Context, metadata map[string]string) ([]sand
 	}
 	var out []sandbox.Listed
 	for page := 1; page <= listMaxPages; page++ {
-		q := url.Values{"state": listStates}
+		q := url.Values{"state": listStates()}
 		q.Set("page", fmt.Sprint(page))
 		q.Set("pageSize", fmt.Sprint(listPageSize))
 		if len(filter) > 0 {

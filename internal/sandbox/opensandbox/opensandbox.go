@@ -61,7 +61,7 @@ const (
 )
 
 // DefaultEntrypoint is the code-interpreter image's entrypoint.
-var DefaultEntrypoint = []string{"/opt/code-interpreter/code-interpreter.sh"}
+func DefaultEntrypoint() []string { return []string{"/opt/code-interpreter/code-interpreter.sh"} }
 
 // Options configure a Provider. Zero values mean the defaults above. DecodeSettings makes them
 // from a sandbox tool's litellm_params; New reads no environment.
@@ -102,7 +102,7 @@ type Options struct {
 func DefaultOptions() Options {
 	return Options{
 		Image:          DefaultImage,
-		Entrypoint:     DefaultEntrypoint,
+		Entrypoint:     DefaultEntrypoint(),
 		CPU:            DefaultCPU,
 		Memory:         DefaultMemory,
 		Timeout:        DefaultTimeout,

@@ -20,7 +20,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -448,5 +447,3 @@ func unescapeMetadata(v string) (map[string]string, bool) {
 	}
 	return out, true
 }
-
-var _ = fmt.Sprint
