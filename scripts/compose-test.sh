@@ -24,6 +24,8 @@ base=localhost/ciproxy-base:bookworm
 log() { echo "compose-test: $*" >&2; }
 
 scripts/deps.sh image
+# The e2b emulator runs the code in local sandboxes of this host (bubblewrap, Python).
+scripts/deps.sh run
 podman image exists "$image" || { log "no image $image: run make image first"; exit 1; }
 podman image exists "$base" || { log "no base $base: run scripts/image.sh (make image) first"; exit 1; }
 
