@@ -149,6 +149,12 @@ func TestCompose(t *testing.T) {
 		t.Fatalf("%d proxy containers, want the file's 3 replicas: %v", len(replicas), replicas)
 	}
 	for _, name := range replicas {
+		// The replicas run what the build above tagged, not an image made otherwise.
+		if want := os.Getenv("CIPROXY_IMAGE"); want != "" {
+			if img := strings.TrimSpace(podmanOut(t, "inspect", "--format", "{{.ImageName}}", name)); img != want {
+				t.Errorf("%s runs %s, want CIPROXY_IMAGE=%s, which docker compose build tagged", name, img, want)
+			}
+		}
 		ip := strings.TrimSpace(podmanOut(t, "inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", name))
 		if r := do(t, http.MethodGet, "http://"+net.JoinHostPort(ip, "4000")+"/readyz", nil); r.Status != http.StatusOK || !bytes.Contains(r.Body, []byte(`"ready"`)) {
 			t.Errorf("%s: GET /readyz = %d %s", name, r.Status, r.Body)
