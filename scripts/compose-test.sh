@@ -78,7 +78,7 @@ status=0
 DOCKER_HOST=unix://$run/podman.sock DOCKER_BUILDKIT=0 CIPROXY_E2E_COMPOSE=$compose \
 	CIPROXY_IMAGE=localhost/ciproxy-compose:dev GO_IMAGE=localhost/ciproxy-golang:bookworm RUNTIME_IMAGE=$base \
 	REDIS_IMAGE=localhost/ciproxy-redis:bookworm NGINX_IMAGE=localhost/ciproxy-nginx:bookworm \
-	go test -count=1 -timeout 10m -run '^TestCompose$' -v ./test/e2e/ >"$run/test.log" 2>&1 || status=$?
+	go test -count=1 -timeout 20m -run '^TestCompose$' -v ./test/e2e/ >"$run/test.log" 2>&1 || status=$?
 if ((status)); then
 	cat "$run/test.log" "$run/service.log"
 	log "failed"
