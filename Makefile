@@ -50,6 +50,8 @@ image:
 	scripts/image.sh
 
 # The end-to-end and sandbox isolation tests against the image, in each way of running that
-# docs/modes.md lists (scripts/image-test.sh). As root.
+# docs/modes.md lists (scripts/image-test.sh), then docs/compose.yaml run with Docker Compose on
+# podman and tested through its nginx (scripts/compose-test.sh). As root.
 image-test: image
 	scripts/image-test.sh
+	scripts/compose-test.sh
