@@ -164,10 +164,10 @@ type Container struct {
 	slot *quotaSlot
 
 	// Guarded by s.mu.
-	users     int // Create/Open calls not yet Released
-	busy      int // runs in progress (0 or 1, as runs are serialized)
-	idle      time.Duration
-	lastUse   time.Time
+	users   int // Create/Open calls not yet Released
+	busy    int // runs in progress (0 or 1, as runs are serialized)
+	idle    time.Duration
+	lastUse time.Time
 	// expiresAt is when the sweep looks at c next: its expiry as last written to the store, or
 	// as read from a record another replica extended, but then no later than one idle timeout on.
 	expiresAt time.Time
