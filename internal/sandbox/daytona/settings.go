@@ -140,7 +140,7 @@ func (s Settings) CheckHost(ctx context.Context) (sandbox.HostReport, error) {
 			"Daytona keeps Python state per interpreter context and streams output; it cannot interrupt a run "+
 			"(a client that goes away has the context deleted, losing its state) and gives no rich results, which the proxy's wrapper adds",
 			p.apiBase, len(listed), target, from),
-		Weaker: true,
+		Weaker: false,
 	}, nil
 }
 
