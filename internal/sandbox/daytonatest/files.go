@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -118,6 +119,51 @@ func (s *Server) files(w http.ResponseWriter, r *http.Request, sb *dtnSandbox, s
 			answer("put", map[string]any{"path": absolute(sb, p), "stage": sandbox.DataDir + "/" + stage}, http.StatusOK)
 			return
 		}
+	case sub == "/bulk-upload" && r.Method == http.MethodPost:
+		// Fields files[i].path (text) and files[i].file (the bytes), in that order per file.
+		mr, err := r.MultipartReader()
+		if err != nil {
+			daemonError(w, r, http.StatusBadRequest, "request Content-Type isn't multipart/form-data")
+			return
+		}
+		paths := map[string]string{}
+		for {
+			part, err := mr.NextPart()
+			if err != nil {
+				break
+			}
+			name := part.FormName()
+			idx, field, ok := strings.Cut(strings.TrimPrefix(name, "files["), "].")
+			if !ok || !strings.HasPrefix(name, "files[") {
+				continue
+			}
+			switch field {
+			case "path":
+				var b strings.Builder
+				_, _ = io.Copy(&b, io.LimitReader(part, 4096))
+				paths[idx] = b.String()
+			case "file":
+				dest, ok := paths[idx]
+				if !ok {
+					daemonError(w, r, http.StatusBadRequest, "file "+idx+" has no path")
+					return
+				}
+				stage := stageName()
+				if err := s.fs.WriteFile(r.Context(), sb.handle, stage, part, maxBody); err != nil {
+					daemonError(w, r, http.StatusBadRequest, err.Error())
+					return
+				}
+				status, _, msg, err := s.fsOp(r.Context(), sb, "put", map[string]any{"path": absolute(sb, dest), "stage": sandbox.DataDir + "/" + stage})
+				if err != nil || status >= 300 {
+					if err != nil {
+						msg, status = err.Error(), http.StatusInternalServerError
+					}
+					daemonError(w, r, status, msg)
+					return
+				}
+			}
+		}
+		w.WriteHeader(http.StatusOK)
 	case sub == "/download" && r.Method == http.MethodGet:
 		if !need(p, "path") {
 			return

@@ -118,7 +118,9 @@ func New(exec sandbox.Provider) *Server {
 	}
 	s.shell, _ = exec.(sandbox.Shell)
 	s.fs, _ = exec.(sandbox.FileSystem)
-	s.srv = httptest.NewServer(s)
+	// Assigned before the server starts, so that its handlers see it.
+	s.srv = httptest.NewUnstartedServer(s)
+	s.srv.Start()
 	return s
 }
 
