@@ -51,7 +51,7 @@ const (
 	entryBytes      = 512
 	examinedPerFile = 4
 	examinedSlack   = 1024
-	maxListBytes    = 15 << 20
+	maxListBytes    = 4 << 20
 )
 
 // dataPath turns a path relative to /mnt/data into the absolute one. Callers sanitise paths
@@ -323,7 +323,7 @@ func (p *Provider) ListFiles(ctx context.Context, h sandbox.Handle, limit int) (
 	cmd := "d=" + quote(sandbox.DataDir) + `; if [ -L "$d" ]; then echo link; exit 0; fi; if [ ! -d "$d" ]; then exit 0; fi; cd "$d" && ` +
 		"find . -mindepth 1 -maxdepth " + strconv.Itoa(listDepth) +
 		` \( -type d -printf '' \) -o \( -type f -links 1 -printf 'f %s %T@ %P\0' \) -o -printf 's %P\0' 2>/dev/null | head -c ` + strconv.FormatInt(budget, 10)
-	_, res, err := p.execute(ctx, h, b, "list files", cmd, budget*2+answerLimit)
+	_, res, err := p.execute(ctx, h, b, "list files", cmd, budget*6+answerLimit)
 	if err != nil {
 		return out, err
 	}
