@@ -470,7 +470,7 @@ func (p *Provider) prepare(ctx context.Context, h sandbox.Handle, b *box) error 
 	if _, err := p.toolbox(ctx, b, "mkdir", http.MethodPost, "/files/folder?"+url.Values{"path": {sandbox.DataDir}, "mode": {"0755"}}.Encode(), nil, ""); err != nil {
 		return err
 	}
-	_, err := p.interpreterContext(ctx, h, b, false)
+	_, err := p.interpreterContext(ctx, h, b, true) // a new sandbox has none of ours to find
 	return err
 }
 
