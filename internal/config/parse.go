@@ -306,7 +306,7 @@ func (d *decoder) sandboxTools(n *yaml.Node) ([]SandboxTool, map[string]int) {
 	all := []string{"sandbox_provider"}
 	for _, b := range d.backends {
 		for _, k := range b.Keys {
-			if !slices.Contains(all, k) { // backends share keys (api_key): each is checked once
+			if !slices.Contains(all, k) { // backends share keys (api_key, api_base)
 				all = append(all, k)
 			}
 		}
