@@ -26,7 +26,7 @@ import (
 const closeTimeout = 30 * time.Second
 
 // All returns every sandbox backend, for config.ParseOptions.Backends, in the order messages list
-// them ("local or e2b").
+// them ("local, e2b or daytona").
 func All() []config.SandboxBackend {
 	return []config.SandboxBackend{
 		{Name: local.Backend, Keys: local.Keys(), Decode: decoder(local.DecodeSettings)},
