@@ -305,7 +305,11 @@ func (d *decoder) sandboxTools(n *yaml.Node) ([]SandboxTool, map[string]int) {
 	// saying so rather than "unknown key".
 	all := []string{"sandbox_provider"}
 	for _, b := range d.backends {
-		all = append(all, b.Keys...)
+		for _, k := range b.Keys {
+			if !slices.Contains(all, k) { // backends share keys (api_key, api_base)
+				all = append(all, k)
+			}
+		}
 	}
 	var out []SandboxTool
 	for i, item := range n.Content {

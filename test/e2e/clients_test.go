@@ -137,7 +137,7 @@ func mustJSON(v any) string {
 
 // sandboxTools are the two ways the proxy runs code: its embedded bubblewrap sandbox, and e2b
 // (the emulator, executing through its own local sandbox).
-var sandboxTools = []string{"local", "e2b"}
+var sandboxTools = []string{"local", "e2b", "daytona"}
 
 // TestCodeInterpreterOpenAIGo drives the intercepted code_interpreter tool with openai-go, for
 // each sandbox tool: a JSON response, the same as a stream, a matplotlib figure, and a container
@@ -151,7 +151,8 @@ func TestCodeInterpreterOpenAIGo(t *testing.T) {
 			up.Script(runUserCode)
 			emu, _ := newEmulator(t)
 			wd := workDir(t)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: wd}.yaml())
+			dt := newDaytona(t, tool)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: wd, Daytona: dt}.yaml())
 			client := sdk(p, "sk-client-a")
 
 			var created *responses.Response
@@ -363,6 +364,7 @@ func TestCodeInterpreterOpenAIGo(t *testing.T) {
 			} else if emu.Creates() != 0 {
 				t.Errorf("the local tool created %d sandboxes in e2b", emu.Creates())
 			}
+			checkDaytonaAfterStop(t, dt)
 		})
 	}
 }

@@ -108,7 +108,7 @@ func TestFilesRoundTripOpenAIGo(t *testing.T) {
 			up := upstreamtest.New(t)
 			up.Script(filesModel)
 			emu, _ := newEmulator(t)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: workDir(t)}.yaml())
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), Daytona: newDaytona(t, tool), WorkDir: workDir(t)}.yaml())
 			client := sdk(p, "sk-files")
 
 			fileID := uploadUserData(t, client, "sales.csv", "text/csv", []byte(salesCSV))

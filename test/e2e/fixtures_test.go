@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/sandbox/daytonatest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 	"github.com/ciproxy/ciproxy/internal/upstream/upstreamtest"
@@ -33,6 +34,8 @@ type setup struct {
 	// E2B, when set, adds an e2b tool pointing at the emulator (with E2BKey as its key as written).
 	E2B    *e2btest.Server
 	E2BKey string
+	// Daytona, when set, adds a daytona tool pointing at the double (newDaytona).
+	Daytona *daytonatest.Server
 	// MaxBody is max_request_body_size ("" for the default).
 	MaxBody string
 	// ExtraModels is YAML appended to model_list.
@@ -71,6 +74,10 @@ func (s setup) yaml() string {
 	if s.E2B != nil {
 		fmt.Fprintf(&b, "  - sandbox_tool_name: e2b\n    litellm_params:\n      sandbox_provider: e2b\n      api_key: %s\n      api_base: %s\n      sandbox_url: %s\n",
 			s.E2BKey, s.E2B.URL(), s.E2B.SandboxURL())
+	}
+	if s.Daytona != nil {
+		fmt.Fprintf(&b, "  - sandbox_tool_name: daytona\n    litellm_params:\n      sandbox_provider: daytona\n      api_key: %s\n      api_base: %s\n",
+			s.Daytona.APIKey(), s.Daytona.URL())
 	}
 	tool := s.Tool
 	if tool == "" {

@@ -50,7 +50,7 @@ func TestShellOpenAIGo(t *testing.T) {
 			up := upstreamtest.New(t)
 			up.Script(runUserCommands)
 			emu, _ := newEmulator(t)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: workDir(t)}.yaml())
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), Daytona: newDaytona(t, tool), WorkDir: workDir(t)}.yaml())
 			client := sdk(p, "sk-client-a")
 			commands := strings.Join([]string{
 				"echo hello; echo oops >&2; exit 3",
