@@ -120,11 +120,13 @@ fi
 # installs for it) and what runs the image (podman, runc, conmon, and containernetworking-plugins,
 # which debootstrap does not pick for the virtual package podman needs), as an
 # ext4 image that every run opens as a throwaway snapshot. Its name holds a digest of the package
-# list, so that a changed list builds a new one.
-packages=bubblewrap,python3,python3-numpy,python3-pandas,python3-matplotlib,ca-certificates,podman,runc,conmon,containernetworking-plugins,uidmap,procps
+# list, so that a changed list builds a new one. Without the container part the root holds no
+# podman.
+packages=bubblewrap,python3,python3-numpy,python3-pandas,python3-matplotlib,ca-certificates
+[[ $container == 1 ]] && packages+=,podman,runc,conmon,containernetworking-plugins,uidmap,procps
 root=$cache/root-$(printf '%s' "$packages" | sha256sum | cut -c1-12).img
 if [[ ! -f $root ]]; then
-	log "debootstrapping $suite (minbase) with bubblewrap, Python and podman"
+	log "debootstrapping $suite (minbase) with $packages"
 	rootdir=$(mktemp -d)
 	debootstrap --variant=minbase --include="$packages" \
 		"$suite" "$rootdir" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
@@ -135,7 +137,6 @@ if [[ ! -f $root ]]; then
 	mkfs.ext4 -q -F -L ciproxy-root -d "$rootdir" "$root.new"
 	mv "$root.new" "$root"
 	rm -rf "$rootdir"
-	for old in "$cache"/root-*.img; do [[ $old == "$root" ]] || rm -f "$old"; done # earlier lists
 fi
 
 # The tests, and what the guest runs, in a directory the guest mounts (9p).
