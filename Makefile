@@ -39,9 +39,11 @@ chaos:
 	CIPROXY_CHAOS_N=1000 $(GO) test -race -run '^TestChaos$$' -count=1 -timeout 40m -v ./cmd/proxy/
 
 # The local sandbox's cgroup tests on a real cgroup v2 kernel: Debian's kernel under QEMU (software
-# emulation), a debootstrapped root, a delegated subtree as systemd's Delegate=yes gives one. As
-# root; the kernel and root are built once into ~/.cache/ciproxy/cgroup2. See test/cgroup2/run.sh.
-test-cgroup2:
+# emulation), a debootstrapped root, a delegated subtree as systemd's Delegate=yes gives one; then,
+# in the same guest, the image in the container mode of docs/modes.md (podman, runc, the seccomp
+# profile, the cgroup hook, a user namespace) with the image tests and sandbox probes of that mode.
+# As root; the kernel and root are built once into ~/.cache/ciproxy/cgroup2. See test/cgroup2/run.sh.
+test-cgroup2: image
 	GO=$(GO) test/cgroup2/run.sh
 
 # The container image, built with podman from a debootstrapped Debian (no registry needed; see
@@ -50,6 +52,8 @@ image:
 	scripts/image.sh
 
 # The end-to-end and sandbox isolation tests against the image, in each way of running that
-# docs/modes.md lists (scripts/image-test.sh). As root.
+# docs/modes.md lists (scripts/image-test.sh), then docs/compose.yaml run with Docker Compose on
+# podman and tested through its nginx (scripts/compose-test.sh). As root.
 image-test: image
 	scripts/image-test.sh
+	scripts/compose-test.sh

@@ -3,13 +3,14 @@
 #   scripts/deps.sh          everything the tests need (sandbox, Python libraries, Node client deps)
 #   scripts/deps.sh run      only what running the proxy with the local sandbox needs
 #   scripts/deps.sh image    what building and testing the container image needs (podman, runc,
-#                            debootstrap; uidmap for the modes with a user namespace)
+#                            debootstrap; uidmap for the modes with a user namespace; CNI's dnsname
+#                            plugin, by which the compose test's containers find each other by name)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want=(bubblewrap python3 python3-pip python3-numpy python3-pandas python3-matplotlib ca-certificates)
 if [[ "${1:-}" == image ]]; then
-	want=(podman runc debootstrap uidmap ca-certificates)
+	want=(podman runc debootstrap uidmap golang-github-containernetworking-plugin-dnsname ca-certificates)
 elif [[ "${1:-}" != run ]]; then
 	want+=(redis-server) # the replica tests start their own, on a free loopback port
 	command -v node >/dev/null 2>&1 || want+=(nodejs npm)

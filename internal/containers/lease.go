@@ -80,8 +80,6 @@ func (s *Manager) touch(ctx context.Context, c *Container) error {
 	return nil
 }
 
-// forget drops c from this process without deleting its sandbox: another process expired or
-// deleted its record and deletes the sandbox.
 // refresh brings what this process knows of c's expiry up to its record: a later expiry (another
 // replica used it), a claim by another process (which deletes the sandbox), or no record at all.
 func (s *Manager) refresh(ctx context.Context, c *Container) {
@@ -94,8 +92,12 @@ func (s *Manager) refresh(ctx context.Context, c *Container) {
 	case rec.Status == StatusExpired:
 		s.forget(c)
 	default:
+		// Another replica extended it, perhaps by a hold lease it took and will never end (it
+		// died holding the container). The record may vanish before that expiry (a store that
+		// loses its keys, as a Redis restarted empty), and the sandbox with it (the orphan
+		// sweep): so look again one idle timeout from now at the latest, not only then.
 		s.mu.Lock()
-		c.expiresAt = rec.ExpiresAt
+		c.expiresAt = minTime(rec.ExpiresAt, s.now().Add(c.idle))
 		s.mu.Unlock()
 	}
 }
@@ -114,6 +116,8 @@ func (s *Manager) dropLost(ctx context.Context, c *Container) {
 	s.deleteNow(ctx, c, "record lost")
 }
 
+// forget drops c from this process without deleting its sandbox: another process expired or
+// deleted its record and deletes the sandbox.
 func (s *Manager) forget(c *Container) {
 	s.mu.Lock()
 	if c.deleting {

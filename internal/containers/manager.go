@@ -164,11 +164,13 @@ type Container struct {
 	slot *quotaSlot
 
 	// Guarded by s.mu.
-	users     int // Create/Open calls not yet Released
-	busy      int // runs in progress (0 or 1, as runs are serialized)
-	idle      time.Duration
-	lastUse   time.Time
-	expiresAt time.Time // as last written to the store
+	users   int // Create/Open calls not yet Released
+	busy    int // runs in progress (0 or 1, as runs are serialized)
+	idle    time.Duration
+	lastUse time.Time
+	// expiresAt is when the sweep looks at c next: its expiry as last written to the store, or
+	// as read from a record another replica extended, but then no later than one idle timeout on.
+	expiresAt time.Time
 	// unsaved says that the last write of its use to the store failed (a shared store out of
 	// reach): until the sweep writes it again, the record and expiresAt still hold the expiry
 	// of the hold lease taken while a request held it.

@@ -109,6 +109,17 @@ func TestSessionsRecordLost(t *testing.T) {
 	if f.s.Live() != 1 {
 		t.Errorf("Live = %d; want the extended one", f.s.Live())
 	}
+	// The replica that extended it died holding it (its hold lease runs for minutes), and then the
+	// store lost the record too: this process finds that out within one idle timeout, not at the
+	// expiry the dead replica wrote.
+	if err := f.st.DeleteContainer(ctx, "alice", extended.ID()); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Add(time.Minute)
+	f.s.Sweep(ctx)
+	if live, _, deletes, _ := f.p.stats(); deletes != 3 || live != 0 || f.s.Live() != 0 {
+		t.Errorf("one idle timeout after the extended record was lost: live %d, deletes %d, held %d; want it deleted", live, deletes, f.s.Live())
+	}
 }
 
 // TestSessionsReleaseUnrecorded: a release whose write to the store fails (a shared store

@@ -72,7 +72,7 @@ func (c *ChatAPI) Responses(ctx context.Context, body []byte, h http.Header) (Re
 			return nil, ae // the body's own account: it stalled (stream_idle_timeout)
 		}
 		// The upstream was reached and answered 2xx: its body broke off, as a stream can.
-		return nil, apierror.BadGateway("The upstream's response ended early.", "upstream_error", fmt.Errorf("reading the upstream's answer: %w", err))
+		return nil, apierror.BadGateway("The upstream's response ended early.", apierror.CodeUpstreamError, fmt.Errorf("reading the upstream's answer: %w", err))
 	}
 	if len(b) > maxAnswerBody {
 		return nil, malformedAnswer(fmt.Errorf("%w: answer over %d bytes", ErrMalformed, maxAnswerBody))
@@ -90,7 +90,7 @@ func (c *ChatAPI) Responses(ctx context.Context, body []byte, h http.Header) (Re
 // malformedAnswer is a 2xx JSON answer that cannot be read, as the client is told of it: what
 // the engine says of a native upstream's unreadable answer.
 func malformedAnswer(err error) error {
-	return apierror.BadGateway("The upstream's response could not be read.", "upstream_error", err)
+	return apierror.BadGateway("The upstream's response could not be read.", apierror.CodeUpstreamError, err)
 }
 
 // terminalAnswer is an answer read in full: its one terminal event.

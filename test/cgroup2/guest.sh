@@ -40,6 +40,33 @@ start=$(date +%s)
 	echo $? >/mnt/host/rc.tmp
 } | tee /mnt/host/out.txt
 echo "guest: the tests took $(($(date +%s) - start)) s and exited with status $(cat /mnt/host/rc.tmp)"
+
+# The container mode on this host (run.sh's second part): the guest's podman, with the image in a
+# storage on the second disk. No systemd here: podman makes the containers' cgroups itself
+# (cgroupfs, below /libpod_parent, enabling the parents' controllers as systemd would for a
+# delegated scope) and logs its events to a file.
+if [ -x /mnt/host/e2e.test ]; then
+	mkdir -p /var/lib/containers/storage /etc/containers
+	mount -t ext4 /dev/vdb /var/lib/containers/storage
+	printf '[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n' >/etc/containers/containers.conf
+	printf '[storage]\ndriver = "overlay"\ngraphroot = "/var/lib/containers/storage"\nrunroot = "/run/containers/storage"\n' >/etc/containers/storage.conf
+	# podman's --userns auto takes its ids from this range, as scripts/image-test.sh adds it.
+	echo containers:1073741824:268435456 >>/etc/subuid
+	echo containers:1073741824:268435456 >>/etc/subgid
+	echo "guest: $(podman --version), $(runc --version | head -1), image $(podman image inspect --format '{{.Id}}' "$(cat /mnt/host/image)" | cut -c1-12)"
+	start=$(date +%s)
+	# One test at a time: emulated, zygotes starting side by side on two CPUs take longer than
+	# the proxy's own bound on a kernel's start (60 s).
+	{
+		cd /mnt/host/repo/test/e2e &&
+			CIPROXY_E2E_IMAGE=$(cat /mnt/host/image) CIPROXY_E2E_MODE=container CIPROXY_E2E_PROBES=$(cat /mnt/host/probes) \
+				CIPROXY_E2E_SANDBOX_TESTS=/mnt/host/local.test \
+				/mnt/host/e2e.test -test.v -test.count=1 -test.parallel=1 -test.timeout=30m -test.run "$(cat /mnt/host/e2e)" 2>&1
+		echo $? >/mnt/host/rc-e2e
+	} | tee /mnt/host/out-e2e.txt
+	cd /
+	echo "guest: the container tests took $(($(date +%s) - start)) s and exited with status $(cat /mnt/host/rc-e2e)"
+fi
 mv /mnt/host/rc.tmp /mnt/host/rc
 sync
 echo o >/proc/sysrq-trigger

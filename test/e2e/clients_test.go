@@ -137,7 +137,7 @@ func mustJSON(v any) string {
 
 // sandboxTools are the two ways the proxy runs code: its embedded bubblewrap sandbox, and e2b
 // (the emulator, executing through its own local sandbox).
-var sandboxTools = []string{"local", "e2b"}
+var sandboxTools = []string{"local", "e2b", "daytona"}
 
 // remoteTools are the sandbox tools the interception and files suites also run on: the
 // OpenSandbox backend, against its double (executing through its own local sandbox).
@@ -156,7 +156,8 @@ func TestCodeInterpreterOpenAIGo(t *testing.T) {
 			emu, _ := newEmulator(t)
 			osb, osbEnv := newOpenSandbox(t, tool)
 			wd := workDir(t)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, WorkDir: wd}.yaml(), osbEnv...)
+			dt := newDaytona(t, tool)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, WorkDir: wd, Daytona: dt}.yaml(), osbEnv...)
 			client := sdk(p, "sk-client-a")
 
 			var created *responses.Response
@@ -377,6 +378,7 @@ func TestCodeInterpreterOpenAIGo(t *testing.T) {
 					t.Errorf("%d OpenSandbox sandboxes still live past their idle timeout after the proxy stopped", n)
 				}
 			}
+			checkDaytonaAfterStop(t, dt)
 		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/sandbox/daytonatest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
 	"github.com/ciproxy/ciproxy/internal/sandbox/opensandboxtest"
@@ -37,6 +38,8 @@ type setup struct {
 	// OSB, when set, adds an opensandbox tool pointing at the OpenSandbox double (its key read
 	// from OSB_E2E_KEY, LiteLLM style, which OSBEnv sets).
 	OSB *opensandboxtest.Server
+	// Daytona, when set, adds a daytona tool pointing at the double (newDaytona).
+	Daytona *daytonatest.Server
 	// MaxBody is max_request_body_size ("" for the default).
 	MaxBody string
 	// ExtraModels is YAML appended to model_list.
@@ -79,6 +82,10 @@ func (s setup) yaml() string {
 	if s.OSB != nil {
 		fmt.Fprintf(&b, "  - sandbox_tool_name: opensandbox\n    litellm_params:\n      sandbox_provider: opensandbox\n      api_key: os.environ/OSB_E2E_KEY\n      api_base: %s\n",
 			s.OSB.URL())
+	}
+	if s.Daytona != nil {
+		fmt.Fprintf(&b, "  - sandbox_tool_name: daytona\n    litellm_params:\n      sandbox_provider: daytona\n      api_key: %s\n      api_base: %s\n",
+			s.Daytona.APIKey(), s.Daytona.URL())
 	}
 	tool := s.Tool
 	if tool == "" {

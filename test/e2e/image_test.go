@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -77,29 +78,48 @@ func imageModes() map[string]imageMode {
 	// because the network is the host's here (a pod has its own).
 	pod.run = append([]string{"--user", "10001:10001", "--userns", "auto:size=65536", "-v", "/sys:/sys:ro", "--read-only", "--cap-drop", "ALL"}, common...)
 	pod.mapped = true
+	container := imageMode{
+		run: append([]string{"--user", "0:0", "--userns", "auto:size=65536", "--cap-add", "SYS_ADMIN,NET_ADMIN",
+			"--annotation", "io.ciproxy.delegate-cgroup=true", "-v", "/sys:/sys:ro", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+			"--cgroupns", "host"}, common...),
+		// The sandboxes' uids must be inside the namespace's 65536 (above the image's own users).
+		sandbox:   []string{"uid_base: 20480", "uid_count: 40960"},
+		isolation: []string{`"mode":"root"`, `"limits":"cgroup1"`, "cgroup v1 (memory, pids, cpu)", "one host uid per sandbox"},
+		probeEnv:  []string{"CIPROXY_TEST_UIDS=20480:40960"},
+		// Not TestProbeInotifyPerTenant: the kernel charges a user namespace's counts to its
+		// creator at every level above, so at the host's level every sandbox of the container
+		// counts as the container's owner (docs/modes.md).
+		probes: append([]string{"TestProbeMemoryAggregate", "TestProbeSocketFlood", "TestCPULimit", "TestCgroupFilesWritten"}, probesEveryMode...),
+		mapped: true,
+	}
+	if hostCgroup2() {
+		// The container's cgroup, handed over by the hook, with the memory, pids and cpu
+		// controllers its parents enable for it (runc creating it does so for those the parents
+		// have): the v2 mode, which CIPROXY_TEST_CGROUP2 makes the sandbox tests require rather
+		// than fall back to another.
+		container.isolation = []string{`"mode":"root"`, `"limits":"cgroup2"`, "cgroup v2 (kill, freeze, cpu, memory, pids)", "one host uid per sandbox"}
+		container.probeEnv = append(container.probeEnv, "CIPROXY_TEST_CGROUP2=1")
+	}
 	return map[string]imageMode{
 		"rootless": rootless,
 		"pod":      pod,
 		// Root in a user namespace of its own (65536 uids from /etc/subuid's "containers" range),
 		// with the capabilities the fork server keeps, its cgroups handed to that root by the OCI
-		// hook (the host here is cgroup v1: podman delegates none), the host's cgroup tree mounted
-		// writable (only what the hook handed over can be written) and, because the network is the
-		// host's, its /sys bound read-only (a user namespace cannot mount the sysfs of a network
-		// namespace it does not own).
-		"container": {
-			run: append([]string{"--user", "0:0", "--userns", "auto:size=65536", "--cap-add", "SYS_ADMIN,NET_ADMIN",
-				"--annotation", "io.ciproxy.delegate-cgroup=true", "-v", "/sys:/sys:ro", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw"}, common...),
-			// The sandboxes' uids must be inside the namespace's 65536 (above the image's own users).
-			sandbox:   []string{"uid_base: 20480", "uid_count: 40960"},
-			isolation: []string{`"mode":"root"`, `"limits":"cgroup1"`, "cgroup v1 (memory, pids, cpu)", "one host uid per sandbox"},
-			probeEnv:  []string{"CIPROXY_TEST_UIDS=20480:40960"},
-			// Not TestProbeInotifyPerTenant: the kernel charges a user namespace's counts to its
-			// creator at every level above, so at the host's level every sandbox of the container
-			// counts as the container's owner (docs/modes.md).
-			probes: append([]string{"TestProbeMemoryAggregate", "TestProbeSocketFlood", "TestCPULimit"}, probesEveryMode...),
-			mapped: true,
-		},
+		// hook (podman delegates none), the host's cgroup tree mounted writable (only what the hook
+		// handed over can be written) and, because the network is the host's, its /sys bound
+		// read-only (a user namespace cannot mount the sysfs of a network namespace it does not
+		// own). --cgroupns host because the tree mounted is the host's: in a cgroup namespace of
+		// its own (podman's default on a v2 host) the proxy's /proc/self/cgroup says "0::/", which
+		// names no directory of that tree (the proxy then finds no cgroup of its own and falls back
+		// to per-process limits). On a hybrid host podman's default is already the host's.
+		"container": container,
 	}
+}
+
+// hostCgroup2 tells whether this host has the unified hierarchy alone at /sys/fs/cgroup.
+func hostCgroup2() bool {
+	_, err := os.Stat("/sys/fs/cgroup/cgroup.controllers")
+	return err == nil
 }
 
 // currentImageMode is the mode CIPROXY_E2E_MODE names; it fails the test on an unknown one.
@@ -165,8 +185,9 @@ func podmanRun(t *testing.T, name string, args ...string) *exec.Cmd {
 // imageCommand is the podman run of the image in place of the binary: config is mounted with its
 // directory (so that a rename in it, as the kubelet's ConfigMap update does, reaches the proxy),
 // dataDir as the image's volume, handed to the container's user (":U": with --userns=auto each
-// container has other host uids, so the next one could not open what the last one wrote).
-func imageCommand(t *testing.T, config, dataDir string, args, env []string) *exec.Cmd {
+// container has other host uids, so the next one could not open what the last one wrote). It
+// returns the command and the container's name.
+func imageCommand(t *testing.T, config, dataDir string, args, env []string) (*exec.Cmd, string) {
 	t.Helper()
 	// The proxy runs as the image's user, or as root of a user namespace: neither is the host's
 	// root, which owns these.
@@ -190,7 +211,8 @@ func imageCommand(t *testing.T, config, dataDir string, args, env []string) *exe
 	}
 	run = append(run, "-v", filepath.Dir(config)+":/etc/ciproxy:ro", "-v", dataDir+":/var/lib/ciproxy:U", testImage,
 		"--config", "/etc/ciproxy/"+filepath.Base(config), "--host", "127.0.0.1", "--port", "0", "--data-dir", "/var/lib/ciproxy")
-	return podmanRun(t, "ciproxy-e2e-"+newName(), append(run, args...)...)
+	name := "ciproxy-e2e-" + newName()
+	return podmanRun(t, name, append(run, args...)...), name
 }
 
 // newName is a random container name suffix.
@@ -238,6 +260,107 @@ func TestImageHealthAndIsolation(t *testing.T) {
 	}
 	if mode.mapped {
 		checkMappedUIDs(t)
+	}
+}
+
+// TestImageDelegatedCgroup, in the container mode on a cgroup v2 host, reads from outside the
+// container what the kernel holds once a code interpreter call has run: the container's cgroup
+// handed to the root of its user namespace (the hook's work), the proxy moved into its leaf below
+// it (which it does only once it may write the cgroup's cgroup.procs), the controllers enabled for
+// the sandboxes, and each sandbox's cgroup made by that root with the configured memory.max,
+// pids.max and cpu.max and the sandbox's processes in it. On a hybrid host TestCgroupFilesWritten
+// reads the v1 files back inside the container (TestImageSandboxProbes).
+func TestImageDelegatedCgroup(t *testing.T) {
+	skipWithoutImage(t)
+	if os.Getenv("CIPROXY_E2E_MODE") != "container" || !hostCgroup2() {
+		t.Skip("the container mode on a cgroup v2 host only")
+	}
+	t.Parallel()
+	up := upstreamtest.New(t)
+	up.Script(runUserCode)
+	p := startProxy(t, setup{Upstream: up.URL(), WorkDir: workDir(t),
+		LocalSettings: []string{"memory_limit: 300m", "max_processes: 20", "cpu_limit: 0.5"}}.yaml())
+	client := sdk(p, "sk-cgroup")
+	r, err := client.Responses.New(ctx(t, 90*time.Second), ciParams("print(6 * 7)", ""))
+	if err != nil {
+		t.Fatalf("Responses.New: %v; log:\n%s", err, p.Log())
+	}
+	checkSixTimesSeven(t, r)
+
+	out, err := podman(t, "inspect", "--format", "{{.State.Pid}}", p.Container).Output()
+	if err != nil {
+		t.Fatalf("podman inspect: %v", err)
+	}
+	pid := strings.TrimSpace(string(out))
+	var inside, root, count int
+	if m, err := os.ReadFile("/proc/" + pid + "/uid_map"); err != nil {
+		t.Fatal(err)
+	} else if _, err := fmt.Sscan(string(m), &inside, &root, &count); err != nil || inside != 0 || root == 0 {
+		t.Fatalf("the container's uid_map %q: want its root mapped to a host uid other than 0", m)
+	}
+	line, err := os.ReadFile("/proc/" + pid + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, ok := strings.CutPrefix(strings.TrimSpace(string(line)), "0::")
+	leaf := "/ciproxy-proxy"
+	if !ok || !strings.HasSuffix(path, leaf) {
+		t.Fatalf("the proxy's cgroup is %q; want the leaf %s below its container's cgroup", line, leaf)
+	}
+	own := "/sys/fs/cgroup" + strings.TrimSuffix(path, leaf)
+	t.Logf("the container's cgroup %s (its root is host uid %d)", own, root)
+	owner := func(path string) int {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(fi.Sys().(*syscall.Stat_t).Uid)
+	}
+	read := func(path string) string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	for _, f := range []string{own, own + "/cgroup.procs", own + "/cgroup.subtree_control"} {
+		if u := owner(f); u != root {
+			t.Errorf("%s is owned by host uid %d; want %d, the container's root (the hook hands it over)", f, u, root)
+		}
+	}
+	if u := owner(own + "/memory.max"); u != 0 {
+		t.Errorf("%s/memory.max is owned by host uid %d: the container's own limit must stay the host's", own, u)
+	}
+	if got := read(own + "/cgroup.subtree_control"); got != "cpu memory pids" {
+		t.Errorf("%s/cgroup.subtree_control = %q; want cpu memory pids", own, got)
+	}
+	want := map[string]string{"memory.max": "314572800", "pids.max": "23", "cpu.max": "50000 100000"}
+	sandboxes, running := 0, 0
+	_ = filepath.WalkDir(own, func(dir string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		if _, err := os.Stat(dir + "/box"); err != nil || dir == own {
+			return nil
+		}
+		sandboxes++
+		if u := owner(dir); u != root {
+			t.Errorf("the sandbox cgroup %s is owned by host uid %d; want the container's root, %d", dir, u, root)
+		}
+		for file, v := range want {
+			if got := read(dir + "/" + file); got != v {
+				t.Errorf("%s/%s = %q; want %q", dir, file, got, v)
+			}
+		}
+		if read(dir+"/box/cgroup.procs") != "" {
+			running++
+		}
+		t.Logf("%s: memory.max %s, pids.max %s, cpu.max %s, %d processes", strings.TrimPrefix(dir, own+"/"), read(dir+"/memory.max"),
+			read(dir+"/pids.max"), read(dir+"/cpu.max"), len(strings.Fields(read(dir+"/box/cgroup.procs"))))
+		return filepath.SkipDir
+	})
+	if sandboxes == 0 || running == 0 {
+		t.Errorf("%d sandbox cgroups below %s, %d with processes; want the one that ran the code at least", sandboxes, own, running)
 	}
 }
 
@@ -400,18 +523,52 @@ func TestImageSandboxProbes(t *testing.T) {
 	skipWithoutImage(t)
 	t.Parallel()
 	mode := currentImageMode(t)
+	if only := os.Getenv("CIPROXY_E2E_PROBES"); only != "" {
+		// A subset, where each sandbox test is slow (make test-cgroup2's emulated guest): only
+		// names of the mode's lists, so that a probe the mode must pass cannot be turned into one
+		// it must skip.
+		var probes, skips []string
+		for name := range strings.SplitSeq(only, ",") {
+			switch {
+			case slices.Contains(mode.probes, name):
+				probes = append(probes, name)
+			case slices.Contains(mode.skips, name):
+				skips = append(skips, name)
+			default:
+				t.Fatalf("CIPROXY_E2E_PROBES names %s, which is none of this mode's probes", name)
+			}
+		}
+		mode.probes, mode.skips = probes, skips
+	}
 	bin := filepath.Join(imageShare, "local.test")
-	build := exec.Command("go", "test", "-c", "-o", bin, "./internal/sandbox/local")
-	build.Dir = repoRoot
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the sandbox tests: %v\n%s", err, out)
+	if prebuilt := os.Getenv("CIPROXY_E2E_SANDBOX_TESTS"); prebuilt != "" {
+		// Compiled elsewhere (CGO_ENABLED=0 go test -c ./internal/sandbox/local), for a machine
+		// without Go: make test-cgroup2's guest.
+		b, err := os.ReadFile(prebuilt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		build := exec.Command("go", "test", "-c", "-o", bin, "./internal/sandbox/local")
+		build.Dir = repoRoot
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("building the sandbox tests: %v\n%s", err, out)
+		}
 	}
 	if err := os.Chmod(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	run := "^(" + strings.Join(append(mode.probes, mode.skips...), "|") + "|TestIsolationMode)$"
 	args := []string{"--entrypoint", bin, "-w", "/tmp"}
+	if v := os.Getenv("CIPROXY_TEST_START_TIMEOUT"); v != "" {
+		// The sandbox tests' own bound on a kernel's start, for an emulated machine
+		// (internal/sandbox/local): the container gets what this process was given.
+		args = append(args, "-e", "CIPROXY_TEST_START_TIMEOUT="+v)
+	}
 	for _, kv := range mode.probeEnv {
 		args = append(args, "-e", kv)
 	}

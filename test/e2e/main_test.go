@@ -89,8 +89,10 @@ type proxy struct {
 	// ConfigPath is the configuration file it was started with (in a directory of its own, which
 	// a container mounts: a rename in it reaches the proxy as on the host).
 	ConfigPath string
-	cmd        *exec.Cmd
-	log        *testutil.LockedBuffer
+	// Container is the podman container's name when the proxy is the image ("" otherwise).
+	Container string
+	cmd       *exec.Cmd
+	log       *testutil.LockedBuffer
 
 	stopOnce sync.Once
 	exited   chan struct{} // closed when the process has exited
@@ -120,8 +122,9 @@ func startProxyData(t *testing.T, cfg, dataDir string, args []string, env ...str
 		t.Fatal(err)
 	}
 	var cmd *exec.Cmd
+	var container string
 	if testImage != "" {
-		cmd = imageCommand(t, path, dataDir, args, env)
+		cmd, container = imageCommand(t, path, dataDir, args, env)
 	} else {
 		cmd = exec.Command(proxyBin, append([]string{"--config", path, "--host", "127.0.0.1", "--port", "0", "--data-dir", dataDir}, args...)...)
 		cmd.Env = append(os.Environ(), env...)
@@ -131,7 +134,7 @@ func startProxyData(t *testing.T, cfg, dataDir string, args []string, env ...str
 		t.Fatal(err)
 	}
 	cmd.Stdout = io.Discard
-	p := &proxy{t: t, cmd: cmd, log: &testutil.LockedBuffer{}, exited: make(chan struct{}), ConfigPath: path}
+	p := &proxy{t: t, cmd: cmd, log: &testutil.LockedBuffer{}, exited: make(chan struct{}), ConfigPath: path, Container: container}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting the proxy: %v", err)
 	}
@@ -170,8 +173,8 @@ func startProxyData(t *testing.T, cfg, dataDir string, args []string, env ...str
 		p.URL = "http://" + a
 	case <-p.exited:
 		t.Fatalf("the proxy exited before listening (%v); its log:\n%s", p.waitErr, p.log)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the proxy did not log its address within 30s; its log:\n%s", p.log)
+	case <-time.After(startWait):
+		t.Fatalf("the proxy did not log its address within %v; its log:\n%s", startWait, p.log)
 	}
 
 	deadline := time.Now().Add(20 * time.Second)
@@ -193,6 +196,16 @@ func startProxyData(t *testing.T, cfg, dataDir string, args []string, env ...str
 		}
 	}
 }
+
+// startWait bounds a proxy's start until it listens, its check of the local sandbox included
+// (the fork server's imports): 30 s, or CIPROXY_TEST_START_TIMEOUT, the local sandbox tests' own
+// bound on that start, on an emulated machine where it takes a minute (make test-cgroup2's guest).
+var startWait = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("CIPROXY_TEST_START_TIMEOUT")); err == nil && d > 0 {
+		return d
+	}
+	return 30 * time.Second
+}()
 
 // Stop sends SIGTERM and requires exit status 0 within 60s, a log without a data race or a
 // panic, and the final "stopped" line. It may be called more than once.

@@ -101,7 +101,7 @@ func TestNodeFilesRoundTrip(t *testing.T) {
 			up := upstreamtest.New(t)
 			up.Script(filesModel)
 			emu, _ := newEmulator(t)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: workDir(t), MasterKey: "sk-node-files"}.yaml())
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), Daytona: newDaytona(t, tool), WorkDir: workDir(t), MasterKey: "sk-node-files"}.yaml())
 			c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(c, node, "--test", "--test-reporter=spec", "files.test.mjs")
@@ -139,7 +139,7 @@ func TestNodeShell(t *testing.T) {
 				up := upstreamtest.New(t, opts...)
 				up.Script(script)
 				emu, _ := newEmulator(t)
-				p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: workDir(t),
+				p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), Daytona: newDaytona(t, tool), WorkDir: workDir(t),
 					ChatOnly: api == "chat", MasterKey: "sk-node-master"}.yaml())
 				c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 				defer cancel()

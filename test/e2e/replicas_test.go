@@ -517,7 +517,12 @@ func isFileKey(k string) bool {
 func dumpSandboxState(t *testing.T, p *proxy) {
 	t.Helper()
 	var b strings.Builder
-	if a := send(t.Context(), p, http.MethodGet, "/metrics", "", nil); a.status == http.StatusOK {
+	// Not t.Context(): this runs in a Cleanup, after the test's context is cancelled.
+	mctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if a := send(mctx, p, http.MethodGet, "/metrics", "", nil); a.status != http.StatusOK {
+		fmt.Fprintf(&b, "metrics: %d %v\n", a.status, a.err)
+	} else {
 		for _, line := range strings.Split(string(a.body), "\n") {
 			if strings.HasPrefix(line, "ciproxy_sandbox") {
 				b.WriteString(line + "\n")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -138,23 +139,28 @@ type cgroupMount struct {
 // ownCgroups finds this process's own cgroup in every mounted hierarchy, from /proc/self/cgroup
 // and /proc/self/mountinfo. v2 is the unified hierarchy ("" if none).
 func ownCgroups() (v2 string, v1 []cgroupMount, err error) {
-	paths := map[string]string{} // controllers field of /proc/self/cgroup → path
 	data, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return "", nil, err
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) == 3 {
-			paths[parts[1]] = parts[2]
-		}
 	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return "", nil, err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	return parseOwnCgroups(string(data), f)
+}
+
+// parseOwnCgroups is ownCgroups on the contents of /proc/self/cgroup and /proc/self/mountinfo.
+func parseOwnCgroups(cgroups string, mountinfo io.Reader) (v2 string, v1 []cgroupMount, err error) {
+	paths := map[string]string{} // controllers field of /proc/self/cgroup → path
+	for _, line := range strings.Split(strings.TrimSpace(cgroups), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 {
+			paths[parts[1]] = parts[2]
+		}
+	}
+	sc := bufio.NewScanner(mountinfo)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		// id parent major:minor root mountpoint options [optional...] - fstype source superoptions
@@ -197,7 +203,16 @@ func ownCgroups() (v2 string, v1 []cgroupMount, err error) {
 }
 
 // below maps a cgroup path to its directory under a mount of the hierarchy whose root is root.
+// Both are relative to this process's cgroup namespace, so a mount whose root lies above that
+// namespace's root has a root of "/.." (one level up) or deeper: the kernel does not say which
+// cgroups lie between, so no path can be mapped into it. That is the host's tree bind-mounted into
+// a container with a cgroup namespace of its own (podman's default on a cgroup v2 host, where
+// /proc/self/cgroup says "0::/"): cleaned, "/.." would be "/" and the proxy would take the host's
+// root cgroup for its own, and make its sandboxes' cgroups there, outside the container's limits.
 func below(mountpoint, root, path string) (string, bool) {
+	if root == "/.." || strings.HasPrefix(root, "/../") {
+		return "", false
+	}
 	rel, err := filepath.Rel(root, path)
 	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
 		return "", false

@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -799,6 +800,92 @@ func TestIsolationCPUWarning(t *testing.T) {
 			iso := (&Provider{cg: h, uids: sharedUID()}).Isolation()
 			if got := strings.Contains(strings.Join(iso.Warnings, " "), "no cpu controller"); got != tc.warns {
 				t.Errorf("%s: warns of no cpu controller: %v; want %v", iso, got, tc.warns)
+			}
+		})
+	}
+}
+
+// TestParseOwnCgroups: where this process's cgroups are found from /proc/self/cgroup and
+// /proc/self/mountinfo, on hosts and in containers with and without a cgroup namespace of their
+// own. The mountinfo lines are the kernel's as read in each place.
+func TestParseOwnCgroups(t *testing.T) {
+	const (
+		v2Mount  = "30 25 0:26 %s /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+		memMount = "31 25 0:27 %s /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime - cgroup cgroup rw,memory\n"
+		unified  = "32 25 0:28 %s /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+		other    = "22 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+	)
+	for _, tc := range []struct {
+		name      string
+		cgroup    string
+		mountinfo string
+		v2        string
+		v1        []cgroupMount
+	}{
+		{
+			name: "a v2 host, a unit with Delegate=yes", cgroup: "0::/system.slice/ciproxy.service\n",
+			mountinfo: other + fmt.Sprintf(v2Mount, "/"),
+			v2:        "/sys/fs/cgroup/system.slice/ciproxy.service",
+		},
+		{
+			name: "the proxy already moved into its leaf", cgroup: "0::/system.slice/ciproxy.service/" + proxyLeaf + "\n",
+			mountinfo: fmt.Sprintf(v2Mount, "/"),
+			v2:        "/sys/fs/cgroup/system.slice/ciproxy.service",
+		},
+		{
+			name: "a container in the host's cgroup namespace with the host's tree mounted", cgroup: "0::/libpod_parent/libpod-1234\n",
+			mountinfo: fmt.Sprintf(v2Mount, "/"),
+			v2:        "/sys/fs/cgroup/libpod_parent/libpod-1234",
+		},
+		{
+			name: "a cgroup namespace of its own and its own cgroup2 mount", cgroup: "0::/\n",
+			mountinfo: fmt.Sprintf(v2Mount, "/"),
+			v2:        "/sys/fs/cgroup",
+		},
+		{
+			// The host's root is two levels above the namespace's: "/" would name the host's root.
+			name: "a cgroup namespace of its own with the host's tree bind-mounted", cgroup: "0::/\n",
+			mountinfo: fmt.Sprintf(v2Mount, "/../.."),
+		},
+		{
+			name: "one level above the namespace", cgroup: "0::/ciproxy-proxy\n",
+			mountinfo: fmt.Sprintf(v2Mount, "/.."),
+		},
+		{
+			name: "a mount of a cgroup outside the namespace beside it", cgroup: "0::/\n",
+			mountinfo: fmt.Sprintf(v2Mount, "/../other"),
+		},
+		{
+			name:      "a mount of a cgroup below the process's: not its own",
+			cgroup:    "0::/system.slice/ciproxy.service\n",
+			mountinfo: fmt.Sprintf(v2Mount, "/system.slice/ciproxy.service/child"),
+		},
+		{
+			name: "a hybrid host", cgroup: "4:memory:/ciproxy.service\n0::/ciproxy.service\n",
+			mountinfo: fmt.Sprintf(memMount, "/") + fmt.Sprintf(unified, "/"),
+			v2:        "/sys/fs/cgroup/unified/ciproxy.service",
+			v1:        []cgroupMount{{dir: "/sys/fs/cgroup/memory/ciproxy.service", controllers: []string{"memory"}}},
+		},
+		{
+			name: "a hybrid host's trees bind-mounted into a cgroup namespace", cgroup: "4:memory:/\n0::/\n",
+			mountinfo: fmt.Sprintf(memMount, "/..") + fmt.Sprintf(unified, "/.."),
+		},
+		{
+			name: "v1 mounted at the container's own cgroup", cgroup: "4:memory:/docker/abc\n",
+			mountinfo: fmt.Sprintf(memMount, "/docker/abc"),
+			v1:        []cgroupMount{{dir: "/sys/fs/cgroup/memory", controllers: []string{"memory"}}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v2, v1, err := parseOwnCgroups(tc.cgroup, strings.NewReader(tc.mountinfo))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v2 != tc.v2 {
+				t.Errorf("v2 = %q; want %q", v2, tc.v2)
+			}
+			if !slices.EqualFunc(v1, tc.v1, func(a, b cgroupMount) bool { return a.dir == b.dir && slices.Equal(a.controllers, b.controllers) }) {
+				t.Errorf("v1 = %+v; want %+v", v1, tc.v1)
 			}
 		})
 	}
