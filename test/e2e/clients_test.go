@@ -135,9 +135,15 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-// sandboxTools are the two ways the proxy runs code: its embedded bubblewrap sandbox, and e2b
-// (the emulator, executing through its own local sandbox).
+// sandboxTools are the sandbox backends the client suites run on: the embedded bubblewrap
+// sandbox, e2b and Daytona (their doubles, each executing through a local sandbox of its own).
 var sandboxTools = []string{"local", "e2b", "daytona"}
+
+// replicaTools are the backends of the suites whose fault injection and leak accounting are
+// written against the e2b emulator (TestReplicas, TestNoSecretLeaks). The newer backends have
+// tests of their own faults and keys (TestDaytonaFaults, TestOpenSandboxFaults); these two suites
+// do not run on them yet.
+var replicaTools = []string{"local", "e2b"}
 
 // remoteTools are the sandbox tools the interception and files suites also run on: the
 // OpenSandbox backend, against its double (executing through its own local sandbox).

@@ -45,7 +45,7 @@ func TestReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three proxies and a redis-server: not in -short")
 	}
-	for _, tool := range sandboxTools {
+	for _, tool := range replicaTools {
 		t.Run(tool, func(t *testing.T) { testReplicas(t, tool) })
 	}
 }

@@ -157,7 +157,7 @@ print("PROBE-END")
 // received. For both sandbox tools.
 func TestNoSecretLeaks(t *testing.T) {
 	t.Parallel()
-	for _, tool := range sandboxTools {
+	for _, tool := range replicaTools {
 		t.Run(tool, func(t *testing.T) {
 			t.Parallel()
 			upstreamKey := secret("sk-upstream-secret-")
