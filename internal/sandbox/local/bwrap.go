@@ -6,12 +6,14 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox/kernel"
 )
 
 // Paths inside the sandbox.
 const (
 	dataDir        = "/mnt/data"
-	kernelPath     = "/opt/ciproxy/kernel.py"
+	kernelPath     = kernel.Path
 	codeFilterPath = "/opt/ciproxy/kernel.bpf"
 	caBundlePath   = "/opt/ciproxy/ca-certificates.crt"
 	userBase       = "/tmp/.local"

@@ -1,5 +1,5 @@
 // Package local runs code in sandboxes on the proxy's own host: a persistent Python kernel
-// (kernel.py, embedded) that speaks the NDJSON stream of e2b's code-interpreter server, so
+// (internal/sandbox/kernel) that speaks the NDJSON stream of e2b's code-interpreter server, so
 // sandbox.DecodeExecution reads both, forked by a fork server (zygote.go) into namespaces of its
 // own.
 //
@@ -37,7 +37,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/x509"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -56,9 +55,6 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/settings"
 )
-
-//go:embed kernel.py
-var kernelSource []byte
 
 // Backend is the Handle.Backend of local sandboxes.
 const Backend = "local"

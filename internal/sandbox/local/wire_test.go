@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox/kernel"
 )
 
 // TestKernelWireFormat runs kernel.py directly (no sandbox) and compares its bytes with e2b's
@@ -15,7 +17,7 @@ import (
 func TestKernelWireFormat(t *testing.T) {
 	dir := t.TempDir()
 	script := filepath.Join(dir, "kernel.py")
-	if err := os.WriteFile(script, kernelSource, 0o644); err != nil {
+	if err := os.WriteFile(script, kernel.Source(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	in := strings.Join([]string{

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox/kernel"
 )
 
 // The fork server. Starting a kernel from scratch means a new interpreter importing numpy, pandas
@@ -138,7 +140,7 @@ func (p *Provider) startZygote(ctx context.Context) (*zygote, error) {
 		files[dest] = 2 + len(extra)
 		return nil
 	}
-	if err := add(kernelPath, kernelSource); err != nil {
+	if err := add(kernelPath, kernel.Source()); err != nil {
 		ours.Close()
 		return nil, fmt.Errorf("local sandbox: fork server: %w", err)
 	}
