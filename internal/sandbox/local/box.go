@@ -771,7 +771,28 @@ func (b *box) processState() string {
 			continue
 		}
 		wchan, _ := os.ReadFile(filepath.Join(dir, "wchan"))
-		parts = append(parts, fmt.Sprintf("%d %s %c %s", pid, s[strings.IndexByte(s, '(')+1:i], s[i+2], wchan))
+		parts = append(parts, fmt.Sprintf("%d %s %c %s%s", pid, s[strings.IndexByte(s, '(')+1:i], s[i+2], wchan, signalMasks(dir)))
 	}
-	return "processes: " + strings.Join(parts, ", ")
+	out := "processes: " + strings.Join(parts, ", ")
+	if b.cg != nil {
+		out += "; " + b.cg.freezerState()
+	}
+	return out
+}
+
+// signalMasks is a process's pending (its own and its group's), blocked and caught signals, as
+// /proc/PID/status shows them: whether a signal sent to it is waiting, and why.
+func signalMasks(dir string) string {
+	status, err := os.ReadFile(filepath.Join(dir, "status"))
+	if err != nil {
+		return ""
+	}
+	var out []string
+	for _, line := range strings.Split(string(status), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "SigPnd" || k == "ShdPnd" || k == "SigBlk" || k == "SigCgt") {
+			out = append(out, k+" "+strings.TrimSpace(v))
+		}
+	}
+	return " (" + strings.Join(out, " ") + ")"
 }

@@ -572,6 +572,25 @@ func (cg *sandboxCgroup) freeze(on bool) error {
 	return errors.ErrUnsupported
 }
 
+// freezerState is the freezer's state as the kernel reports it (v1: THAWED, FREEZING, FROZEN;
+// v2: cgroup.freeze and the frozen flag of cgroup.events), for diagnostics.
+func (cg *sandboxCgroup) freezerState() string {
+	fsys := cg.host.fs
+	if cg.host.v2 != "" {
+		want, _ := fsys.ReadFile(filepath.Join(cg.v2Dir(v2Box), "cgroup.freeze"))
+		events, _ := fsys.ReadFile(filepath.Join(cg.v2Dir(v2Box), "cgroup.events"))
+		return "cgroup.freeze " + want + ", " + strings.Join(strings.Fields(events), " ")
+	}
+	if d := cg.host.v1["freezer"]; d != "" {
+		st, err := fsys.ReadFile(filepath.Join(d, cg.name, "freezer.state"))
+		if err != nil {
+			return "freezer.state unreadable"
+		}
+		return "freezer.state " + st
+	}
+	return "no freezer"
+}
+
 // kill sends SIGKILL to every process in the sandbox's cgroup.
 func (cg *sandboxCgroup) kill() {
 	fsys := cg.host.fs

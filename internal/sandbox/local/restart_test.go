@@ -101,3 +101,16 @@ func TestCodeRestartsItsKernel(t *testing.T) {
 		t.Errorf("after the code's restart: %q; want the file kept and a fresh kernel", got)
 	}
 }
+
+// TestSignalMasks: the restart's diagnostic reads the four signal sets of a process.
+func TestSignalMasks(t *testing.T) {
+	got := signalMasks("/proc/self")
+	for _, k := range []string{"SigPnd ", "ShdPnd ", "SigBlk ", "SigCgt "} {
+		if !strings.Contains(got, k) {
+			t.Errorf("signalMasks(/proc/self) = %q; want %s", got, k)
+		}
+	}
+	if got := signalMasks("/proc/0"); got != "" {
+		t.Errorf("signalMasks of no process = %q; want nothing", got)
+	}
+}
