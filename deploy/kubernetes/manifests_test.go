@@ -18,12 +18,15 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
@@ -53,13 +56,25 @@ type manifests struct {
 	configMaps   map[string]*corev1.ConfigMap
 	secrets      map[string]*corev1.Secret
 	pdbs         map[string]*policyv1.PodDisruptionBudget
+	// What agent-sandbox/ adds: its RBAC, the RuntimeClass, and agent-sandbox's own resources
+	// (kept as decoded JSON objects, by kind then name: their schemas are CRDs, not Go types).
+	namespaces      map[string]*corev1.Namespace
+	serviceAccounts map[string]*corev1.ServiceAccount
+	roles           map[string]*rbacv1.Role
+	roleBindings    map[string]*rbacv1.RoleBinding
+	runtimeClasses  map[string]*nodev1.RuntimeClass
+	custom          map[string]map[string]map[string]any
 }
 
 // decodeStrict decodes one document into the API type of its kind with the API machinery's strict
 // deserializer: an unknown field, a field spelt in another case and a duplicate field all fail.
 func decodeStrict(m *manifests, doc []byte) error {
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{appsv1.AddToScheme, corev1.AddToScheme, policyv1.AddToScheme} {
+	if custom, err := decodeCustom(m, doc); custom {
+		return err
+	}
+	for _, add := range []func(*runtime.Scheme) error{appsv1.AddToScheme, corev1.AddToScheme, policyv1.AddToScheme,
+		rbacv1.AddToScheme, nodev1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			return err
 		}
@@ -86,23 +101,45 @@ func decodeStrict(m *manifests, doc []byte) error {
 		m.secrets[name] = o
 	case *policyv1.PodDisruptionBudget:
 		m.pdbs[name] = o
+	case *corev1.Namespace:
+		m.namespaces[name] = o
+	case *corev1.ServiceAccount:
+		m.serviceAccounts[name] = o
+	case *rbacv1.Role:
+		m.roles[name] = o
+	case *rbacv1.RoleBinding:
+		m.roleBindings[name] = o
+	case *nodev1.RuntimeClass:
+		m.runtimeClasses[name] = o
 	default:
 		return errors.New("no test checks a " + gvk.String() + ": add it here")
 	}
 	return nil
 }
 
-// load decodes every document of every *.yaml file in this directory.
-func load(t *testing.T) *manifests {
+// load decodes every document of every *.yaml file in dirs (this directory when none), in order:
+// an object of a later directory replaces one of the same kind and name of an earlier one, as
+// agent-sandbox/'s ConfigMap and Deployment replace this directory's.
+func load(t *testing.T, dirs ...string) *manifests {
 	t.Helper()
 	m := &manifests{
 		deployments: map[string]*appsv1.Deployment{}, statefulSets: map[string]*appsv1.StatefulSet{},
 		services: map[string]*corev1.Service{}, configMaps: map[string]*corev1.ConfigMap{},
 		secrets: map[string]*corev1.Secret{}, pdbs: map[string]*policyv1.PodDisruptionBudget{},
+		namespaces: map[string]*corev1.Namespace{}, serviceAccounts: map[string]*corev1.ServiceAccount{},
+		roles: map[string]*rbacv1.Role{}, roleBindings: map[string]*rbacv1.RoleBinding{},
+		runtimeClasses: map[string]*nodev1.RuntimeClass{}, custom: map[string]map[string]map[string]any{},
 	}
-	files, err := filepath.Glob("*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no manifests here (%v)", err)
+	if len(dirs) == 0 {
+		dirs = []string{"."}
+	}
+	var files []string
+	for _, dir := range dirs {
+		in, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+		if err != nil || len(in) == 0 {
+			t.Fatalf("no manifests in %s (%v)", dir, err)
+		}
+		files = append(files, in...)
 	}
 	for _, f := range files {
 		data, err := os.ReadFile(f)
@@ -130,6 +167,33 @@ func load(t *testing.T) *manifests {
 		t.FailNow()
 	}
 	return m
+}
+
+// decodeCustom keeps a document of one of agent-sandbox's API groups as a JSON object, strictly
+// decoded (a duplicate key fails); custom reports whether doc was one.
+func decodeCustom(m *manifests, doc []byte) (custom bool, err error) {
+	var head metav1.TypeMeta
+	if err := sigsyaml.Unmarshal(doc, &head); err != nil {
+		return false, nil // the API machinery's decoder says what is wrong
+	}
+	group, _, _ := strings.Cut(head.APIVersion, "/")
+	if group != "agents.x-k8s.io" && group != "extensions.agents.x-k8s.io" {
+		return false, nil
+	}
+	var obj map[string]any
+	if err := sigsyaml.UnmarshalStrict(doc, &obj); err != nil {
+		return true, err
+	}
+	meta, _ := obj["metadata"].(map[string]any)
+	name, _ := meta["name"].(string)
+	if name == "" {
+		return true, errors.New(head.Kind + " without metadata.name")
+	}
+	if m.custom[head.Kind] == nil {
+		m.custom[head.Kind] = map[string]map[string]any{}
+	}
+	m.custom[head.Kind][name] = obj
+	return true, nil
 }
 
 func stripComments(doc []byte) []byte {
