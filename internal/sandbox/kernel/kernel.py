@@ -1191,34 +1191,35 @@ def _template():
     W and every other process of the sandbox but the init, and forks a fresh W: the memory of the
     Python state is released, /mnt/data, /tmp and /dev/shm stay (they are the sandbox's mounts).
     When W ends on its own, K ends with it, and so does the sandbox, as a kernel's exit always did.
-    User code can send SIGUSR1 too: it restarts its own kernel, nothing more."""
-    state = {"worker": 0, "restart": False}
+    User code can send SIGUSR1 too: it restarts its own kernel, nothing more.
 
-    def on_restart(signum, frame):
-        state["restart"] = True
-        if state["worker"]:
-            try:
-                os.kill(state["worker"], signal.SIGKILL)
-            except OSError:
-                pass
-
-    signal.signal(signal.SIGUSR1, on_restart)
+    K takes its two signals synchronously (sigwaitinfo, both blocked): no handler runs between
+    bytecodes, so a signal can never be taken by the C handler and then wait, unacted on, behind a
+    blocking call, and one that arrives while K restarts is kept pending for the next W."""
+    signals = {signal.SIGUSR1, signal.SIGCHLD}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     while True:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         worker = os.fork()
         if worker == 0:
-            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
             random.seed()
             np = sys.modules.get("numpy")
             if np is not None:
                 np.random.seed()
             serve()
             os._exit(1)
-        state["worker"], state["restart"] = worker, False
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
-        os.waitpid(worker, 0)  # retried after on_restart (PEP 475)
-        if not state["restart"]:
+        restart = False
+        while True:
+            if signal.sigwaitinfo(signals).si_signo == signal.SIGUSR1:
+                if not restart:
+                    restart = True
+                    try:
+                        os.kill(worker, signal.SIGKILL)
+                    except OSError:
+                        pass
+            elif os.waitpid(worker, os.WNOHANG)[0]:
+                break  # SIGCHLD: W ended (a stop or a continue leaves it listed)
+        if not restart:
             os._exit(0)
         _end_others()
 
