@@ -139,14 +139,9 @@ func mustJSON(v any) string {
 // sandbox, e2b and Daytona (their doubles, each executing through a local sandbox of its own).
 var sandboxTools = []string{"local", "e2b", "daytona"}
 
-// replicaTools are the backends of the suites whose fault injection and leak accounting are
-// written against the e2b emulator (TestReplicas, TestNoSecretLeaks). The newer backends have
-// tests of their own faults and keys (TestDaytonaFaults, TestOpenSandboxFaults); these two suites
-// do not run on them yet.
-var replicaTools = []string{"local", "e2b"}
-
-// remoteTools are the sandbox tools the interception and files suites also run on: the
-// OpenSandbox backend, against its double (executing through its own local sandbox).
+// remoteTools are the sandbox tools the interception, files, replica and secret-leak suites run
+// on: sandboxTools and the OpenSandbox backend, against its double (executing through its own
+// local sandbox).
 var remoteTools = append(sandboxTools[:len(sandboxTools):len(sandboxTools)], "opensandbox")
 
 // TestCodeInterpreterOpenAIGo drives the intercepted code_interpreter tool with openai-go, for
