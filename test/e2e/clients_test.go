@@ -135,21 +135,12 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-// sandboxTools are the sandbox backends the client suites run on: the embedded bubblewrap
-// sandbox, e2b and Daytona (their doubles, each executing through a local sandbox of its own).
-var sandboxTools = []string{"local", "e2b", "daytona"}
-
-// remoteTools are the sandbox tools the interception, files, replica and secret-leak suites run
-// on: sandboxTools and the OpenSandbox backend, against its double (executing through its own
-// local sandbox).
-var remoteTools = append(sandboxTools[:len(sandboxTools):len(sandboxTools)], "opensandbox")
-
 // TestCodeInterpreterOpenAIGo drives the intercepted code_interpreter tool with openai-go, for
 // each sandbox tool: a JSON response, the same as a stream, a matplotlib figure, and a container
 // kept across requests (and hidden from other keys).
 func TestCodeInterpreterOpenAIGo(t *testing.T) {
 	t.Parallel()
-	for _, tool := range remoteTools {
+	for _, tool := range sandboxTools {
 		t.Run(tool, func(t *testing.T) {
 			t.Parallel()
 			up := upstreamtest.New(t)

@@ -8,9 +8,14 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox/opensandboxtest"
 )
 
-// engineDouble is a remote sandbox engine's double as the suites that run on every backend see
-// it (TestReplicas, TestNoSecretLeaks): the e2b emulator, the Daytona double or the OpenSandbox
-// double, behind a thin adapter each.
+// sandboxTools are the sandbox backends every suite runs on: the embedded bubblewrap sandbox,
+// and e2b, Daytona and OpenSandbox through their doubles (each executing through a local sandbox
+// of its own).
+var sandboxTools = []string{"local", "e2b", "daytona", "opensandbox"}
+
+// engineDouble is a remote sandbox engine's double as the suites that inject its faults and
+// account for its sandboxes and its key see it (TestReplicas, TestNoSecretLeaks): the e2b
+// emulator, the Daytona double or the OpenSandbox double, behind a thin adapter each.
 type engineDouble interface {
 	// Tool is the sandbox tool's name in the configuration ("e2b", "daytona", "opensandbox").
 	Tool() string

@@ -46,7 +46,7 @@ func TestReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three proxies and a redis-server: not in -short")
 	}
-	for _, tool := range remoteTools {
+	for _, tool := range sandboxTools {
 		t.Run(tool, func(t *testing.T) { testReplicas(t, tool) })
 	}
 }

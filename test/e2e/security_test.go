@@ -161,7 +161,7 @@ print("PROBE-END")
 // local sandbox either.
 func TestNoSecretLeaks(t *testing.T) {
 	t.Parallel()
-	for _, tool := range remoteTools {
+	for _, tool := range sandboxTools {
 		t.Run(tool, func(t *testing.T) {
 			t.Parallel()
 			upstreamKey := secret("sk-upstream-secret-")
