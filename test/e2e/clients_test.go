@@ -135,26 +135,12 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-// sandboxTools are the sandbox backends the client suites run on: the embedded bubblewrap
-// sandbox, e2b and Daytona (their doubles, each executing through a local sandbox of its own).
-var sandboxTools = []string{"local", "e2b", "daytona"}
-
-// replicaTools are the backends of the suites whose fault injection and leak accounting are
-// written against the e2b emulator (TestReplicas, TestNoSecretLeaks). The newer backends have
-// tests of their own faults and keys (TestDaytonaFaults, TestOpenSandboxFaults); these two suites
-// do not run on them yet.
-var replicaTools = []string{"local", "e2b"}
-
-// remoteTools are the sandbox tools the interception and files suites also run on: the
-// OpenSandbox backend, against its double (executing through its own local sandbox).
-var remoteTools = append(sandboxTools[:len(sandboxTools):len(sandboxTools)], "opensandbox")
-
 // TestCodeInterpreterOpenAIGo drives the intercepted code_interpreter tool with openai-go, for
 // each sandbox tool: a JSON response, the same as a stream, a matplotlib figure, and a container
 // kept across requests (and hidden from other keys).
 func TestCodeInterpreterOpenAIGo(t *testing.T) {
 	t.Parallel()
-	for _, tool := range remoteTools {
+	for _, tool := range sandboxTools {
 		t.Run(tool, func(t *testing.T) {
 			t.Parallel()
 			up := upstreamtest.New(t)

@@ -102,7 +102,7 @@ func filesParams(fileID string) responses.ResponseNewParams {
 // API, and compare the bytes with what the code wrote.
 func TestFilesRoundTripOpenAIGo(t *testing.T) {
 	t.Parallel()
-	for _, tool := range remoteTools {
+	for _, tool := range sandboxTools {
 		t.Run(tool, func(t *testing.T) {
 			t.Parallel()
 			up := upstreamtest.New(t)

@@ -30,7 +30,7 @@ type setup struct {
 	Upstream    string // api_base of the model
 	UpstreamKey string // api_key of the model, as written in the file ("" for none)
 	MasterKey   string // general_settings.master_key as written ("" for none)
-	// Tool is the sandbox tool that runs code: "local" or "e2b".
+	// Tool is the sandbox tool that runs code: one of sandboxTools.
 	Tool string
 	// E2B, when set, adds an e2b tool pointing at the emulator (with E2BKey as its key as written).
 	E2B    *e2btest.Server
@@ -38,8 +38,10 @@ type setup struct {
 	// OSB, when set, adds an opensandbox tool pointing at the OpenSandbox double (its key read
 	// from OSB_E2E_KEY, LiteLLM style, which OSBEnv sets).
 	OSB *opensandboxtest.Server
-	// Daytona, when set, adds a daytona tool pointing at the double (newDaytona).
-	Daytona *daytonatest.Server
+	// Daytona, when set, adds a daytona tool pointing at the double (newDaytona), with DaytonaKey
+	// as its key as written (the double's key when "").
+	Daytona    *daytonatest.Server
+	DaytonaKey string
 	// MaxBody is max_request_body_size ("" for the default).
 	MaxBody string
 	// ExtraModels is YAML appended to model_list.
@@ -84,8 +86,12 @@ func (s setup) yaml() string {
 			s.OSB.URL())
 	}
 	if s.Daytona != nil {
+		key := s.DaytonaKey
+		if key == "" {
+			key = s.Daytona.APIKey()
+		}
 		fmt.Fprintf(&b, "  - sandbox_tool_name: daytona\n    litellm_params:\n      sandbox_provider: daytona\n      api_key: %s\n      api_base: %s\n",
-			s.Daytona.APIKey(), s.Daytona.URL())
+			key, s.Daytona.URL())
 	}
 	tool := s.Tool
 	if tool == "" {

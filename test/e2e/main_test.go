@@ -1,6 +1,8 @@
 // Package e2e runs the real proxy binary, the way a user runs it, against a scripted upstream and
-// an e2b emulator in the test process, and drives it with the official OpenAI clients (openai-go
-// here, the openai npm package through test/node) and with hostile raw HTTP.
+// the doubles of the remote sandbox engines (e2b, Daytona, OpenSandbox) in the test process, and
+// drives it with the official OpenAI clients (openai-go here, the openai npm package through
+// test/node) and with hostile raw HTTP. The suites that run code do so on every sandbox backend
+// (sandboxTools).
 //
 // TestMain builds ./cmd/proxy once (with the race detector when the tests run under it, so a race
 // in the binary fails the test through its exit status). Every test starts its own proxy process

@@ -101,7 +101,8 @@ func TestNodeFilesRoundTrip(t *testing.T) {
 			up := upstreamtest.New(t)
 			up.Script(filesModel)
 			emu, _ := newEmulator(t)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), Daytona: newDaytona(t, tool), WorkDir: workDir(t), MasterKey: "sk-node-files"}.yaml())
+			osb, osbEnv := newOpenSandbox(t, tool)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), WorkDir: workDir(t), MasterKey: "sk-node-files"}.yaml(), osbEnv...)
 			c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(c, node, "--test", "--test-reporter=spec", "files.test.mjs")
@@ -139,8 +140,9 @@ func TestNodeShell(t *testing.T) {
 				up := upstreamtest.New(t, opts...)
 				up.Script(script)
 				emu, _ := newEmulator(t)
-				p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), Daytona: newDaytona(t, tool), WorkDir: workDir(t),
-					ChatOnly: api == "chat", MasterKey: "sk-node-master"}.yaml())
+				osb, osbEnv := newOpenSandbox(t, tool)
+				p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), WorkDir: workDir(t),
+					ChatOnly: api == "chat", MasterKey: "sk-node-master"}.yaml(), osbEnv...)
 				c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 				defer cancel()
 				cmd := exec.CommandContext(c, node, "--test", "--test-reporter=spec", "shell.test.mjs")

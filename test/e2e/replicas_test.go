@@ -31,8 +31,9 @@ import (
 // moves across replicas by previous_response_id and by container id, streams through a forwarded
 // request, and its files go in on one replica, are used on another and come out of a third; then
 // one replica is killed (kill -9) under load, Redis restarts, and at the end nothing is left: no
-// sandbox on either backend, no Redis key without its TTL, and no failed request that should have
-// succeeded.
+// sandbox in the engine or in the local work_dir, no Redis key without its TTL, and no failed request that should have
+// succeeded. The orphan sweep must have found the sandboxes whose records Redis lost, on each
+// engine.
 
 const (
 	replicaKey    = "sk-replicas-master"
@@ -45,7 +46,7 @@ func TestReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three proxies and a redis-server: not in -short")
 	}
-	for _, tool := range replicaTools {
+	for _, tool := range sandboxTools {
 		t.Run(tool, func(t *testing.T) { testReplicas(t, tool) })
 	}
 }
@@ -55,6 +56,7 @@ type cluster struct {
 	t    *testing.T
 	cfg  string
 	args []string
+	env  []string
 
 	mu       sync.Mutex
 	reps     []*proxy
@@ -63,10 +65,12 @@ type cluster struct {
 	next     int
 }
 
-func newCluster(t *testing.T, cfg string, n int, args ...string) *cluster {
-	c := &cluster{t: t, cfg: cfg, args: args}
+// newCluster starts n replicas of cfg with the command-line arguments args and env added to the
+// environment.
+func newCluster(t *testing.T, cfg string, n int, env []string, args ...string) *cluster {
+	c := &cluster{t: t, cfg: cfg, args: args, env: env}
 	for range n {
-		c.reps = append(c.reps, startProxyArgs(t, cfg, args))
+		c.reps = append(c.reps, startProxyArgs(t, cfg, args, env...))
 		c.dead = append(c.dead, false)
 	}
 	return c
@@ -101,7 +105,7 @@ func (c *cluster) isDead(i int) bool {
 
 // restart replaces replica i by a new process with the same configuration.
 func (c *cluster) restart(i int) {
-	p := startProxyArgs(c.t, c.cfg, c.args)
+	p := startProxyArgs(c.t, c.cfg, c.args, c.env...)
 	c.mu.Lock()
 	c.replaced = append(c.replaced, c.reps[i])
 	c.reps[i], c.dead[i] = p, false
@@ -203,12 +207,16 @@ func (c *cluster) run(t *testing.T, p *proxy, code, container, previous string) 
 
 func testReplicas(t *testing.T, tool string) {
 	rs := redisserver.Start(t)
-	emu, _ := newEmulator(t)
+	eng := newEngine(t, tool)
 	up := upstreamtest.New(t)
 	up.Script(runUserCode)
 	work := workDir(t)
-	cfg := replicaYAML(setup{Upstream: up.URL(), MasterKey: replicaKey, Tool: tool, E2B: emu, E2BKey: emu.APIKey(), WorkDir: work}, rs.URL())
-	c := newCluster(t, cfg, 3, "--sweep-interval", "500ms")
+	s := setup{Upstream: up.URL(), MasterKey: replicaKey, Tool: tool, WorkDir: work}
+	var env []string
+	if eng != nil {
+		env = eng.Configure(&s)
+	}
+	c := newCluster(t, replicaYAML(s, rs.URL()), 3, env, "--sweep-interval", "500ms")
 	r := c.reps
 
 	// A conversation across the replicas: created on the first, continued by previous_response_id
@@ -311,7 +319,7 @@ func testReplicas(t *testing.T, tool string) {
 	c.restart(2)
 
 	// Leak accounting. Every container expires after replicaIdle and is reaped by its janitor; the
-	// e2b sandboxes whose records Redis lost are orphans, swept by one replica.
+	// engine's sandboxes whose records Redis lost are orphans, swept by one replica.
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, p := range c.reps {
@@ -319,7 +327,9 @@ func testReplicas(t *testing.T, tool string) {
 			}
 		}
 	})
-	testutil.Eventually(t, "every e2b sandbox deleted", func() bool { return emu.Live() == 0 })
+	if eng != nil {
+		testutil.Eventually(t, "every "+tool+" sandbox deleted", func() bool { return eng.Live() == 0 })
+	}
 	for _, p := range c.reps {
 		testutil.Eventually(t, "replica "+p.Addr+" holds no sandbox", func() bool {
 			a := send(t.Context(), p, http.MethodGet, "/metrics", "", nil)
@@ -334,16 +344,20 @@ func testReplicas(t *testing.T, tool string) {
 		t.Errorf("sandbox processes left after every replica stopped: %v", procs)
 	}
 	checkRedisKeys(t, rs)
-	if tool == "e2b" {
+	if eng != nil {
 		// The sandboxes whose records Redis lost can only have been found by the orphan sweep.
 		orphans := 0
 		for _, p := range append(c.reps, c.replaced...) {
-			orphans += strings.Count(p.Log(), "orphan sandbox deleted")
+			for _, line := range strings.Split(p.Log(), "\n") {
+				if strings.Contains(line, "orphan sandbox deleted") && strings.Contains(line, `"tool":"`+tool+`"`) {
+					orphans++
+				}
+			}
 		}
 		if orphans == 0 {
 			t.Error("no orphan sandbox was swept, though Redis forgot live containers")
 		}
-		t.Logf("e2b: %d orphan sandboxes swept", orphans)
+		t.Logf("%s: %d orphan sandboxes swept", tool, orphans)
 	}
 	t.Logf("%s: load: %d requests, %d succeeded, %d expected failures (on or hosted by the killed replica)",
 		tool, stats.sent.Load(), stats.ok.Load(), stats.expected.Load())

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -150,14 +151,17 @@ for root in ["/mnt/data", "/tmp", "/etc"]:
 print("PROBE-END")
 `
 
-// TestNoSecretLeaks runs a full intercepted exchange, streamed and not, plus error paths, with a
-// distinctive upstream key, e2b key and master key (given to the proxy through its environment,
-// as os.environ/ references), and then looks for each secret in the proxy's whole log, in every
-// response body a client saw, in everything the sandbox could read, and in what the upstream
-// received. For both sandbox tools.
+// TestNoSecretLeaks runs a full intercepted exchange, streamed and not, plus error paths (a
+// sandbox create the engine refuses among them), with a distinctive upstream key and master key
+// and the engine's API key (the e2b, Daytona or OpenSandbox lifecycle key; all given to the proxy
+// through its environment, as os.environ/ references), and then looks for each secret in the
+// proxy's whole log, in every response body a client saw, in everything the sandbox could read,
+// and in what the upstream received; the engine must have received no proxy secret. For every
+// sandbox tool; the local tool's run configures an e2b tool beside it, whose key must not reach a
+// local sandbox either.
 func TestNoSecretLeaks(t *testing.T) {
 	t.Parallel()
-	for _, tool := range replicaTools {
+	for _, tool := range sandboxTools {
 		t.Run(tool, func(t *testing.T) {
 			t.Parallel()
 			upstreamKey := secret("sk-upstream-secret-")
@@ -172,18 +176,22 @@ func TestNoSecretLeaks(t *testing.T) {
 				}
 				return runUserCode(req)
 			})
-			emu, _ := newEmulator(t)
-			e2bKey := emu.APIKey()
+			eng := newEngine(t, tool)
+			if eng == nil {
+				eng = newEngine(t, "e2b")
+			}
+			engineKey := eng.Key()
 			// A second model whose upstream is a closed port: connection errors.
 			dead := httptest.NewServer(http.NotFoundHandler())
 			deadURL := dead.URL
 			dead.Close()
 			wd := workDir(t)
-			p := startProxy(t, setup{
-				WorkDir: wd, Upstream: up.URL(), UpstreamKey: "os.environ/E2E_UPSTREAM_KEY", MasterKey: "os.environ/E2E_MASTER_KEY",
-				Tool: tool, E2B: emu, E2BKey: "os.environ/E2E_E2B_KEY",
+			s := setup{
+				WorkDir: wd, Upstream: up.URL(), UpstreamKey: "os.environ/E2E_UPSTREAM_KEY", MasterKey: "os.environ/E2E_MASTER_KEY", Tool: tool,
 				ExtraModels: "  - model_name: dead\n    litellm_params:\n      model: openai/dead\n      api_base: " + deadURL + "/v1\n      api_key: os.environ/E2E_UPSTREAM_KEY\n",
-			}.yaml(), "E2E_UPSTREAM_KEY="+upstreamKey, "E2E_MASTER_KEY="+masterKey, "E2E_E2B_KEY="+e2bKey)
+			}
+			env := append(eng.Configure(&s), "E2E_UPSTREAM_KEY="+upstreamKey, "E2E_MASTER_KEY="+masterKey)
+			p := startProxy(t, s.yaml(), env...)
 
 			auth := "Authorization: Bearer " + masterKey
 			var seen bytes.Buffer // every body a client received
@@ -221,11 +229,15 @@ func TestNoSecretLeaks(t *testing.T) {
 			if !bytes.Contains(streamed, []byte("PROBE-END")) {
 				t.Errorf("the streamed probe did not run to its end: %.500s", streamed)
 			}
-			// The sandbox cannot reach the proxy (which holds the keys), the upstream or e2b.
+			// The sandbox cannot reach the proxy (which holds the keys), the upstream or the engine.
 			var net strings.Builder
 			net.WriteString("import socket\n")
-			for _, u := range []string{p.URL, up.URL(), emu.URL()} {
-				hostPort := strings.TrimPrefix(strings.TrimSuffix(u, "/v1"), "http://")
+			for _, u := range []string{p.URL, up.URL(), eng.URL()} {
+				pu, err := url.Parse(u)
+				if err != nil {
+					t.Fatal(err)
+				}
+				hostPort := pu.Host
 				host, port, _ := strings.Cut(hostPort, ":")
 				fmt.Fprintf(&net, "try:\n    socket.create_connection((%q, %s), timeout=3).close()\n    print('NET %s reachable')\n"+
 					"except Exception as e:\n    print('NET %s blocked', type(e).__name__)\n", host, port, hostPort, hostPort)
@@ -257,9 +269,9 @@ func TestNoSecretLeaks(t *testing.T) {
 			send("POST", "/v1/responses", strings.Replace(ci("print(1)", false), `{"type":"auto"}`, `"cntr_forged"`, 1), http.StatusNotFound, auth)
 			send("GET", "/v1/models", "", http.StatusOK, auth)
 			send("GET", "/metrics", "", http.StatusOK, auth)
-			if tool == "e2b" {
-				// A sandbox that cannot be created: 502 sandbox_unavailable, no key in it.
-				emu.FailNextCreates(3, http.StatusUnauthorized, 0)
+			if tool != "local" {
+				// A sandbox the engine refuses to create: 502 sandbox_unavailable, no key in it.
+				eng.FailNextCreates(3, http.StatusUnauthorized)
 				body := send("POST", "/v1/responses", ci("print(1)", false), http.StatusBadGateway, auth)
 				if _, code, _ := apiError(t, body); code != "sandbox_unavailable" {
 					t.Errorf("failed sandbox create: code %q, want sandbox_unavailable", code)
@@ -268,13 +280,13 @@ func TestNoSecretLeaks(t *testing.T) {
 
 			p.Stop()
 			checkNoLeftovers(t, wd)
-			// (Sandboxes left in e2b are TestNoE2BSandboxLeakWhenUpstreamFails's subject: the fast
-			// upstream failures above can leave one, depending on timing.)
+			// (Sandboxes left in the engine are TestNoE2BSandboxLeakWhenUpstreamFails's subject: the
+			// fast upstream failures above can leave one, depending on timing.)
 			log := p.Log()
 			if !strings.Contains(log, `"msg":"listening"`) || !strings.Contains(log, "/v1/responses") {
 				t.Fatalf("the log does not look like the proxy's (no access log): %.500s", log)
 			}
-			secrets := map[string]string{"upstream key": upstreamKey, "master key": masterKey, "e2b key": e2bKey}
+			secrets := map[string]string{"upstream key": upstreamKey, "master key": masterKey, eng.Tool() + " key": engineKey}
 			for name, s := range secrets {
 				// The whole secret, and its random part alone (a secret shown masked or cut).
 				needles := []string{s, s[len(s)-16:]}
@@ -293,31 +305,30 @@ func TestNoSecretLeaks(t *testing.T) {
 					t.Errorf("upstream request %d: Authorization %q, want the upstream key", rq.N, got)
 				}
 				all := mustJSON(rq.Header) + string(rq.Body)
-				for _, s := range []string{masterKey, e2bKey, masterKey[len(masterKey)-16:]} {
+				for _, s := range []string{masterKey, engineKey, masterKey[len(masterKey)-16:], engineKey[len(engineKey)-16:]} {
 					if strings.Contains(all, s) {
-						t.Errorf("upstream request %d carries a client or e2b secret", rq.N)
+						t.Errorf("upstream request %d carries a client or %s secret", rq.N, eng.Tool())
 					}
 				}
 			}
-			// What the e2b emulator received (control plane, data plane) holds the e2b key where it
-			// belongs only: never the upstream or master key.
-			for _, route := range []string{"POST /sandboxes", "49999 POST /execute"} {
-				req, ok := emu.LastRequest(route)
-				if !ok {
-					if tool == "e2b" {
-						t.Errorf("the emulator never got %s", route)
-					}
-					continue
-				}
-				all := mustJSON(req.Header) + string(req.Body)
+			// What the engine received (its control plane, its data plane) holds the engine's key
+			// where it belongs only: never the upstream or master key.
+			received := eng.Received()
+			if tool != "local" && len(received) == 0 {
+				t.Errorf("the %s double never got a create or a run", tool)
+			}
+			for _, r := range received {
 				for _, s := range []string{masterKey, upstreamKey, masterKey[len(masterKey)-16:], upstreamKey[len(upstreamKey)-16:]} {
-					if strings.Contains(all, s) {
-						t.Errorf("the e2b request %s carries a proxy secret", route)
+					if strings.Contains(r.Text, s) {
+						t.Errorf("the %s request %s carries a proxy secret", tool, r.Route)
 					}
 				}
+				if r.InSandbox && strings.Contains(r.Text, engineKey[len(engineKey)-16:]) {
+					t.Errorf("the %s request %s, served inside the sandbox, carries the %s key", tool, r.Route, tool)
+				}
 			}
-			if tool == "e2b" && emu.Executions() == 0 {
-				t.Error("the probe did not run in e2b")
+			if tool != "local" && eng.Creates() == 0 {
+				t.Errorf("the probe did not run in %s", tool)
 			}
 		})
 	}

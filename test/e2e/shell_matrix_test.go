@@ -114,9 +114,10 @@ func TestShellMatrix(t *testing.T) {
 				up := upstreamtest.New(t, opts...)
 				up.Script(shellScenarios)
 				emu, _ := newEmulator(t)
-				p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), Daytona: newDaytona(t, tool), WorkDir: workDir(t), ChatOnly: api == "chat",
+				osb, osbEnv := newOpenSandbox(t, tool)
+				p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), WorkDir: workDir(t), ChatOnly: api == "chat",
 					Interception: []string{"execution_timeout: 5s", "max_calls_per_turn: 1", "shell_function_name: " + matrixShellName,
-						"shell_function_description: " + matrixShellDesc}}.yaml())
+						"shell_function_description: " + matrixShellDesc}}.yaml(), osbEnv...)
 				client := sdk(p, "sk-client-a")
 				wantPath := "/v1/responses"
 				if api == "chat" {

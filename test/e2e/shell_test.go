@@ -44,7 +44,7 @@ func shellParams(commands string) responses.ResponseNewParams {
 // and the streamed and JSON renderings agree.
 func TestShellOpenAIGo(t *testing.T) {
 	t.Parallel()
-	for _, tool := range remoteTools {
+	for _, tool := range sandboxTools {
 		t.Run(tool, func(t *testing.T) {
 			t.Parallel()
 			up := upstreamtest.New(t)
