@@ -263,7 +263,8 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, rel string, 
 		if errors.As(err, &e) && strings.Contains(strings.ToLower(e.Message), "no space left") {
 			return fmt.Errorf("%w: %w", sandbox.ErrContainerFull, err)
 		}
-		if errors.As(err, &e) && e.StatusCode == http.StatusBadRequest {
+		if errors.As(err, &e) && !e.router && (e.StatusCode == http.StatusBadRequest || e.StatusCode == http.StatusForbidden) {
+			// A directory at the path (400), or a link there that leaves the root (403).
 			return fmt.Errorf("%w: %w", sandbox.ErrNameTaken, err)
 		}
 		return err

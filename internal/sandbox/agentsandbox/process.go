@@ -210,7 +210,7 @@ func (p *Provider) Run(ctx context.Context, h sandbox.Handle, code string, opts 
 
 // Exec implements [sandbox.Shell]: bash -c command in /mnt/data with stdin closed, its output
 // streamed as it comes. sandboxd reports a process a signal ended as -1, so the command runs
-// under a bash of its own that exits with the shell's status (128 plus the signal). At the timeout
+// under a bash of its own that exits with the shell's status (shellWrapper). At the timeout
 // the process group is killed (SIGKILL) and the result says TimedOut; when ctx ends it is killed
 // too.
 func (p *Provider) Exec(ctx context.Context, h sandbox.Handle, command string, opts sandbox.ExecOptions) (sandbox.ExecResult, error) {
@@ -220,7 +220,7 @@ func (p *Provider) Exec(ctx context.Context, h sandbox.Handle, command string, o
 	}
 	cwd := sandbox.DataDir
 	s, err := p.start(ctx, h, "exec", &processv1.ProcessConfig{
-		Command: []string{"/bin/bash", "-c", "/bin/bash -c \"$1\"\nexit $?", "bash", command},
+		Command: []string{"/bin/bash", "-c", shellWrapper, "bash", command},
 		Cwd:     &cwd,
 	})
 	if err != nil {
@@ -310,6 +310,10 @@ func (p *Provider) Exec(ctx context.Context, h sandbox.Handle, command string, o
 		}
 	}
 }
+
+// shellWrapper runs the command ($1) under a bash that reports a signal's death as 128 plus the
+// signal, with its own stderr (where it would say "Terminated") on /dev/null.
+const shellWrapper = "exec 3>&2 2>/dev/null\n/bin/bash -c \"$1\" 2>&3 3>&-\nexit $?"
 
 // utf8Stream decodes a byte stream into valid UTF-8 pieces: a sequence cut at the end of a
 // piece is held for the next one, invalid bytes become U+FFFD.
