@@ -17,16 +17,12 @@
 # time on a unix socket (CIPROXY_KERNELD_SOCKET, default /tmp/ciproxy-kerneld.sock) and ends when
 # its kernel ends (code that called os._exit); the next client starts a fresh one.
 
-import fcntl
-import hashlib
-import json
+# The client runs once per execution: it imports only what it needs (json, socket and the rest
+# cost more than the interpreter's own start); the daemon imports the rest when it starts.
+import _socket
 import os
-import select
 import signal
-import socket
-import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNEL = os.path.join(HERE, "kernel.py")
@@ -38,12 +34,14 @@ MAX_REQUEST = 64 << 20
 
 
 def _sha256(path):
+    import hashlib
+
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
 
 
 def _connect():
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         s.connect(SOCKET)
         return s
@@ -65,6 +63,14 @@ def _write_all(fd, data):
 def _daemon(ready_fd):
     """Runs in the detached grandchild: starts the kernel, binds the socket once it is ready,
     reports on ready_fd, and serves until the kernel ends."""
+    global fcntl, json, select, socket, subprocess, time
+    import fcntl
+    import json
+    import select
+    import socket
+    import subprocess
+    import time
+
     lock = os.open(SOCKET + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)
     existing = _connect()
@@ -256,13 +262,9 @@ def _start():
 
 
 def _run():
-    request = sys.stdin.buffer.read()
-    try:
-        req = json.loads(request)
-        if not isinstance(req, dict):
-            raise ValueError("not an object")
-    except ValueError as exc:
-        sys.stderr.write("kerneld: the request is not a JSON object: %s\n" % exc)
+    request = sys.stdin.buffer.read().strip()
+    if not request.startswith(b"{") or b"\n" in request:
+        sys.stderr.write("kerneld: the request is not one JSON object on one line\n")
         return 1
     holder = []
     pending = []
@@ -284,7 +286,7 @@ def _run():
     except RuntimeError as exc:
         sys.stderr.write("%s\n" % exc)
         return 1
-    conn.sendall(json.dumps(req).encode() + b"\n")
+    conn.sendall(request + b"\n")
     holder.append(conn)
     if pending:
         try:
@@ -311,7 +313,7 @@ def _start_only():
         sys.stderr.write("%s\n" % exc)
         return 1
     conn.close()
-    print(json.dumps({"kernel": _sha256(KERNEL), "daemon": _sha256(os.path.abspath(__file__))}))
+    print('{"kernel": "%s", "daemon": "%s"}' % (_sha256(KERNEL), _sha256(os.path.abspath(__file__))))
     return 0
 
 
