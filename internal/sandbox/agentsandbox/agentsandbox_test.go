@@ -397,6 +397,70 @@ func TestCreateFaults(t *testing.T) {
 		}
 	})
 
+	t.Run("caller gone while waiting", func(t *testing.T) {
+		p := provider(t, d)
+		d.StallClaims(true)
+		defer d.StallClaims(false)
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			_, err := p.Create(cctx, sandbox.CreateOptions{})
+			done <- err
+		}()
+		eventually(t, "a claim", func() bool { return len(d.LiveClaims()) > 0 })
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Create = %v; want context.Canceled", err)
+		}
+		if c := d.LiveClaims(); len(c) != 0 {
+			t.Errorf("claims left: %v", c)
+		}
+	})
+
+	t.Run("watch resumed past compaction", func(t *testing.T) {
+		p := provider(t, d)
+		d.StallClaims(true)
+		done := make(chan error, 1)
+		var h sandbox.Handle
+		go func() {
+			var err error
+			h, err = p.Create(ctx, sandbox.CreateOptions{})
+			done <- err
+		}()
+		// Requests logs a watch once it ends: a dropped watch is the sign that one was open.
+		drops := d.WatchDrops()
+		eventually(t, "a watch dropped", func() bool { d.DropWatches(); return d.WatchDrops() > drops })
+		lists := func() (n int) {
+			for _, r := range d.Requests() {
+				if r.Verb == "list" && r.Resource == "sandboxclaims" {
+					n++
+				}
+			}
+			return n
+		}
+		before := lists()
+		// Another object's change moves the resource version on; compaction then makes the
+		// watch's last one too old (410 Gone) when it resumes.
+		other := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+			"metadata": map[string]any{"name": "bystander"},
+			"spec":     map[string]any{"warmPoolRef": map[string]any{"name": d.WarmPool()}},
+		}}
+		if _, err := claims(t, d).Create(ctx, other, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = claims(t, d).Delete(context.Background(), "bystander", metav1.DeleteOptions{}) })
+		d.Compact()
+		drops = d.WatchDrops()
+		eventually(t, "the resumed watch dropped", func() bool { d.DropWatches(); return d.WatchDrops() > drops })
+		eventually(t, "a fresh list after 410", func() bool { return lists() > before })
+		d.StallClaims(false)
+		if err := <-done; err != nil {
+			t.Fatalf("Create after 410 = %v", err)
+		}
+		t.Cleanup(func() { _ = p.Delete(ctx, h) })
+	})
+
 	t.Run("watch dropped", func(t *testing.T) {
 		p := provider(t, d)
 		d.StallClaims(true)
@@ -409,16 +473,9 @@ func TestCreateFaults(t *testing.T) {
 			h, err := p.Create(ctx, sandbox.CreateOptions{})
 			done <- created{h, err}
 		}()
-		eventually(t, "a watch on the claim", func() bool {
-			for _, r := range d.Requests() {
-				if r.Verb == "watch" && r.Resource == "sandboxclaims" {
-					return true
-				}
-			}
-			return false
-		})
-		// The watch request is logged as it arrives, a moment before it is open.
-		eventually(t, "a watch dropped", func() bool { d.DropWatches(); return d.WatchDrops() > 0 })
+		drops := d.WatchDrops()
+		// Requests logs a watch once it ends: a dropped watch is the sign that one was open.
+		eventually(t, "a watch dropped", func() bool { d.DropWatches(); return d.WatchDrops() > drops })
 		d.StallClaims(false)
 		c := <-done
 		if c.err != nil {
@@ -429,6 +486,55 @@ func TestCreateFaults(t *testing.T) {
 			t.Errorf("run: %+v", r)
 		}
 	})
+}
+
+func TestKernelExitIsSaid(t *testing.T) {
+	d := double(t)
+	p := provider(t, d)
+	h := create(t, p, nil)
+	run(t, p, h, "z = 1")
+	if _, err := p.Run(context.Background(), h, "import os; os._exit(1)", sandbox.RunOptions{}); !errors.Is(err, sandbox.ErrIncomplete) {
+		t.Errorf("a cell that ends the kernel = %v; want ErrIncomplete", err)
+	}
+	r, err := p.Run(context.Background(), h, "z", sandbox.RunOptions{})
+	if err != nil || r.Error == nil || r.Error.Name != "NameError" || !strings.Contains(r.Stderr, "kernel had ended") {
+		t.Errorf("the next cell = %+v, %v; want a NameError and the restart said", r, err)
+	}
+}
+
+func TestExecCancelled(t *testing.T) {
+	d := double(t)
+	p := provider(t, d)
+	h := create(t, p, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	start := time.Now()
+	_, err := p.Exec(ctx, h, "echo go; sleep 60", sandbox.ExecOptions{OnOutput: func(sandbox.Stream, string) { cancel() }})
+	if !errors.Is(err, context.Canceled) || time.Since(start) > 15*time.Second {
+		t.Errorf("Exec = %v after %s", err, time.Since(start))
+	}
+	var out strings.Builder
+	eventually(t, "the command killed", func() bool {
+		out.Reset()
+		res, err := p.Exec(context.Background(), h, "pgrep -fc 'sleep 6[0]' || true", sandbox.ExecOptions{OnOutput: func(_ sandbox.Stream, s string) { out.WriteString(s) }})
+		return err == nil && res.ExitCode == 0 && strings.TrimSpace(out.String()) == "0"
+	})
+}
+
+func TestCheckHost(t *testing.T) {
+	d := double(t)
+	s := agentsandbox.Settings{Options: agentsandbox.DefaultOptions()}
+	s.Kubeconfig, s.Namespace, s.WarmPool = d.Kubeconfig(), d.Namespace(), d.WarmPool()
+	rep, err := s.CheckHost(context.Background())
+	if err != nil || !strings.Contains(rep.Isolation, "warm pool ciproxy-python") || !strings.Contains(rep.Isolation, "egress: []") {
+		t.Errorf("CheckHost = %+v, %v", rep, err)
+	}
+	s.WarmPool = "nope"
+	if _, err := s.CheckHost(context.Background()); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("CheckHost of a missing pool = %v", err)
+	}
+	if c := d.LiveClaims(); len(c) != 0 {
+		t.Errorf("--check made claims: %v", c)
+	}
 }
 
 func TestPodKilledUnderACell(t *testing.T) {

@@ -15,7 +15,8 @@
 # engine's kill of the client's process group nor the end of its pipes reaches it. It starts
 # kernel.py from the same directory with the client's working directory, serves one connection at a
 # time on a unix socket (CIPROXY_KERNELD_SOCKET, default /tmp/ciproxy-kerneld.sock) and ends when
-# its kernel ends (code that called os._exit); the next client starts a fresh one.
+# its kernel ends (code that called os._exit); the next client starts a fresh one, and puts a
+# stderr message saying the earlier state is gone at the start of its execution's output.
 
 # The client runs once per execution: it imports only what it needs (json, socket and the rest
 # cost more than the interpreter's own start); the daemon imports the rest when it starts.
@@ -28,6 +29,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 KERNEL = os.path.join(HERE, "kernel.py")
 SOCKET = os.environ.get("CIPROXY_KERNELD_SOCKET") or "/tmp/ciproxy-kerneld.sock"
 END = b'{"type": "end_of_execution"}'
+# Left by the first daemon: a client that finds none running but this file knows the kernel ended
+# (code that called os._exit, a kill) and says so before its cell's output.
+STARTED = SOCKET + ".started"
+LOST = (b'{"type": "stderr", "text": "[The Python kernel had ended; this code runs in a new one, '
+        b'without the variables and imports of earlier executions.]\\n"}\n')
 START_TIMEOUT = 60.0
 REQUEST_TIMEOUT = 10.0
 MAX_REQUEST = 64 << 20
@@ -113,6 +119,7 @@ def _daemon(ready_fd):
     os.umask(old)
     srv.listen(64)
     os.set_inheritable(srv.fileno(), False)
+    open(STARTED, "w").close()
     _write_all(ready_fd, b"ok\n")
     os.close(ready_fd)
     fcntl.flock(lock, fcntl.LOCK_UN)
@@ -217,10 +224,12 @@ def _serve(conn, kernel, out, state):
 
 
 def _start():
-    """Returns a connection to a ready daemon, starting one if none answers."""
+    """Returns a connection to a ready daemon, starting one if none answers, and whether an
+    earlier daemon had run (and its kernel ended)."""
     s = _connect()
     if s is not None:
-        return s
+        return s, False
+    restarted = os.path.exists(STARTED)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -255,7 +264,7 @@ def _start():
     s = _connect()
     if s is None:
         raise RuntimeError("kerneld: the daemon started but does not answer on " + SOCKET)
-    return s
+    return s, restarted
 
 
 # --- the clients -----------------------------------------------------------------------------------
@@ -282,7 +291,7 @@ def _run():
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        conn = _start()
+        conn, restarted = _start()
     except RuntimeError as exc:
         sys.stderr.write("%s\n" % exc)
         return 1
@@ -294,10 +303,19 @@ def _run():
         except OSError:
             pass
     tail = b""
+    first = restarted
     while True:
         chunk = conn.recv(1 << 20)
         if not chunk:
             break
+        if first:
+            # After the number_of_executions line, as a message of this execution.
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                _write_all(1, chunk)
+                continue
+            _write_all(1, chunk[:nl + 1] + LOST)
+            chunk, first = chunk[nl + 1:], False
         _write_all(1, chunk)
         tail = (tail + chunk)[-(len(END) + 2):]
     if tail.rstrip(b"\n").endswith(END):
@@ -308,7 +326,7 @@ def _run():
 
 def _start_only():
     try:
-        conn = _start()
+        conn, _ = _start()
     except RuntimeError as exc:
         sys.stderr.write("%s\n" % exc)
         return 1

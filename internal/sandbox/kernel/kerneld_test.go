@@ -151,7 +151,11 @@ func TestDaemonRestartsAfterKernelExit(t *testing.T) {
 		t.Fatalf("exit cell: rc %d, %v", rc, msgs)
 	}
 	msgs, rc := run(t, script, env, "x")
-	if rc != 0 || types(msgs) != "number_of_executions,error,end_of_execution" || msgs[1]["name"] != "NameError" {
+	if rc != 0 || types(msgs) != "number_of_executions,stderr,error,end_of_execution" || msgs[2]["name"] != "NameError" ||
+		!strings.Contains(msgs[1]["text"].(string), "kernel had ended") {
 		t.Fatalf("after the kernel's exit: rc %d, %v", rc, msgs)
+	}
+	if msgs, _ := run(t, script, env, "1"); types(msgs) != "number_of_executions,result,end_of_execution" {
+		t.Errorf("the cell after: %v", msgs)
 	}
 }
