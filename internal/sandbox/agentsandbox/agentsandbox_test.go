@@ -280,7 +280,8 @@ os.makedirs('deep/er', exist_ok=True)
 open('deep/er/f.bin', 'wb').write(b'\x00' * 10)
 os.symlink('/etc/passwd', 'passwd-link')
 os.symlink('/mnt/data/out.txt', 'inner-link')
-os.mkdir('adir')`)
+os.mkdir('adir')
+os.mkfifo('pipe')`)
 	if r.Stdout != "a,b\n1,2\n" {
 		t.Fatalf("the sandbox read %q", r.Stdout)
 	}
@@ -315,6 +316,11 @@ os.mkdir('adir')`)
 	if _, err := p.ReadFile(ctx, h, "adir", &buf, 1<<20); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("ReadFile of a directory = %v; want ErrNotFound", err)
 	}
+	start := time.Now()
+	if _, err := p.ReadFile(ctx, h, "pipe", &buf, 1<<20); !errors.Is(err, sandbox.ErrFileBusy) && !errors.Is(err, sandbox.ErrNotFound) || time.Since(start) > 15*time.Second {
+		t.Errorf("ReadFile of a FIFO = %v after %s; want ErrFileBusy or ErrNotFound, soon", err, time.Since(start))
+	}
+	run(t, p, h, "open('pipe', 'w').close()") // the double's sandboxd still waits in its open
 	if _, err := p.ReadFile(ctx, h, "missing", &buf, 1<<20); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("ReadFile of nothing = %v; want ErrNotFound", err)
 	}

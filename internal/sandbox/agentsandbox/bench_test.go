@@ -85,3 +85,29 @@ func BenchmarkTrivialCell(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTrueCommand is one shell command ("true"): the cost of starting a process in the
+// sandbox and reading its exit, without Python. Over agent_sandbox a cell is one such process
+// (the kernel daemon's client) plus the cell's work.
+func BenchmarkTrueCommand(b *testing.B) {
+	for _, name := range []string{"agent_sandbox", "e2b"} {
+		b.Run(name, func(b *testing.B) {
+			p := backendsFor()[name](b)
+			sh, ok := p.(sandbox.Shell)
+			if !ok {
+				b.Skip("no shell")
+			}
+			ctx := context.Background()
+			h, err := p.Create(ctx, sandbox.CreateOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = p.Delete(context.Background(), h) })
+			for b.Loop() {
+				if res, err := sh.Exec(ctx, h, "true", sandbox.ExecOptions{}); err != nil || res.ExitCode != 0 {
+					b.Fatalf("Exec = %+v, %v", res, err)
+				}
+			}
+		})
+	}
+}

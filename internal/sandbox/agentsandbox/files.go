@@ -22,7 +22,7 @@ import (
 // the proxy's side never touches a path of the sandbox. Listings are one level: the walk is done
 // here, descending only into "directory" entries, taking only "file" entries, and each file is
 // looked up in its directory's listing (type and size) before it is read. A FIFO lists as a file;
-// reading one is bounded by RequestTimeout.
+// a read whose answer does not start within readHeaderTimeout is ErrFileBusy.
 
 const (
 	// listDepth is how many directory levels below /mnt/data a listing looks into.
@@ -30,6 +30,8 @@ const (
 	// examinedPerFile bounds how many entries of any kind a listing examines per file it may return.
 	examinedPerFile = 4
 	examinedSlack   = 1024
+	// readHeaderTimeout bounds the wait for a read's answer to start.
+	readHeaderTimeout = 5 * time.Second
 )
 
 // entry is one item of sandboxd's directory listing.
@@ -292,7 +294,15 @@ func (p *Provider) ReadFile(ctx context.Context, h sandbox.Handle, rel string, w
 	}
 	dctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
 	defer cancel()
-	resp, err := p.files(dctx, h, "read file", http.MethodGet, filesPath(rel), nil, "")
+	// sandboxd opens the file before it answers: a FIFO (listed as a file) holds the answer back
+	// until a writer comes, so an answer that does not start soon is a busy file.
+	hctx, hcancel := context.WithCancelCause(dctx)
+	defer hcancel(nil)
+	slow := time.AfterFunc(readHeaderTimeout, func() { hcancel(sandbox.ErrFileBusy) })
+	resp, err := p.files(hctx, h, "read file", http.MethodGet, filesPath(rel), nil, "")
+	if !slow.Stop() && err != nil && ctx.Err() == nil {
+		return 0, fmt.Errorf("%w: agent_sandbox read file: %s did not start within %s (a FIFO?)", sandbox.ErrFileBusy, rel, readHeaderTimeout)
+	}
 	if missing(err) {
 		return 0, fmt.Errorf("%w: %s", sandbox.ErrNotFound, rel)
 	}
