@@ -98,6 +98,8 @@ func main() {
 			method: "One execution of `1 + 1` in a started kernel: the local backend's floor per execution."},
 		{title: "e2b client overhead (internal/sandbox/e2b)", pkg: "./internal/sandbox/e2b", bench: ".", time: *benchtime,
 			method: "The same cell in the same local kernel, through the e2b client and the e2b emulator (HTTP, NDJSON re-encoding and decoding) versus calling the local provider directly."},
+		{title: "agent-sandbox backend over its double (internal/sandbox/agentsandbox)", pkg: "./internal/sandbox/agentsandbox", bench: ".", time: "20x",
+			method: "agent_sandbox against its test double (a Kubernetes API server and controller in this process, bubblewrap pods entered with nsenter, a sandboxd of Go) beside e2b against its emulator (a local sandbox), in the same benchmark functions: a creation through the first result (a claim adopting a warm sandbox, readiness by watch, the kernel daemon's start), a trivial cell in an existing sandbox (one kernel-daemon client per cell), and a `true` command. The creation figure is bounded by the double's controller, not a cluster's. 20 iterations each."},
 		{title: "Shared store (internal/store/redisstore)", pkg: "./internal/store/redisstore", bench: ".", time: *benchtime,
 			method: "The store calls an intercepted request makes (read the previous response, read and touch its container, store the new response; `request` is the four in a row) on the embedded store and on Redis over loopback (a redis-server started by the benchmark), with the median and 99th percentile of single calls; and a 64 MiB file stored and read back through each."},
 	}
@@ -141,6 +143,7 @@ func main() {
 		{"pass-through SSE, 20 events", "BenchmarkProxySSE20/direct", "BenchmarkProxySSE20/proxy", "ns/op", "proxy / direct time per stream"},
 		{"local sandbox start", "BenchmarkWarmStart", "BenchmarkColdStart", "p50-ms", "cold / warm median time to first result (what the warm pool saves)"},
 		{"e2b execution", "BenchmarkRunDirect", "BenchmarkRunViaEmulator", "ns/op", "via e2b client and emulator / direct"},
+		{"agent-sandbox cell", "BenchmarkTrivialCell/e2b", "BenchmarkTrivialCell/agent_sandbox", "ns/op", "a trivial cell over agent_sandbox and its double / over e2b and its emulator"},
 		{"argument decoder, 4-byte chunks", "BenchmarkDecoder/chunk=", "BenchmarkDecoder/chunk=4", "ns/op", "4-byte chunks / one chunk (baseline: the largest chunk size)"},
 		{"argument decoder, 64-byte chunks", "BenchmarkDecoder/chunk=", "BenchmarkDecoder/chunk=64", "ns/op", "64-byte chunks / one chunk"},
 		{"engine iteration, streaming", "BenchmarkIteration/json", "BenchmarkIteration/stream", "ns/iteration", "stream / JSON rendering per iteration"},

@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/ciproxy/ciproxy/internal/sandbox/agentsandbox"
 )
 
 // agentSandboxDir holds the manifests of the agent-sandbox deployment; they replace this
@@ -221,5 +223,36 @@ func TestAgentSandboxTemplate(t *testing.T) {
 		if field(t, pool, "metadata", "namespace") != field(t, tmpl, "metadata", "namespace") {
 			t.Errorf("SandboxWarmPool %s is not in the template's namespace", name)
 		}
+	}
+}
+
+// TestAgentSandboxConfigMap checks that the proxy's configuration names the warm pool of
+// sandboxes.yaml, in its namespace, with the ports the template's sandboxd listens on.
+func TestAgentSandboxConfigMap(t *testing.T) {
+	m := load(t, ".", agentSandboxDir)
+	d, c := m.proxy(t)
+	cfg := m.proxyConfig(t, c, d)
+	var s *agentsandbox.Settings
+	for _, tool := range cfg.SandboxTools {
+		if tool.Backend == agentsandbox.Backend {
+			v := tool.Settings.(agentsandbox.Settings)
+			s = &v
+		}
+	}
+	if s == nil {
+		t.Fatal("the ConfigMap has no agent_sandbox tool")
+	}
+	pool, ok := m.custom["SandboxWarmPool"][s.WarmPool]
+	if !ok {
+		t.Fatalf("the tool's warm_pool %q is not a SandboxWarmPool here", s.WarmPool)
+	}
+	if ns := field(t, pool, "metadata", "namespace"); ns != s.Namespace {
+		t.Errorf("the tool's namespace %q; the pool is in %v", s.Namespace, ns)
+	}
+	if s.ProcessPort != 9090 || s.FilesPort != 8080 || s.Connect != agentsandbox.ConnectPodIP || s.Kubeconfig != "" {
+		t.Errorf("the tool's settings %+v; want sandboxd's ports at the pod IP, in-cluster credentials", s.Options)
+	}
+	if _, ok := m.roles["ciproxy-sandboxes"]; !ok || m.roles["ciproxy-sandboxes"].Namespace != s.Namespace {
+		t.Errorf("the RBAC Role is not in the tool's namespace %q", s.Namespace)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	. "github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sandbox/agentsandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
@@ -317,6 +318,27 @@ func TestExampleConfigE2BTool(t *testing.T) {
 	}
 	if opts.Timeout != 300*time.Second || opts.Template != "code-interpreter-v1" || opts.Domain != "e2b.app" {
 		t.Errorf("e2b defaults = %+v; want the SDKs' (300 s, code-interpreter-v1, e2b.app)", opts)
+	}
+}
+
+// TestExampleConfigAgentSandboxTool uncomments the example's agent_sandbox tool: it must be valid
+// as written, with the values its comments give as defaults.
+func TestExampleConfigAgentSandboxTool(t *testing.T) {
+	data, err := os.ReadFile("../../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data = uncomment(t, data, "  # - sandbox_tool_name: my-agent-sandbox")
+	c, err := ParseWith(data, "config.example.yaml", backends.ParseOptions(func(string) (string, bool) { return "", false }))
+	if err != nil {
+		t.Fatalf("config.example.yaml with the agent_sandbox tool uncommented: %v", err)
+	}
+	tool, ok := c.SandboxTool("my-agent-sandbox")
+	opts := agentsandbox.DefaultOptions()
+	opts.Namespace, opts.WarmPool = "ciproxy-sandboxes", "ciproxy-python"
+	want := SandboxTool{Name: "my-agent-sandbox", Backend: agentsandbox.Backend, Settings: agentsandbox.Settings{Options: opts}, Line: tool.Line}
+	if !ok || !reflect.DeepEqual(tool, want) {
+		t.Errorf("my-agent-sandbox = %+v; want %+v", tool, want)
 	}
 }
 

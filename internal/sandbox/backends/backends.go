@@ -16,6 +16,7 @@ import (
 
 	"github.com/ciproxy/ciproxy/internal/config"
 	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/sandbox/agentsandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/daytona"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2b"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
@@ -27,13 +28,14 @@ import (
 const closeTimeout = 30 * time.Second
 
 // All returns every sandbox backend, for config.ParseOptions.Backends, in the order messages list
-// them ("local, e2b, daytona or opensandbox").
+// them ("local, e2b, daytona, opensandbox or agent_sandbox").
 func All() []config.SandboxBackend {
 	return []config.SandboxBackend{
 		{Name: local.Backend, Keys: local.Keys(), Decode: decoder(local.DecodeSettings)},
 		{Name: "e2b", Keys: e2b.Keys(), Decode: decoder(e2b.DecodeSettings)},
 		{Name: daytona.Backend, Keys: daytona.Keys(), Decode: decoder(daytona.DecodeSettings)},
 		{Name: opensandbox.Backend, Keys: opensandbox.Keys(), Decode: decoder(opensandbox.DecodeSettings)},
+		{Name: agentsandbox.Backend, Keys: agentsandbox.Keys(), Decode: decoder(agentsandbox.DecodeSettings)},
 	}
 }
 

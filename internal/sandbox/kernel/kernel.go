@@ -5,6 +5,9 @@
 //
 // The protocol (kernel.py's header says it whole): JSON request lines on stdin, the NDJSON of e2b's
 // code-interpreter server on stdout, one {"type": "ready"} line once it can take code.
+//
+// kerneld.py wraps kernel.py for engines whose processes live only as long as one call: a daemon
+// holds the kernel and a client per execution relays one request and its replies.
 package kernel
 
 import _ "embed"
@@ -17,3 +20,14 @@ const Path = "/opt/ciproxy/kernel.py"
 
 // Source returns kernel.py. The slice is shared: callers must not modify it.
 func Source() []byte { return source }
+
+//go:embed kerneld.py
+var daemonSource []byte
+
+// DaemonPath is where a sandbox image carries kerneld.py, beside kernel.py: the daemon that keeps
+// one kernel alive across the short-lived processes of an engine that binds each process to one
+// call (agent-sandbox's sandboxd), and its client (kerneld.py's header says how).
+const DaemonPath = "/opt/ciproxy/kerneld.py"
+
+// DaemonSource returns kerneld.py. The slice is shared: callers must not modify it.
+func DaemonSource() []byte { return daemonSource }
