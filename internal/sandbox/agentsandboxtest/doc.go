@@ -32,13 +32,15 @@
 //     scoped-token authorizer (v1.<payload>.<hmac>, exp exclusive).
 //
 // Simplified:
-//   - A pod is one long-lived bwrap (own pid, ipc, uts and mount namespaces; /usr and /etc of
-//     the host read-only, the pod's data directory at /mnt/data, its own /tmp, Options.ImageFiles
-//     read-only) on the host network: its "IP" is a loopback address 127.1.x.y of its own, on
-//     which sandboxd listens. Commands enter it with nsenter and setpriv (uid and gid 1000, no
+//   - A pod is one long-lived bwrap (own pid, ipc, uts, mount and network namespaces; /usr and
+//     /etc of the host read-only, the pod's data directory at /mnt/data, its own /tmp,
+//     Options.ImageFiles read-only). Its network namespace holds a loopback alone, which is what
+//     the repository's template asks (a NetworkPolicy with no egress): the code reaches nothing.
+//     sandboxd runs in the test's process, outside the pod, on a loopback address 127.1.x.y of
+//     the pod's own: that is the pod's "IP". Commands enter it with nsenter and setpriv (uid and gid 1000, no
 //     capabilities, no_new_privs); killing the pod kills its pid namespace's init, and so every
-//     process in it, detached daemons included. There is no network isolation, no resource limit
-//     and no image: whatever the host has in /usr is what the pod has. Root is required.
+//     process in it, detached daemons included. There is no resource limit and no image: whatever the
+//     host has in /usr is what the pod has. Root is required.
 //   - The pod's env is PATH, HOME (/mnt/data), HOSTNAME, LANG, Options.PodEnv and the Sandbox's
 //     first container's literal env values; nothing else of the pod spec is honoured.
 //   - No PTY: Start with a pty is FAILED_PRECONDITION, as is ResizeTTY.

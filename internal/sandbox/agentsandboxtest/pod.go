@@ -80,7 +80,7 @@ func (s *Server) startPod(name string, extraEnv map[string]string) (*pod, error)
 	sort.Strings(p.env)
 
 	args := []string{
-		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session",
+		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--die-with-parent", "--new-session",
 		"--hostname", name,
 		"--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
 		"--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",

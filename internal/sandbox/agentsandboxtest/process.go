@@ -158,7 +158,7 @@ func (s *processServer) buildCommand(ctx context.Context, config *processv1.Proc
 	// nsenter opens --wd before it enters the namespaces: through /proc/<pid>/root the path is
 	// resolved in the pod's mount namespace.
 	init := strconv.Itoa(s.pod.initPID)
-	args := []string{"-t", init, "-p", "-m", "-i", "-u", "-r", "--wd=/proc/" + init + "/root" + cwd, "--",
+	args := []string{"-t", init, "-p", "-m", "-i", "-u", "-n", "-r", "--wd=/proc/" + init + "/root" + cwd, "--",
 		"setpriv", "--reuid=" + strconv.Itoa(podUID), "--regid=" + strconv.Itoa(podUID), "--clear-groups",
 		"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"}
 	args = append(args, config.GetCommand()...)

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,6 +92,7 @@ type Server struct {
 	holdReadiness bool
 	watchDrops    int
 	refuseTokens  bool
+	skew          atomic.Int64 // Advance's total, in nanoseconds
 }
 
 // ProcessEnv is the environment one Start'ed (or Execute'd) process got.
@@ -129,7 +131,8 @@ func Start(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, ns: opts.Namespace, dir: opts.Dir, processPort: opts.ProcessPort, filesPort: opts.FilesPort,
 		closing: make(chan struct{}), kickCh: make(chan struct{}, 1), loopDone: make(chan struct{}),
-		bookmarkEvery: time.Second, now: time.Now, pods: map[string]*podState{}, ipTaken: map[string]bool{}}
+		bookmarkEvery: time.Second, pods: map[string]*podState{}, ipTaken: map[string]bool{}}
+	s.now = func() time.Time { return time.Now().Add(time.Duration(s.skew.Load())) }
 	if s.ns == "" {
 		s.ns = "default"
 	}
@@ -272,6 +275,19 @@ func (s *Server) RouterURL() string {
 		return ""
 	}
 	return s.router.URL
+}
+
+// Token is the kubeconfig's bearer token, the API server's one credential.
+func (s *Server) Token() string { return s.token }
+
+// APIURL is the API server's address.
+func (s *Server) APIURL() string { return s.api.URL }
+
+// Advance moves the controllers' clock forward by d, as if that much time had passed: shutdown
+// times that fall within it are reached at once.
+func (s *Server) Advance(d time.Duration) {
+	s.skew.Add(int64(d))
+	s.kick()
 }
 
 // ScopedTokenSecret is the router's scoped-token secret (64 hex characters).
