@@ -141,6 +141,10 @@ func (s *Server) startPod(name string, extraEnv map[string]string) (*pod, error)
 		_ = cmd.Wait()
 		close(p.exited)
 	}()
+	if err := p.waitSetUp(); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("%w: %s", err, stderr.String())
+	}
 
 	grpcLis, filesLis, err := s.listenPod(p)
 	if err != nil {
@@ -187,6 +191,32 @@ func (s *Server) listenPod(p *pod) (net.Listener, net.Listener, error) {
 	}
 	return nil, nil, fmt.Errorf("no free pod address: %w", lastErr)
 }
+
+// waitSetUp waits until the pod's command runs: bwrap reports its pid 1 before that process
+// has made the pod's mounts, and a command entered earlier would find no /mnt/data.
+func (p *pod) waitSetUp() error {
+	children := fmt.Sprintf("/proc/%d/task/%d/children", p.initPID, p.initPID)
+	deadline := time.Now().Add(podSetUpWait)
+	for {
+		b, _ := os.ReadFile(children)
+		for _, f := range strings.Fields(string(b)) {
+			if comm, _ := os.ReadFile("/proc/" + f + "/comm"); strings.TrimSpace(string(comm)) == "sleep" {
+				return nil
+			}
+		}
+		select {
+		case <-p.exited:
+			return errors.New("bwrap exited while it set the pod up")
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the pod was not set up within %s", podSetUpWait)
+		}
+	}
+}
+
+// podSetUpWait bounds bwrap's setting up of a pod (a few milliseconds, unloaded).
+const podSetUpWait = 30 * time.Second
 
 // kill ends every process of the pod: pid 1 of its pid namespace dies, and the kernel kills
 // the rest of the namespace with it (detached daemons included), then bwrap itself.

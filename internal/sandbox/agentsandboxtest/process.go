@@ -42,7 +42,10 @@ type processServer struct {
 	next  atomic.Int32
 	mu    sync.Mutex
 	procs map[int32]*managedProcess
-	wg    sync.WaitGroup
+	// wg counts the commands that run; once stopped (under mu) no more are counted, so that a
+	// handler that starts while the pod stops never adds to a WaitGroup being waited on.
+	wg      sync.WaitGroup
+	stopped bool
 }
 
 type managedProcess struct {
@@ -103,7 +106,24 @@ func (p *managedProcess) closeStdin() error {
 	return err
 }
 
-func (s *processServer) wait() { s.wg.Wait() }
+// begin counts one more running command, or reports that the pod has stopped.
+func (s *processServer) begin() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return status.Error(codes.Unavailable, "the pod is stopping")
+	}
+	s.wg.Add(1)
+	return nil
+}
+
+// wait stops counting commands and waits for those that run.
+func (s *processServer) wait() {
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	s.wg.Wait()
+}
 
 func mapCommandError(err error, defaultCode codes.Code, msg string) error {
 	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
@@ -205,7 +225,9 @@ func (s *processServer) Start(req *processv1.StartRequest, stream processv1.Proc
 	if err != nil {
 		return err
 	}
-	s.wg.Add(1)
+	if err := s.begin(); err != nil {
+		return err
+	}
 	defer s.wg.Done()
 	stdoutR, stdoutW, err := os.Pipe()
 	if err != nil {
@@ -316,7 +338,9 @@ func (s *processServer) Execute(ctx context.Context, req *processv1.ExecuteReque
 	if err != nil {
 		return nil, err
 	}
-	s.wg.Add(1)
+	if err := s.begin(); err != nil {
+		return nil, err
+	}
 	defer s.wg.Done()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
