@@ -149,7 +149,8 @@ func TestCodeInterpreterOpenAIGo(t *testing.T) {
 			osb, osbEnv := newOpenSandbox(t, tool)
 			wd := workDir(t)
 			dt := newDaytona(t, tool)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, WorkDir: wd, Daytona: dt}.yaml(), osbEnv...)
+			as := newAgentSandbox(t, tool)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, WorkDir: wd, Daytona: dt, AgentSandbox: as}.yaml(), osbEnv...)
 			client := sdk(p, "sk-client-a")
 
 			var created *responses.Response
@@ -371,6 +372,7 @@ func TestCodeInterpreterOpenAIGo(t *testing.T) {
 				}
 			}
 			checkDaytonaAfterStop(t, dt)
+			checkAgentSandboxAfterStop(t, as)
 		})
 	}
 }

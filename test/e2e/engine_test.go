@@ -9,9 +9,9 @@ import (
 )
 
 // sandboxTools are the sandbox backends every suite runs on: the embedded bubblewrap sandbox,
-// and e2b, Daytona and OpenSandbox through their doubles (each executing through a local sandbox
-// of its own).
-var sandboxTools = []string{"local", "e2b", "daytona", "opensandbox"}
+// e2b, Daytona and OpenSandbox through their doubles (each executing through a local sandbox of
+// its own), and agent-sandbox through its double (bubblewrap pods running the kernel).
+var sandboxTools = []string{"local", "e2b", "daytona", "opensandbox", "agent_sandbox"}
 
 // engineDouble is a remote sandbox engine's double as the suites that inject its faults and
 // account for its sandboxes and its key see it (TestReplicas, TestNoSecretLeaks): the e2b
@@ -58,6 +58,8 @@ func newEngine(t *testing.T, tool string) engineDouble {
 	case "opensandbox":
 		osb, _ := newOpenSandbox(t, tool)
 		return osbEngine{osb}
+	case "agent_sandbox":
+		return asEngine{newAgentSandbox(t, tool)}
 	case "local":
 		return nil
 	}

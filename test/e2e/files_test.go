@@ -109,7 +109,7 @@ func TestFilesRoundTripOpenAIGo(t *testing.T) {
 			up.Script(filesModel)
 			emu, _ := newEmulator(t)
 			osb, osbEnv := newOpenSandbox(t, tool)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), WorkDir: workDir(t)}.yaml(), osbEnv...)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), AgentSandbox: newAgentSandbox(t, tool), WorkDir: workDir(t)}.yaml(), osbEnv...)
 			client := sdk(p, "sk-files")
 
 			fileID := uploadUserData(t, client, "sales.csv", "text/csv", []byte(salesCSV))

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ciproxy/ciproxy/internal/sandbox/agentsandboxtest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/daytonatest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/e2btest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/local"
@@ -42,6 +43,11 @@ type setup struct {
 	// as its key as written (the double's key when "").
 	Daytona    *daytonatest.Server
 	DaytonaKey string
+	// AgentSandbox, when set, adds an agent_sandbox tool on the agent-sandbox double
+	// (newAgentSandbox), reached with its kubeconfig.
+	AgentSandbox *agentsandboxtest.Server
+	// AgentSandboxSettings are more litellm_params lines of the agent_sandbox tool ("key: value").
+	AgentSandboxSettings []string
 	// MaxBody is max_request_body_size ("" for the default).
 	MaxBody string
 	// ExtraModels is YAML appended to model_list.
@@ -92,6 +98,14 @@ func (s setup) yaml() string {
 		}
 		fmt.Fprintf(&b, "  - sandbox_tool_name: daytona\n    litellm_params:\n      sandbox_provider: daytona\n      api_key: %s\n      api_base: %s\n",
 			key, s.Daytona.URL())
+	}
+	if d := s.AgentSandbox; d != nil {
+		fmt.Fprintf(&b, "  - sandbox_tool_name: agent_sandbox\n    litellm_params:\n      sandbox_provider: agent_sandbox\n"+
+			"      kubeconfig: %s\n      namespace: %s\n      warm_pool: %s\n      process_port: %d\n      files_port: %d\n",
+			d.Kubeconfig(), d.Namespace(), d.WarmPool(), d.ProcessPort(), d.FilesPort())
+		for _, kv := range s.AgentSandboxSettings {
+			fmt.Fprintf(&b, "      %s\n", kv)
+		}
 	}
 	tool := s.Tool
 	if tool == "" {

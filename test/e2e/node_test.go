@@ -102,7 +102,7 @@ func TestNodeFilesRoundTrip(t *testing.T) {
 			up.Script(filesModel)
 			emu, _ := newEmulator(t)
 			osb, osbEnv := newOpenSandbox(t, tool)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), WorkDir: workDir(t), MasterKey: "sk-node-files"}.yaml(), osbEnv...)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), AgentSandbox: newAgentSandbox(t, tool), WorkDir: workDir(t), MasterKey: "sk-node-files"}.yaml(), osbEnv...)
 			c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(c, node, "--test", "--test-reporter=spec", "files.test.mjs")
@@ -141,7 +141,7 @@ func TestNodeShell(t *testing.T) {
 				up.Script(script)
 				emu, _ := newEmulator(t)
 				osb, osbEnv := newOpenSandbox(t, tool)
-				p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), WorkDir: workDir(t),
+				p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), AgentSandbox: newAgentSandbox(t, tool), WorkDir: workDir(t),
 					ChatOnly: api == "chat", MasterKey: "sk-node-master"}.yaml(), osbEnv...)
 				c, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 				defer cancel()

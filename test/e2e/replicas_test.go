@@ -234,6 +234,12 @@ func testReplicas(t *testing.T, tool string) {
 		t.Errorf("third turn by container id: logs %q in %s; want 41 in %s", third.logs, third.container, first.container)
 	}
 
+	// A remote engine's sandbox is reached by every replica: its container's record names no
+	// host, so no request for it is ever forwarded (a local sandbox's names its replica).
+	if host := containerHost(t, rs, first.container); (tool == "local") != (host != "") {
+		t.Errorf("the %s container's record names host %q", tool, host)
+	}
+
 	// Streaming through another replica than the container's.
 	st := send(ctx(t, 60*time.Second), r[1], http.MethodPost, "/v1/responses", "application/json", ciRequest("print(x * 2)", first.container, "", true))
 	if st.err != nil || st.status != http.StatusOK {
@@ -515,6 +521,19 @@ func checkRedisKeys(t *testing.T, rs *redisserver.Server) {
 			t.Errorf("key %s has ttl %s; want it to expire within a day", k, ttl)
 		}
 	}
+}
+
+// containerHost is the host in id's record in Redis: the replica that holds its sandbox, "" when
+// any replica reaches it.
+func containerHost(t *testing.T, rs *redisserver.Server, id string) string {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	defer rdb.Close()
+	rest, err := rdb.HGet(context.Background(), "ciproxy:cntr:"+id, "r").Result()
+	if err != nil {
+		t.Fatalf("the record of %s in Redis: %v", id, err)
+	}
+	return gjson.Get(rest, "host").String()
 }
 
 func isFileKey(k string) bool {

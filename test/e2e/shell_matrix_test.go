@@ -115,7 +115,7 @@ func TestShellMatrix(t *testing.T) {
 				up.Script(shellScenarios)
 				emu, _ := newEmulator(t)
 				osb, osbEnv := newOpenSandbox(t, tool)
-				p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), WorkDir: workDir(t), ChatOnly: api == "chat",
+				p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), AgentSandbox: newAgentSandbox(t, tool), WorkDir: workDir(t), ChatOnly: api == "chat",
 					Interception: []string{"execution_timeout: 5s", "max_calls_per_turn: 1", "shell_function_name: " + matrixShellName,
 						"shell_function_description: " + matrixShellDesc}}.yaml(), osbEnv...)
 				client := sdk(p, "sk-client-a")

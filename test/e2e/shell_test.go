@@ -51,7 +51,7 @@ func TestShellOpenAIGo(t *testing.T) {
 			up.Script(runUserCommands)
 			emu, _ := newEmulator(t)
 			osb, osbEnv := newOpenSandbox(t, tool)
-			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), WorkDir: workDir(t)}.yaml(), osbEnv...)
+			p := startProxy(t, setup{Upstream: up.URL(), Tool: tool, E2B: emu, E2BKey: emu.APIKey(), OSB: osb, Daytona: newDaytona(t, tool), AgentSandbox: newAgentSandbox(t, tool), WorkDir: workDir(t)}.yaml(), osbEnv...)
 			client := sdk(p, "sk-client-a")
 			commands := strings.Join([]string{
 				"echo hello; echo oops >&2; exit 3",
