@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"mime/multipart"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -26,12 +27,27 @@ func newAgentSandbox(t *testing.T, tool string) *agentsandboxtest.Server {
 	if tool != "agent_sandbox" {
 		return nil
 	}
-	return agentsandboxtest.New(t, agentsandboxtest.Options{
+	// With an image under test, the kubeconfig is where the container sees it too (imageShare),
+	// readable by the proxy's user there.
+	dir, err := os.MkdirTemp(imageShare, "ciproxy-e2e-k8s-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	d := agentsandboxtest.New(t, agentsandboxtest.Options{
 		Namespace: "ciproxy-sandboxes", Template: "ciproxy-python", WarmPool: "ciproxy-python", WarmPoolReplicas: 2,
 		ImageFiles: map[string]string{kernel.Path: string(kernel.Source()), kernel.DaemonPath: string(kernel.DaemonSource())},
 		PodEnv:     map[string]string{"MPLBACKEND": "Agg"},
-		Router:     true, RouterAuthz: "scoped-token",
+		Router:     true, RouterAuthz: "scoped-token", Dir: dir,
 	})
+	if testImage != "" {
+		for path, mode := range map[string]os.FileMode{dir: 0o755, d.Kubeconfig(): 0o644} {
+			if err := os.Chmod(path, mode); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return d
 }
 
 // checkAgentSandboxAfterStop checks, once the proxy stopped, that it used the double and that
