@@ -10,10 +10,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox/agentsandbox"
+	"github.com/ciproxy/ciproxy/internal/sandbox/agentsandboxtest"
 )
 
 // agentSandboxDir holds the manifests of the agent-sandbox deployment; they replace this
@@ -254,5 +257,42 @@ func TestAgentSandboxConfigMap(t *testing.T) {
 	}
 	if _, ok := m.roles["ciproxy-sandboxes"]; !ok || m.roles["ciproxy-sandboxes"].Namespace != s.Namespace {
 		t.Errorf("the RBAC Role is not in the tool's namespace %q", s.Namespace)
+	}
+}
+
+// TestAgentSandboxCRDs validates the SandboxTemplate and SandboxWarmPool against agent-sandbox's
+// own CRD schemas, as the API server would on kubectl apply (strict: an unknown field fails).
+func TestAgentSandboxCRDs(t *testing.T) {
+	m := load(t, ".", agentSandboxDir)
+	n := 0
+	for _, kind := range []string{"SandboxTemplate", "SandboxWarmPool"} {
+		for name, obj := range m.custom[kind] {
+			n++
+			u := &unstructured.Unstructured{Object: runtime.DeepCopyJSON(obj)}
+			if err := agentsandboxtest.Validate(u); err != nil {
+				t.Errorf("%s %s: %v", kind, name, err)
+			}
+		}
+	}
+	if n != 2 {
+		t.Errorf("validated %d objects; want the template and the pool", n)
+	}
+	// The check has teeth: a misspelt field and a bad enum fail.
+	for _, tc := range []struct {
+		name string
+		edit func(map[string]any)
+	}{
+		{"unknown field", func(o map[string]any) { o["spec"].(map[string]any)["replica"] = int64(2) }},
+		{"bad enum", func(o map[string]any) {
+			o["spec"].(map[string]any)["updateStrategy"] = map[string]any{"type": "Sometimes"}
+		}},
+	} {
+		for name, obj := range m.custom["SandboxWarmPool"] {
+			u := &unstructured.Unstructured{Object: runtime.DeepCopyJSON(obj)}
+			tc.edit(u.Object)
+			if err := agentsandboxtest.Validate(u); err == nil {
+				t.Errorf("%s: SandboxWarmPool %s validated", tc.name, name)
+			}
+		}
 	}
 }

@@ -555,7 +555,7 @@ func (s *Server) createLocked(res *resource, obj *unstructured.Unstructured) (*u
 		}
 	}
 	delete(obj.Object, "status") // the status subresource: create ignores it
-	if err := res.validate(obj); err != nil {
+	if err := res.validate(obj, false); err != nil {
 		return nil, err
 	}
 	if s.st.objects[res.gvr.Resource][key(obj.GetNamespace(), obj.GetName())] != nil {
@@ -636,7 +636,7 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, res *resource, ns
 	}
 	status := next.Object["status"]
 	delete(next.Object, "status")
-	if err := res.validate(next); err != nil {
+	if err := res.validate(next, false); err != nil {
 		writeStatus(w, err)
 		return
 	}

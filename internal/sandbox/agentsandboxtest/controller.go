@@ -37,6 +37,7 @@ type podState struct {
 	readyAt time.Time
 	ready   bool // has been Ready: HoldReadiness no longer applies
 	failed  bool // KillPod, or its processes died: PodFailed, no new pod
+	stopped bool // a failed pod's servers were stopped
 }
 
 func (p *podState) stop() {
@@ -260,9 +261,10 @@ func (s *Server) reconcileSandboxes(now time.Time) {
 
 // stopPodProcesses stops a failed pod's servers once; the state stays so no new pod is made.
 func (s *Server) stopPodProcesses(ps *podState) {
-	if ps.pod == nil {
+	if ps.pod == nil || ps.stopped {
 		return
 	}
+	ps.stopped = true
 	p := ps.pod
 	s.podWG.Add(1)
 	go func() {

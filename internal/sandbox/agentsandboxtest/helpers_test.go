@@ -2,6 +2,7 @@ package agentsandboxtest
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -81,3 +82,5 @@ func readyClaim(t *testing.T, s *Server, c dynamic.Interface, claim *unstructure
 func unstructuredInt(obj map[string]any, path ...string) (int64, bool, error) {
 	return unstructured.NestedInt64(obj, path...)
 }
+
+func writeFile(path, content string) error { return os.WriteFile(path, []byte(content), 0o644) }

@@ -114,21 +114,27 @@ func resourceFor(apiVersion, kind string) (*resource, error) {
 	return nil, fmt.Errorf("no served resource %s %s", apiVersion, kind)
 }
 
-// Validate checks obj the way the API server does on create: it must be one of the four
-// agent-sandbox kinds at v1beta1, fields unknown to the schema are pruned, defaults are applied,
-// and the result is validated against the CRD's OpenAPI schema (CEL rules, x-kubernetes-validations,
-// are not evaluated). obj is modified in place (pruned and defaulted); a failure is a
-// *apierrors.StatusError with reason Invalid (422), as the API server answers.
+// Validate checks obj the way the API server does on a create with strict field validation
+// (kubectl's default): it must be one of the four agent-sandbox kinds at v1beta1, a field
+// unknown to the schema is an error, defaults are applied, and the result is validated against
+// the CRD's OpenAPI schema (CEL rules, x-kubernetes-validations, are not evaluated). obj is
+// modified in place (defaulted); a failure is a *apierrors.StatusError with reason Invalid (422)
+// or BadRequest (an unknown kind or field).
 func Validate(obj *unstructured.Unstructured) error {
 	r, err := resourceFor(obj.GetAPIVersion(), obj.GetKind())
 	if err != nil {
 		return apierrors.NewBadRequest(err.Error())
 	}
-	return r.validate(obj)
+	return r.validate(obj, true)
 }
 
-func (r *resource) validate(obj *unstructured.Unstructured) error {
-	structuralpruning.Prune(obj.Object, r.structural, true)
+// validate prunes unknown fields (an error when strict), defaults and validates obj.
+func (r *resource) validate(obj *unstructured.Unstructured, strict bool) error {
+	unknown := structuralpruning.PruneWithOptions(obj.Object, r.structural, true,
+		structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: strict})
+	if len(unknown) > 0 {
+		return apierrors.NewBadRequest(fmt.Sprintf("strict decoding error: unknown field %q", unknown[0]))
+	}
 	structuraldefaulting.Default(obj.Object, r.structural)
 	var errs field.ErrorList
 	name := obj.GetName()
