@@ -6,9 +6,9 @@
 // the wire as this client uses it.
 //
 // sandboxd kills a process when its gRPC stream ends, so the persistent kernel is kept by a daemon
-// inside the sandbox (kernel.DaemonPath) and each execution is a short-lived client of it: any
-// proxy replica runs the next cell of any container, in the same Python state, and nothing is
-// forwarded between replicas.
+// inside the sandbox (kernel.DaemonPath), and each replica reaches it through a relay process of
+// its own, kept open while it uses the sandbox: any proxy replica runs the next cell of any
+// container, in the same Python state, and nothing is forwarded between replicas.
 //
 // A Handle of this backend holds the claim's name (ID), its Sandbox's name (TrafficToken) and the
 // pod IP (Domain); never a credential.
@@ -162,8 +162,9 @@ type Provider struct {
 	secret []byte
 	log    *zap.Logger
 
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn // by pod IP
+	mu       sync.Mutex
+	conns    map[string]*grpc.ClientConn // by pod IP
+	sessions map[string]*session         // by sessionKey
 }
 
 var (
@@ -202,7 +203,7 @@ func New(opts Options) (*Provider, error) {
 	if opts.WarmPool == "" {
 		return nil, errors.New("agent_sandbox: no warm_pool")
 	}
-	p := &Provider{opts: opts, log: opts.Logger, conns: map[string]*grpc.ClientConn{}}
+	p := &Provider{opts: opts, log: opts.Logger, conns: map[string]*grpc.ClientConn{}, sessions: map[string]*session{}}
 	if p.log == nil {
 		p.log = zap.NewNop()
 	}
@@ -250,8 +251,10 @@ func New(opts Options) (*Provider, error) {
 	return p, nil
 }
 
-// Close closes the provider's gRPC connections and idle HTTP connections. It deletes no sandbox.
+// Close ends the provider's sessions and closes its gRPC connections and idle HTTP connections.
+// It deletes no sandbox.
 func (p *Provider) Close(context.Context) error {
+	p.endSessions("")
 	p.mu.Lock()
 	conns := p.conns
 	p.conns = map[string]*grpc.ClientConn{}
@@ -620,6 +623,7 @@ func (p *Provider) discard(ctx context.Context, h sandbox.Handle) {
 // Delete deletes the claim, which deletes its Sandbox and pod. A claim already gone is not an
 // error.
 func (p *Provider) Delete(ctx context.Context, h sandbox.Handle) error {
+	p.endSessions(h.ID)
 	if h.Domain != "" {
 		p.forget(h)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -502,6 +503,39 @@ func TestCreateFaults(t *testing.T) {
 			t.Errorf("run: %+v", r)
 		}
 	})
+}
+
+func TestSessions(t *testing.T) {
+	d := double(t)
+	p := provider(t, d)
+	h := create(t, p, nil)
+	run(t, p, h, "w = 5")
+
+	// Concurrent executions of one replica take turns on its session.
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			r, err := p.Run(context.Background(), h, "import time\ntime.sleep(0.2)\nw", sandbox.RunOptions{})
+			if err == nil && (len(r.Results) != 1 || r.Results[0].Text != "5") {
+				err = fmt.Errorf("result %+v", r)
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent Run: %v", err)
+		}
+	}
+
+	// A relay that dies while idle is replaced at the next execution; the kernel keeps its state.
+	res, err := p.Exec(context.Background(), h, "kill $(pgrep -f 'kerneld.py rela[y]')", sandbox.ExecOptions{})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("killing the relay: %+v, %v", res, err)
+	}
+	if r := run(t, p, h, "w + 1"); len(r.Results) != 1 || r.Results[0].Text != "6" {
+		t.Errorf("after the relay's end: %+v", r)
+	}
 }
 
 func TestKernelExitIsSaid(t *testing.T) {
