@@ -46,7 +46,14 @@ func (p *Provider) session(ctx context.Context, h sandbox.Handle) (*session, err
 	}
 	pr, pw := io.Pipe()
 	sess = &session{s: st, out: pr, turn: make(chan struct{}, 1)}
-	go sess.read(pw)
+	go func() {
+		sess.read(pw)
+		p.mu.Lock()
+		if p.sessions[key] == sess {
+			delete(p.sessions, key) // its sandbox gone, or the relay ended: nothing to keep
+		}
+		p.mu.Unlock()
+	}()
 	p.mu.Lock()
 	if old := p.sessions[key]; old != nil && old.err() == nil {
 		// Another execution started one meanwhile: use it, end this one.
