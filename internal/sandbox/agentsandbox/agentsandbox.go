@@ -32,6 +32,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -592,7 +593,11 @@ func (p *Provider) process(h sandbox.Handle) (processv1.ProcessServiceClient, er
 	if c, ok := p.conns[h.Domain]; ok {
 		return processv1.NewProcessServiceClient(c), nil
 	}
-	c, err := grpc.NewClient(net.JoinHostPort(h.Domain, fmt.Sprint(p.opts.ProcessPort)), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Keepalive pings find a connection that died silently under an idle relay; 5 minutes is the
+	// least a gRPC server takes by default without answering "too many pings".
+	c, err := grpc.NewClient(net.JoinHostPort(h.Domain, fmt.Sprint(p.opts.ProcessPort)),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Minute, Timeout: 20 * time.Second}))
 	if err != nil {
 		return nil, fmt.Errorf("%w: agent_sandbox: dialling sandboxd: %w", sandbox.ErrUnavailable, err)
 	}
