@@ -248,6 +248,7 @@ func TestShell(t *testing.T) {
 		{"signal", "kill -TERM $$", 0, sandbox.ExecResult{ExitCode: 143}, "", ""},
 		{"utf-8", "printf 'caf\\xc3\\xa9 \\xff'", 0, sandbox.ExecResult{}, "café \uFFFD", ""},
 		{"timeout", "echo started; sleep 60", time.Second, sandbox.ExecResult{TimedOut: true}, "started\n", ""},
+		{"background ended", "echo a; sleep 61 & sleep 62 >/dev/null 2>&1 &", 0, sandbox.ExecResult{}, "a\n", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errOut strings.Builder
@@ -262,6 +263,10 @@ func TestShell(t *testing.T) {
 				t.Errorf("Exec(%q) = %+v, %v, out %q, err %q; want %+v, %q, %q", c.cmd, res, err, out.String(), errOut.String(), c.want, c.out, c.errOut)
 			}
 		})
+	}
+	var left strings.Builder
+	if _, err := p.Exec(context.Background(), h, "pgrep -f 'sleep 6[12]' || true", sandbox.ExecOptions{OnOutput: func(_ sandbox.Stream, s string) { left.WriteString(s) }}); err != nil || left.Len() != 0 {
+		t.Errorf("processes left by a command: %q, %v", left.String(), err)
 	}
 	if r := run(t, p, h, "print('kernel still here')"); r.Stdout != "kernel still here\n" {
 		t.Errorf("kernel after commands: %+v", r)

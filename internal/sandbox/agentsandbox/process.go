@@ -288,8 +288,11 @@ func (p *Provider) Exec(ctx context.Context, h sandbox.Handle, command string, o
 }
 
 // shellWrapper runs the command ($1) under a bash that reports a signal's death as 128 plus the
-// signal, with its own stderr (where it would say "Terminated") on /dev/null.
-const shellWrapper = "exec 3>&2 2>/dev/null\n/bin/bash -c \"$1\" 2>&3 3>&-\nexit $?"
+// signal, with its own stderr (where it would say "Terminated") on /dev/null, and that then ends
+// what the command left running in its process group (sandboxd starts each process in a group of
+// its own): SIGTERM to the group, which the wrapper alone ignores. A process that left the group
+// (setsid) is not reached.
+const shellWrapper = "exec 3>&2 2>/dev/null\n/bin/bash -c \"$1\" 2>&3 3>&-\ns=$?\ntrap '' TERM\nkill -TERM 0\nexit $s"
 
 // utf8Stream decodes a byte stream into valid UTF-8 pieces: a sequence cut at the end of a
 // piece is held for the next one, invalid bytes become U+FFFD.
