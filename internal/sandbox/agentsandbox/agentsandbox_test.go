@@ -592,6 +592,54 @@ func TestCheckHost(t *testing.T) {
 	}
 }
 
+func TestCreateFailsFast(t *testing.T) {
+	ctx := context.Background()
+	t.Run("pod failed before ready", func(t *testing.T) {
+		d := double(t, func(o *agentsandboxtest.Options) { o.WarmPoolReplicas, o.ReadyDelay = 1, 2*time.Second })
+		d.HoldReadiness(true)
+		p := provider(t, d)
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			_, err := p.Create(ctx, sandbox.CreateOptions{})
+			done <- err
+		}()
+		var sb string
+		eventually(t, "a bound claim", func() bool {
+			for _, name := range d.LiveClaims() {
+				obj, err := claims(t, d).Get(ctx, name, metav1.GetOptions{})
+				if err == nil {
+					sb, _, _ = unstructured.NestedString(obj.Object, "status", "sandbox", "name")
+				}
+			}
+			return sb != ""
+		})
+		eventually(t, "the pod killed", func() bool { return d.KillPod(sb) == nil })
+		err := <-done
+		if !errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), "PodFailed") || time.Since(start) > 30*time.Second {
+			t.Errorf("Create = %v after %s; want ErrUnavailable naming PodFailed, at once", err, time.Since(start))
+		}
+		eventually(t, "no claim left", func() bool { return len(d.LiveClaims()) == 0 })
+	})
+	t.Run("claim deleted while waiting", func(t *testing.T) {
+		d := double(t)
+		d.StallClaims(true)
+		p := provider(t, d)
+		done := make(chan error, 1)
+		go func() {
+			_, err := p.Create(ctx, sandbox.CreateOptions{})
+			done <- err
+		}()
+		eventually(t, "a claim", func() bool { return len(d.LiveClaims()) == 1 })
+		if err := claims(t, d).Delete(ctx, d.LiveClaims()[0], metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), "deleted") {
+			t.Errorf("Create = %v; want ErrUnavailable (claim deleted)", err)
+		}
+	})
+}
+
 func TestPodKilledUnderACell(t *testing.T) {
 	d := double(t)
 	p := provider(t, d)
