@@ -614,7 +614,11 @@ func TestCreateFailsFast(t *testing.T) {
 			}
 			return sb != ""
 		})
-		eventually(t, "the pod killed", func() bool { return d.KillPod(sb) == nil })
+		// Once its processes run (KillPod reads the pod the controller is still launching unlocked).
+		eventually(t, "the pod up", func() bool { return slices.Contains(d.LivePods(), sb) })
+		if err := d.KillPod(sb); err != nil {
+			t.Fatal(err)
+		}
 		err := <-done
 		if !errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), "PodFailed") || time.Since(start) > 30*time.Second {
 			t.Errorf("Create = %v after %s; want ErrUnavailable naming PodFailed, at once", err, time.Since(start))
