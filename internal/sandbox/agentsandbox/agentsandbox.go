@@ -6,9 +6,9 @@
 // the wire as this client uses it.
 //
 // sandboxd kills a process when its gRPC stream ends, so the persistent kernel is kept by a daemon
-// inside the sandbox (kernel.DaemonPath) and each execution is a short-lived client of it: any
-// proxy replica runs the next cell of any container, in the same Python state, and nothing is
-// forwarded between replicas.
+// inside the sandbox (kernel.DaemonPath), and each replica reaches it through a relay process of
+// its own, kept open while it uses the sandbox: any proxy replica runs the next cell of any
+// container, in the same Python state, and nothing is forwarded between replicas.
 //
 // A Handle of this backend holds the claim's name (ID), its Sandbox's name (TrafficToken) and the
 // pod IP (Domain); never a credential.
@@ -32,6 +32,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -162,8 +163,9 @@ type Provider struct {
 	secret []byte
 	log    *zap.Logger
 
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn // by pod IP
+	mu       sync.Mutex
+	conns    map[string]*grpc.ClientConn // by pod IP
+	sessions map[string]*session         // by sessionKey
 }
 
 var (
@@ -202,7 +204,7 @@ func New(opts Options) (*Provider, error) {
 	if opts.WarmPool == "" {
 		return nil, errors.New("agent_sandbox: no warm_pool")
 	}
-	p := &Provider{opts: opts, log: opts.Logger, conns: map[string]*grpc.ClientConn{}}
+	p := &Provider{opts: opts, log: opts.Logger, conns: map[string]*grpc.ClientConn{}, sessions: map[string]*session{}}
 	if p.log == nil {
 		p.log = zap.NewNop()
 	}
@@ -250,8 +252,10 @@ func New(opts Options) (*Provider, error) {
 	return p, nil
 }
 
-// Close closes the provider's gRPC connections and idle HTTP connections. It deletes no sandbox.
+// Close ends the provider's sessions and closes its gRPC connections and idle HTTP connections.
+// It deletes no sandbox.
 func (p *Provider) Close(context.Context) error {
+	p.endSessions("")
 	p.mu.Lock()
 	conns := p.conns
 	p.conns = map[string]*grpc.ClientConn{}
@@ -589,7 +593,11 @@ func (p *Provider) process(h sandbox.Handle) (processv1.ProcessServiceClient, er
 	if c, ok := p.conns[h.Domain]; ok {
 		return processv1.NewProcessServiceClient(c), nil
 	}
-	c, err := grpc.NewClient(net.JoinHostPort(h.Domain, fmt.Sprint(p.opts.ProcessPort)), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Keepalive pings find a connection that died silently under an idle relay; 5 minutes is the
+	// least a gRPC server takes by default without answering "too many pings".
+	c, err := grpc.NewClient(net.JoinHostPort(h.Domain, fmt.Sprint(p.opts.ProcessPort)),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Minute, Timeout: 20 * time.Second}))
 	if err != nil {
 		return nil, fmt.Errorf("%w: agent_sandbox: dialling sandboxd: %w", sandbox.ErrUnavailable, err)
 	}
@@ -620,6 +628,7 @@ func (p *Provider) discard(ctx context.Context, h sandbox.Handle) {
 // Delete deletes the claim, which deletes its Sandbox and pod. A claim already gone is not an
 // error.
 func (p *Provider) Delete(ctx context.Context, h sandbox.Handle) error {
+	p.endSessions(h.ID)
 	if h.Domain != "" {
 		p.forget(h)
 	}

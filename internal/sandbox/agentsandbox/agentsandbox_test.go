@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -247,6 +248,7 @@ func TestShell(t *testing.T) {
 		{"signal", "kill -TERM $$", 0, sandbox.ExecResult{ExitCode: 143}, "", ""},
 		{"utf-8", "printf 'caf\\xc3\\xa9 \\xff'", 0, sandbox.ExecResult{}, "café \uFFFD", ""},
 		{"timeout", "echo started; sleep 60", time.Second, sandbox.ExecResult{TimedOut: true}, "started\n", ""},
+		{"background ended", "echo a; sleep 61 & sleep 62 >/dev/null 2>&1 &", 0, sandbox.ExecResult{}, "a\n", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errOut strings.Builder
@@ -261,6 +263,10 @@ func TestShell(t *testing.T) {
 				t.Errorf("Exec(%q) = %+v, %v, out %q, err %q; want %+v, %q, %q", c.cmd, res, err, out.String(), errOut.String(), c.want, c.out, c.errOut)
 			}
 		})
+	}
+	var left strings.Builder
+	if _, err := p.Exec(context.Background(), h, "pgrep -f 'sleep 6[12]' || true", sandbox.ExecOptions{OnOutput: func(_ sandbox.Stream, s string) { left.WriteString(s) }}); err != nil || left.Len() != 0 {
+		t.Errorf("processes left by a command: %q, %v", left.String(), err)
 	}
 	if r := run(t, p, h, "print('kernel still here')"); r.Stdout != "kernel still here\n" {
 		t.Errorf("kernel after commands: %+v", r)
@@ -504,6 +510,39 @@ func TestCreateFaults(t *testing.T) {
 	})
 }
 
+func TestSessions(t *testing.T) {
+	d := double(t)
+	p := provider(t, d)
+	h := create(t, p, nil)
+	run(t, p, h, "w = 5")
+
+	// Concurrent executions of one replica take turns on its session.
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			r, err := p.Run(context.Background(), h, "import time\ntime.sleep(0.2)\nw", sandbox.RunOptions{})
+			if err == nil && (len(r.Results) != 1 || r.Results[0].Text != "5") {
+				err = fmt.Errorf("result %+v", r)
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent Run: %v", err)
+		}
+	}
+
+	// A relay that dies while idle is replaced at the next execution; the kernel keeps its state.
+	res, err := p.Exec(context.Background(), h, "kill $(pgrep -f 'kerneld.py rela[y]')", sandbox.ExecOptions{})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("killing the relay: %+v, %v", res, err)
+	}
+	if r := run(t, p, h, "w + 1"); len(r.Results) != 1 || r.Results[0].Text != "6" {
+		t.Errorf("after the relay's end: %+v", r)
+	}
+}
+
 func TestKernelExitIsSaid(t *testing.T) {
 	d := double(t)
 	p := provider(t, d)
@@ -551,6 +590,58 @@ func TestCheckHost(t *testing.T) {
 	if c := d.LiveClaims(); len(c) != 0 {
 		t.Errorf("--check made claims: %v", c)
 	}
+}
+
+func TestCreateFailsFast(t *testing.T) {
+	ctx := context.Background()
+	t.Run("pod failed before ready", func(t *testing.T) {
+		d := double(t, func(o *agentsandboxtest.Options) { o.WarmPoolReplicas, o.ReadyDelay = 1, 2*time.Second })
+		d.HoldReadiness(true)
+		p := provider(t, d)
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			_, err := p.Create(ctx, sandbox.CreateOptions{})
+			done <- err
+		}()
+		var sb string
+		eventually(t, "a bound claim", func() bool {
+			for _, name := range d.LiveClaims() {
+				obj, err := claims(t, d).Get(ctx, name, metav1.GetOptions{})
+				if err == nil {
+					sb, _, _ = unstructured.NestedString(obj.Object, "status", "sandbox", "name")
+				}
+			}
+			return sb != ""
+		})
+		// Once its processes run (KillPod reads the pod the controller is still launching unlocked).
+		eventually(t, "the pod up", func() bool { return slices.Contains(d.LivePods(), sb) })
+		if err := d.KillPod(sb); err != nil {
+			t.Fatal(err)
+		}
+		err := <-done
+		if !errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), "PodFailed") || time.Since(start) > 30*time.Second {
+			t.Errorf("Create = %v after %s; want ErrUnavailable naming PodFailed, at once", err, time.Since(start))
+		}
+		eventually(t, "no claim left", func() bool { return len(d.LiveClaims()) == 0 })
+	})
+	t.Run("claim deleted while waiting", func(t *testing.T) {
+		d := double(t)
+		d.StallClaims(true)
+		p := provider(t, d)
+		done := make(chan error, 1)
+		go func() {
+			_, err := p.Create(ctx, sandbox.CreateOptions{})
+			done <- err
+		}()
+		eventually(t, "a claim", func() bool { return len(d.LiveClaims()) == 1 })
+		if err := claims(t, d).Delete(ctx, d.LiveClaims()[0], metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), "deleted") {
+			t.Errorf("Create = %v; want ErrUnavailable (claim deleted)", err)
+		}
+	})
 }
 
 func TestPodKilledUnderACell(t *testing.T) {

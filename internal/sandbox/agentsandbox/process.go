@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"sync"
 	"syscall"
@@ -91,10 +90,11 @@ func (p *Provider) grpcError(ctx context.Context, h sandbox.Handle, op string, e
 	return fmt.Errorf("%w: agent_sandbox %s: %w", sandbox.ErrUnavailable, op, err)
 }
 
-// Run implements [sandbox.Provider.Run]: one kerneld.py run client per execution, its request on
-// stdin, its stdout the kernel's NDJSON, decoded as it arrives. When ctx ends or the timeout
-// passes, the client gets SIGINT (it asks the daemon to interrupt the kernel) and the stream is
-// cut interruptGrace later if the execution has not ended by then.
+// Run implements [sandbox.Provider.Run] through the session to h's kernel daemon: the request as
+// one line on the relay's stdin, its stdout the kernel's NDJSON, decoded as it arrives. When ctx
+// ends or the timeout passes, the relay gets SIGINT (it asks the daemon to interrupt the kernel);
+// if the execution has not ended interruptGrace later, the session is cut (the daemon then
+// interrupts it too) and the next execution starts a new one.
 func (p *Provider) Run(ctx context.Context, h sandbox.Handle, code string, opts sandbox.RunOptions) (sandbox.Result, error) {
 	timeout := opts.Timeout
 	if timeout <= 0 {
@@ -104,51 +104,40 @@ func (p *Provider) Run(ctx context.Context, h sandbox.Handle, code string, opts 
 	if err != nil {
 		return sandbox.Result{}, err
 	}
-	s, err := p.start(ctx, h, "run", p.kernelConfig(h, "run"))
-	if err != nil {
-		return sandbox.Result{}, err
-	}
-	defer s.cancel()
-	if err := s.stdin(ctx, req); err != nil {
-		s.cancel()
-		return sandbox.Result{}, p.grpcError(ctx, h, "run", err)
-	}
-	pr, pw := io.Pipe()
-	var (
-		stderr   strings.Builder
-		exitCode int32 = -2
-		recvErr  error
-		wg       sync.WaitGroup
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			ev, err := s.stream.Recv()
-			if err != nil {
-				if !errors.Is(err, io.EOF) {
-					recvErr = err
-				}
-				pw.CloseWithError(err)
-				return
-			}
-			switch e := ev.GetEvent().(type) {
-			case *processv1.StartResponse_Stdout:
-				if _, err := pw.Write(e.Stdout); err != nil {
-					return // the decoder stopped reading
-				}
-			case *processv1.StartResponse_Stderr:
-				if stderr.Len() < errBodyLimit {
-					stderr.Write(e.Stderr[:min(len(e.Stderr), errBodyLimit-stderr.Len())])
-				}
-			case *processv1.StartResponse_Exit:
-				exitCode = e.Exit.GetExitCode()
-			}
+	req = append(req, '\n')
+	var sess *session
+	for attempt := 0; sess == nil; attempt++ {
+		s, err := p.session(ctx, h)
+		if err != nil {
+			return sandbox.Result{}, err
 		}
-	}()
+		select {
+		case s.turn <- struct{}{}:
+		case <-ctx.Done():
+			return sandbox.Result{}, fmt.Errorf("agent_sandbox run: %w", context.Cause(ctx))
+		}
+		if err = s.err(); err == nil {
+			wctx, cancel := context.WithTimeout(ctx, signalTimeout)
+			_, err = s.s.c.WriteStdin(wctx, &processv1.WriteStdinRequest{ProcessId: s.s.pid, Payload: &processv1.WriteStdinRequest_Input{Input: req}})
+			cancel()
+		}
+		if err != nil {
+			<-s.turn
+			p.endSession(h, s)
+			if attempt == 0 && ctx.Err() == nil {
+				continue // the request never reached that relay (an idle stream cut): a new one takes it
+			}
+			return sandbox.Result{}, p.grpcError(ctx, h, "run", err)
+		}
+		sess = s
+	}
+	defer func() { <-sess.turn }()
 	done := make(chan struct{})
 	timedOut := make(chan struct{})
+	var watcher sync.WaitGroup
+	watcher.Add(1)
 	go func() {
+		defer watcher.Done()
 		timer := time.NewTimer(timeout)
 		defer timer.Stop()
 		select {
@@ -158,28 +147,22 @@ func (p *Provider) Run(ctx context.Context, h sandbox.Handle, code string, opts 
 		case <-timer.C:
 			close(timedOut)
 		}
-		s.signal(ctx, processv1.Signal_SIGNAL_SIGINT)
+		sess.s.signal(ctx, processv1.Signal_SIGNAL_SIGINT)
 		grace := time.NewTimer(interruptGrace)
 		defer grace.Stop()
 		select {
 		case <-done:
 		case <-grace.C:
-			s.cancel()
+			p.endSession(h, sess)
 		}
 	}()
-	res, derr := sandbox.DecodeExecution(pr, 0, opts.OnMessage)
+	res, derr := sandbox.DecodeExecution(sess.out, 0, opts.OnMessage)
 	close(done)
-	pr.Close()
+	// A SIGINT sent as the execution ended reaches the relay before the next request does, and
+	// interrupts nothing: the next execution waits for it.
+	watcher.Wait()
 	if derr != nil {
-		s.cancel()
-	}
-	ended := make(chan struct{})
-	go func() { wg.Wait(); close(ended) }()
-	select {
-	case <-ended:
-	case <-time.After(2 * time.Second): // the client's exit is late: nothing more is needed of it
-		s.cancel()
-		<-ended
+		p.endSession(h, sess)
 	}
 	select {
 	case <-timedOut:
@@ -195,17 +178,10 @@ func (p *Provider) Run(ctx context.Context, h sandbox.Handle, code string, opts 
 	if p.gone(ctx, h) {
 		return res, fmt.Errorf("%w: agent_sandbox run: the sandbox is gone (claim %s)", sandbox.ErrNotFound, h.ID)
 	}
-	why := strings.TrimSpace(stderr.String())
-	if recvErr != nil {
-		why = strings.TrimSpace(why + " " + recvErr.Error())
-	}
-	if exitCode != -2 {
-		why = fmt.Sprintf("%s (the client exited %d)", why, exitCode)
-	}
 	if !errors.Is(derr, sandbox.ErrIncomplete) {
 		derr = fmt.Errorf("%w: %w", sandbox.ErrIncomplete, derr)
 	}
-	return res, fmt.Errorf("agent_sandbox run: %w: %.300s", derr, why)
+	return res, fmt.Errorf("agent_sandbox run: %w: %.300s", derr, sess.why())
 }
 
 // Exec implements [sandbox.Shell]: bash -c command in /mnt/data with stdin closed, its output
@@ -312,8 +288,11 @@ func (p *Provider) Exec(ctx context.Context, h sandbox.Handle, command string, o
 }
 
 // shellWrapper runs the command ($1) under a bash that reports a signal's death as 128 plus the
-// signal, with its own stderr (where it would say "Terminated") on /dev/null.
-const shellWrapper = "exec 3>&2 2>/dev/null\n/bin/bash -c \"$1\" 2>&3 3>&-\nexit $?"
+// signal, with its own stderr (where it would say "Terminated") on /dev/null, and that then ends
+// what the command left running in its process group (sandboxd starts each process in a group of
+// its own): SIGTERM to the group, which the wrapper alone ignores. A process that left the group
+// (setsid) is not reached.
+const shellWrapper = "exec 3>&2 2>/dev/null\n/bin/bash -c \"$1\" 2>&3 3>&-\ns=$?\ntrap '' TERM\nkill -TERM 0\nexit $s"
 
 // utf8Stream decodes a byte stream into valid UTF-8 pieces: a sequence cut at the end of a
 // piece is held for the next one, invalid bytes become U+FFFD.

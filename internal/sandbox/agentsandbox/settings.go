@@ -88,11 +88,13 @@ func DecodeSettings(p *settings.Map) Settings {
 	}
 	secret := p.String("scoped_token_secret")
 	switch {
-	case secret.Present && secret.Env == "":
-		p.Errorf(p.ValueLine("scoped_token_secret"), "%s: must be os.environ/NAME: a secret is not written into the configuration", p.Key("scoped_token_secret"))
 	case secret.Present:
 		if len(normalizeSecret(secret.S)) < MinSecretLen {
-			p.Errorf(p.ValueLine("scoped_token_secret"), "%s: %s holds fewer than %d bytes (the router refuses shorter secrets)", p.Key("scoped_token_secret"), secret.Env, MinSecretLen)
+			from := "the value"
+			if secret.Env != "" {
+				from = secret.Env
+			}
+			p.Errorf(p.ValueLine("scoped_token_secret"), "%s: %s holds fewer than %d bytes (the router refuses shorter secrets)", p.Key("scoped_token_secret"), from, MinSecretLen)
 		}
 		s.RouterSecret = Secret(secret.S)
 		sum := sha256.Sum256(normalizeSecret(secret.S))

@@ -53,7 +53,12 @@ func TestDecodeSettings(t *testing.T) {
 			}
 		}},
 		{"short secret", map[string]string{"RS": "short"}, []string{"warm_pool: p", "connect: router", "router_url: http://r", "scoped_token_secret: os.environ/RS"}, "fewer than 32 bytes", nil},
-		{"literal secret", nil, []string{"warm_pool: p", "connect: router", "router_url: http://r", "scoped_token_secret: " + testSecret}, "must be os.environ/NAME", nil},
+		{"literal secret", nil, []string{"warm_pool: p", "connect: router", "router_url: http://r", "scoped_token_secret: " + testSecret}, "", func(t *testing.T, s agentsandbox.Settings) {
+			if string(s.RouterSecret) != testSecret {
+				t.Errorf("%+v", s)
+			}
+		}},
+		{"short literal secret", nil, []string{"warm_pool: p", "connect: router", "router_url: http://r", "scoped_token_secret: short"}, "the value holds fewer than 32 bytes", nil},
 		{"no warm pool", nil, nil, "needs warm_pool", nil},
 		{"unknown key", nil, []string{"warm_pool: p", "api_key: x"}, `key "api_key" does not apply`, nil},
 		{"unset secret variable", nil, []string{"warm_pool: p", "connect: router", "router_url: http://r", "scoped_token_secret: os.environ/NOPE"}, "", func(t *testing.T, s agentsandbox.Settings) {

@@ -10,12 +10,14 @@
 #                      with the reason on stderr. SIGINT or SIGTERM interrupts the execution (the
 #                      daemon forwards an interrupt to the kernel); a client that dies mid-cell
 #                      (SIGKILL, a cut stream) interrupts it too.
+#   kerneld.py relay   the same for every request line stdin brings, one after the other, until
+#                      stdin ends: a client kept by one proxy replica for one sandbox.
 #
 # The daemon detaches (double fork, a session of its own, fds 0-2 on /dev/null) so that neither the
 # engine's kill of the client's process group nor the end of its pipes reaches it. It starts
-# kernel.py from the same directory with the client's working directory, serves one connection at a
-# time on a unix socket (CIPROXY_KERNELD_SOCKET, default /tmp/ciproxy-kerneld.sock) and ends when
-# its kernel ends (code that called os._exit); the next client starts a fresh one, and puts a
+# kernel.py from the same directory with the client's working directory, serves its clients (any
+# number, from any replica; the kernel runs their requests in turn) on a unix socket
+# (CIPROXY_KERNELD_SOCKET, default /tmp/ciproxy-kerneld.sock) and ends when its kernel ends (code that called os._exit); the next client starts a fresh one, and puts a
 # stderr message saying the earlier state is gone at the start of its execution's output.
 
 # The client runs once per execution: it imports only what it needs (json, socket and the rest
@@ -35,8 +37,6 @@ STARTED = SOCKET + ".started"
 LOST = (b'{"type": "stderr", "text": "[The Python kernel had ended; this code runs in a new one, '
         b'without the variables and imports of earlier executions.]\\n"}\n')
 START_TIMEOUT = 60.0
-REQUEST_TIMEOUT = 10.0
-MAX_REQUEST = 64 << 20
 
 
 def _sha256(path):
@@ -123,15 +123,8 @@ def _daemon(ready_fd):
     _write_all(ready_fd, b"ok\n")
     os.close(ready_fd)
     fcntl.flock(lock, fcntl.LOCK_UN)
-    state = {"id": 0, "buf": buf}
     try:
-        while True:
-            conn, _ = srv.accept()
-            try:
-                if not _serve(conn, kernel, out, state):
-                    break
-            finally:
-                conn.close()
+        _serve(srv, kernel, out, buf)
     finally:
         try:
             if os.stat(SOCKET).st_ino == os.fstat(srv.fileno()).st_ino:
@@ -142,85 +135,88 @@ def _daemon(ready_fd):
     os._exit(0)
 
 
-def _read_request(conn):
-    """Reads the first line of a connection: the request, within REQUEST_TIMEOUT."""
-    conn.settimeout(REQUEST_TIMEOUT)
-    data = b""
-    try:
-        while b"\n" not in data and len(data) <= MAX_REQUEST:
-            chunk = conn.recv(1 << 20)
-            if not chunk:
-                break
-            data += chunk
-    except OSError:
-        return None, b""
-    conn.settimeout(None)
-    line, _, rest = data.partition(b"\n")
-    try:
-        req = json.loads(line)
-    except ValueError:
-        return None, b""
-    return (req if isinstance(req, dict) else None), rest
+class _Conn:
+    """One client: its socket, the bytes of an unfinished line, its executions in the kernel."""
+
+    def __init__(self, sock):
+        self.sock, self.buf, self.ids, self.open = sock, b"", [], True
 
 
-def _serve(conn, kernel, out, state):
-    """Runs one request of conn in the kernel and relays its replies; returns False once the
-    kernel is gone."""
-    req, rest = _read_request(conn)
-    if req is None:
-        return True
-    state["id"] += 1
-    exec_id = state["id"]
-    try:
-        _write_all(kernel.stdin.fileno(), (json.dumps({"id": exec_id, "code": str(req.get("code", ""))}) + "\n").encode())
-    except OSError:
-        return False
-    client = conn.fileno()
-    client_open, interrupted = True, False
+def _serve(srv, kernel, out, kbuf):
+    """Serves every client at once until the kernel ends. The kernel runs requests in the order
+    they arrive; its replies go to the client of the execution they belong to (order), each up to
+    its end_of_execution. A client's interrupt line interrupts its executions; a client that goes
+    away interrupts them too, and their replies are dropped."""
+    conns = []
+    order = []  # (execution id, client), in the kernel's order
+    next_id = 0
 
-    def interrupt():
-        nonlocal interrupted
-        if interrupted:
-            return
-        interrupted = True
-        try:
-            _write_all(kernel.stdin.fileno(), (json.dumps({"id": exec_id, "interrupt": True}) + "\n").encode())
-        except OSError:
-            pass
+    def to_kernel(msg):
+        _write_all(kernel.stdin.fileno(), (json.dumps(msg) + "\n").encode())
 
-    if b"interrupt" in rest:
-        interrupt()
-    buf = state["buf"]
-    state["buf"] = b""
+    def interrupt(c):
+        for i in c.ids:
+            to_kernel({"id": i, "interrupt": True})
+
+    def gone(c):
+        if c.open:
+            c.open = False
+            interrupt(c)
+            c.sock.close()
+
     while True:
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            if client_open:
-                try:
-                    conn.sendall(line + b"\n")
-                except OSError:
-                    client_open = False
-                    interrupt()
-            if line.strip() == END:
-                state["buf"] = buf
-                return True
-        fds = [out] + ([client] if client_open else [])
-        readable = select.select(fds, [], [])[0]
-        if client in readable and client_open:
+        socks = [srv, out] + [c.sock for c in conns if c.open]
+        readable = select.select(socks, [], [])[0]
+        if srv in readable:
+            sock, _ = srv.accept()
+            sock.setblocking(True)
+            conns.append(_Conn(sock))
+        for c in [c for c in conns if c.open and c.sock in readable]:
             try:
-                got = conn.recv(4096)
+                data = c.sock.recv(1 << 20)
             except OSError:
-                got = b""
-            if not got:
-                client_open = False  # the client is gone: nobody waits for this cell
-                interrupt()
-            elif b"interrupt" in got:
-                interrupt()
+                data = b""
+            if not data:
+                gone(c)
+                continue
+            c.buf += data
+            while b"\n" in c.buf:
+                line, c.buf = c.buf.split(b"\n", 1)
+                try:
+                    req = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(req, dict):
+                    continue
+                if req.get("interrupt"):
+                    interrupt(c)
+                elif "code" in req:
+                    next_id += 1
+                    c.ids.append(next_id)
+                    order.append((next_id, c))
+                    to_kernel({"id": next_id, "code": str(req.get("code", ""))})
         if out in readable:
             chunk = os.read(out, 1 << 20)
             if not chunk:
-                return False  # the kernel ended: the client sees no end_of_execution
-            buf += chunk
+                for c in conns:
+                    if c.open:
+                        c.sock.close()
+                return  # the kernel ended: its clients see no end_of_execution
+            kbuf += chunk
+            while b"\n" in kbuf:
+                line, kbuf = kbuf.split(b"\n", 1)
+                if not order:
+                    continue
+                exec_id, c = order[0]
+                if c.open:
+                    try:
+                        c.sock.sendall(line + b"\n")
+                    except OSError:
+                        gone(c)
+                if line.strip() == END:
+                    order.pop(0)
+                    c.ids.remove(exec_id)
+        conns = [c for c in conns if c.open or c.ids]
 
 
 def _start():
@@ -270,41 +266,52 @@ def _start():
 # --- the clients -----------------------------------------------------------------------------------
 
 
-def _run():
-    request = sys.stdin.buffer.read().strip()
-    if not request.startswith(b"{") or b"\n" in request:
-        sys.stderr.write("kerneld: the request is not one JSON object on one line\n")
-        return 1
+def _client(relay):
+    """The clients. run: one request from stdin (all of it), its replies to stdout up to its
+    end_of_execution. relay: request lines from stdin as they come, each one's replies in turn,
+    until stdin ends. SIGINT or SIGTERM interrupts what runs."""
     holder = []
     pending = []
 
     def on_signal(signum, frame):
-        if pending:
-            return
-        pending.append(True)
         if holder:
             try:
                 holder[0].sendall(b'{"interrupt": true}\n')
             except OSError:
                 pass
+        else:
+            pending.append(True)
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    request = b""
+    if not relay:
+        request = sys.stdin.buffer.read().strip()
+        if not request.startswith(b"{") or b"\n" in request:
+            sys.stderr.write("kerneld: the request is not one JSON object on one line\n")
+            return 1
     try:
         conn, restarted = _start()
     except RuntimeError as exc:
         sys.stderr.write("%s\n" % exc)
         return 1
-    conn.sendall(request + b"\n")
+    if request:
+        conn.sendall(request + b"\n")
     holder.append(conn)
     if pending:
-        try:
-            conn.sendall(b'{"interrupt": true}\n')
-        except OSError:
-            pass
-    tail = b""
+        conn.sendall(b'{"interrupt": true}\n')
     first = restarted
+    tail = b""
+    inputs = [0, conn] if relay else [conn]
     while True:
+        readable = _select(inputs)
+        if 0 in readable:
+            line = os.read(0, 1 << 20)
+            if not line:
+                return 0  # the caller is done
+            conn.sendall(line)
+        if conn not in readable:
+            continue
         chunk = conn.recv(1 << 20)
         if not chunk:
             break
@@ -318,10 +325,20 @@ def _run():
             chunk, first = chunk[nl + 1:], False
         _write_all(1, chunk)
         tail = (tail + chunk)[-(len(END) + 2):]
-    if tail.rstrip(b"\n").endswith(END):
-        return 0
+        if not relay and tail.rstrip(b"\n").endswith(END):
+            return 0
     sys.stderr.write("kerneld: the kernel ended before the end of the execution\n")
     return 1
+
+
+def _select(fds):
+    import select
+
+    while True:
+        try:
+            return select.select(fds, [], [])[0]
+        except InterruptedError:
+            continue
 
 
 def _start_only():
@@ -337,9 +354,9 @@ def _start_only():
 
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
-    if mode == "run":
-        sys.exit(_run())
+    if mode in ("run", "relay"):
+        sys.exit(_client(mode == "relay"))
     if mode == "start":
         sys.exit(_start_only())
-    sys.stderr.write("usage: kerneld.py start|run\n")
+    sys.stderr.write("usage: kerneld.py start|run|relay\n")
     sys.exit(2)

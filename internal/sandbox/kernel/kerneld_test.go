@@ -159,3 +159,69 @@ func TestDaemonRestartsAfterKernelExit(t *testing.T) {
 		t.Errorf("the cell after: %v", msgs)
 	}
 }
+
+func TestRelayAndRunShareTheKernel(t *testing.T) {
+	script, env := daemonDir(t)
+	relay := exec.Command("python3", "-S", script, "relay")
+	relay.Env = env
+	stdin, _ := relay.StdinPipe()
+	stdout, _ := relay.StdoutPipe()
+	if err := relay.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); _ = relay.Wait() }()
+	br := bufio.NewReader(stdout)
+	cell := func(code string) []string {
+		req, _ := json.Marshal(map[string]string{"code": code})
+		if _, err := stdin.Write(append(req, '\n')); err != nil {
+			t.Fatal(err)
+		}
+		var lines []string
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("relay output after %q: %v", lines, err)
+			}
+			lines = append(lines, strings.TrimSpace(line))
+			if strings.Contains(line, "end_of_execution") {
+				return lines
+			}
+		}
+	}
+	cell("v = 10")
+	if got := cell("v * 2"); len(got) != 3 || !strings.Contains(got[1], `"text": "20"`) {
+		t.Fatalf("the relay's second cell: %q", got)
+	}
+	// Another replica's client, while the relay stays connected.
+	if msgs, rc := run(t, script, env, "v + 1"); rc != 0 || types(msgs) != "number_of_executions,result,end_of_execution" || msgs[1]["text"] != "11" {
+		t.Fatalf("a run beside the relay: rc %d, %v", rc, msgs)
+	}
+	if got := cell("v"); len(got) != 3 || !strings.Contains(got[0], `"execution_count": 4`) {
+		t.Fatalf("the relay's cell after the run: %q", got)
+	}
+	// An interrupt through the relay ends its cell, and the relay goes on.
+	req, _ := json.Marshal(map[string]string{"code": "import time\nprint('go', flush=True)\ntime.sleep(60)"})
+	stdin.Write(append(req, '\n'))
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(line, `"go\n"`) {
+			break
+		}
+	}
+	_ = relay.Process.Signal(syscall.SIGINT)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(line, "end_of_execution") {
+			break
+		}
+	}
+	if got := cell("'after'"); len(got) != 3 || !strings.Contains(got[1], "after") {
+		t.Fatalf("the relay after an interrupt: %q", got)
+	}
+}
