@@ -366,14 +366,19 @@ func (s *Server) RefuseRouterTokens(refuse bool) {
 // and gets no new pod.
 func (s *Server) KillPod(sandbox string) error {
 	s.mu.Lock()
-	ps := s.pods[sandbox]
+	var p *pod
+	if ps := s.pods[sandbox]; ps != nil {
+		p = ps.pod
+	}
 	s.mu.Unlock()
-	if ps == nil || ps.pod == nil {
+	if p == nil {
 		return fmt.Errorf("sandbox %s has no running pod", sandbox)
 	}
-	ps.pod.kill()
+	p.kill()
 	s.mu.Lock()
-	ps.failed = true
+	if ps := s.pods[sandbox]; ps != nil {
+		ps.failed = true
+	}
 	s.mu.Unlock()
 	s.kick()
 	return nil
