@@ -118,8 +118,16 @@ func (s *Server) startPod(name string, extraEnv map[string]string) (*pod, error)
 	cmd := exec.Command(s.bwrap, args...)
 	cmd.ExtraFiles = []*os.File{infoW}
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
+	// bwrap's stderr goes to a file: read on failure without racing a copying goroutine.
+	logFile, err := os.Create(filepath.Join(base, "bwrap.log"))
+	if err != nil {
+		infoR.Close()
+		infoW.Close()
+		return nil, err
+	}
+	defer logFile.Close()
+	stderr := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
+	cmd.Stderr = logFile
 	if err := cmd.Start(); err != nil {
 		infoR.Close()
 		infoW.Close()
@@ -134,13 +142,29 @@ func (s *Server) startPod(name string, extraEnv map[string]string) (*pod, error)
 	if err != nil || info.ChildPID == 0 {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		return nil, fmt.Errorf("bwrap did not start: %v: %s", err, stderr.String())
+		return nil, fmt.Errorf("bwrap did not start: %v: %s", err, stderr())
 	}
 	p.bwrap, p.initPID = cmd, info.ChildPID
 	go func() {
 		_ = cmd.Wait()
 		close(p.exited)
 	}()
+	// bwrap reports the child's pid before the child has built its mounts: the pod is up when
+	// /mnt/data, seen through the child's root, is the data directory.
+	want, err := os.Stat(p.dataDir)
+	if err != nil {
+		p.kill()
+		return nil, err
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if got, err := os.Stat(fmt.Sprintf("/proc/%d/root%s", p.initPID, podRoot)); err == nil && os.SameFile(got, want) {
+			break
+		}
+		if !p.alive() || time.Now().After(deadline) {
+			p.kill()
+			return nil, fmt.Errorf("bwrap did not set up the pod: %s", stderr())
+		}
+	}
 
 	grpcLis, filesLis, err := s.listenPod(p)
 	if err != nil {

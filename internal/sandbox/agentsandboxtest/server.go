@@ -82,6 +82,7 @@ type Server struct {
 	st       store
 	pods     map[string]*podState // sandbox name -> its pod
 	ipTaken  map[string]bool
+	reqMu    sync.Mutex // guards requests: logged while s.mu may be held
 	requests []Request
 	envs     []ProcessEnv
 
@@ -391,8 +392,8 @@ func (s *Server) LiveClaims() []string {
 
 // Requests is a copy of the log of API requests.
 func (s *Server) Requests() []Request {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.reqMu.Lock()
+	defer s.reqMu.Unlock()
 	return append([]Request(nil), s.requests...)
 }
 
