@@ -86,6 +86,7 @@ type Server struct {
 	requests []Request
 	envs     []ProcessEnv
 
+	passes        int // controller passes done
 	failCreates   int
 	failCode      int
 	stallClaims   bool
