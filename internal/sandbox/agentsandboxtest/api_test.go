@@ -164,6 +164,13 @@ func TestWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	open := false
+	for _, r := range s.Requests() {
+		open = open || (r.Verb == "watch" && r.Resource == "sandboxclaims" && strings.Contains(r.Query, "fieldSelector=metadata.name") && r.Code == 200)
+	}
+	if !open {
+		t.Errorf("the open watch is not in Requests: %+v", s.Requests())
+	}
 	last := rv0
 	sawBookmark, ready := false, false
 	for ev := range w.ResultChan() {

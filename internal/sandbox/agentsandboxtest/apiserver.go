@@ -32,7 +32,8 @@ type Request struct {
 	Verb      string // get, list, watch, create, delete, patch, discovery
 	Resource  string // e.g. "sandboxclaims"; empty for discovery
 	Path      string
-	WithToken bool // the request carried the kubeconfig's bearer token
+	Query     string // the raw query: labelSelector, fieldSelector, resourceVersion, …
+	WithToken bool   // the request carried the kubeconfig's bearer token
 	Code      int
 }
 
@@ -147,14 +148,15 @@ func (s *Server) Compact() {
 // apiHandler serves the Kubernetes API.
 func (s *Server) apiHandler(w http.ResponseWriter, r *http.Request) {
 	withToken := r.Header.Get("Authorization") == "Bearer "+s.token
-	rec := &Request{Path: r.URL.Path, WithToken: withToken}
+	rec := &Request{Path: r.URL.Path, Query: r.URL.RawQuery, WithToken: withToken}
 	sw := &statusWriter{ResponseWriter: w}
-	defer func() {
-		rec.Code = sw.code
-		s.mu.Lock()
+	// A request is logged when its answer starts (a watch stays open long after).
+	sw.onHeader = func(code int) {
+		rec.Code = code
+		s.reqMu.Lock()
 		s.requests = append(s.requests, *rec)
-		s.mu.Unlock()
-	}()
+		s.reqMu.Unlock()
+	}
 	if !withToken {
 		rec.Verb = strings.ToLower(r.Method)
 		writeStatus(sw, apierrors.NewUnauthorized("Unauthorized"))
@@ -244,14 +246,25 @@ func (s *Server) apiHandler(w http.ResponseWriter, r *http.Request) {
 
 type statusWriter struct {
 	http.ResponseWriter
-	code int
+	code     int
+	onHeader func(int)
 }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.code == 0 {
 		w.code = code
+		if w.onHeader != nil {
+			w.onHeader(code)
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
 }
 
 func (w *statusWriter) Flush() {

@@ -61,6 +61,7 @@ func (s *Server) loop() {
 		}
 		s.mu.Lock()
 		s.reconcile()
+		s.passes++
 		s.mu.Unlock()
 	}
 }

@@ -112,7 +112,10 @@ func TestFaultHooks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(200 * time.Millisecond) // several controller passes
+		s.mu.Lock()
+		from := s.passes
+		s.mu.Unlock()
+		waitFor(t, "controller passes", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.passes >= from+5 })
 		got, _ := claims.Get(ctx, cl.GetName(), metav1.GetOptions{})
 		if got.GetAnnotations()[sandboxNameAnno] != "" {
 			t.Errorf("stalled claim got %v", got.GetAnnotations())

@@ -118,8 +118,16 @@ func (s *Server) startPod(name string, extraEnv map[string]string) (*pod, error)
 	cmd := exec.Command(s.bwrap, args...)
 	cmd.ExtraFiles = []*os.File{infoW}
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
+	// bwrap's stderr goes to a file: read on failure without racing a copying goroutine.
+	logFile, err := os.Create(filepath.Join(base, "bwrap.log"))
+	if err != nil {
+		infoR.Close()
+		infoW.Close()
+		return nil, err
+	}
+	defer logFile.Close()
+	stderr := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
+	cmd.Stderr = logFile
 	if err := cmd.Start(); err != nil {
 		infoR.Close()
 		infoW.Close()
@@ -134,7 +142,7 @@ func (s *Server) startPod(name string, extraEnv map[string]string) (*pod, error)
 	if err != nil || info.ChildPID == 0 {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		return nil, fmt.Errorf("bwrap did not start: %v: %s", err, stderr.String())
+		return nil, fmt.Errorf("bwrap did not start: %v: %s", err, stderr())
 	}
 	p.bwrap, p.initPID = cmd, info.ChildPID
 	go func() {
@@ -143,7 +151,7 @@ func (s *Server) startPod(name string, extraEnv map[string]string) (*pod, error)
 	}()
 	if err := p.waitSetUp(); err != nil {
 		p.kill()
-		return nil, fmt.Errorf("%w: %s", err, stderr.String())
+		return nil, fmt.Errorf("%w: %s", err, stderr())
 	}
 
 	grpcLis, filesLis, err := s.listenPod(p)

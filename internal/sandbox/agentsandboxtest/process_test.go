@@ -166,9 +166,16 @@ func TestProcessStart(t *testing.T) {
 		if err != nil || ev.GetExit() == nil || ev.GetExit().ExitCode != 0 {
 			t.Fatalf("after EOF: %v, %v", ev, err)
 		}
-		if _, err := pc.WriteStdin(ctx, &processv1.WriteStdinRequest{ProcessId: pid, Payload: &processv1.WriteStdinRequest_Input{Input: []byte("x")}}); status.Code(err) != codes.NotFound {
-			t.Errorf("WriteStdin to an ended process = %v; want NotFound", err)
-		}
+		// The process leaves the registry when its stream's handler returns, just after exit
+		// is sent (as upstream's deferred Remove); until then its closed stdin is
+		// FAILED_PRECONDITION.
+		waitFor(t, "ended process unknown", func() bool {
+			_, err := pc.WriteStdin(ctx, &processv1.WriteStdinRequest{ProcessId: pid, Payload: &processv1.WriteStdinRequest_Input{Input: []byte("x")}})
+			if c := status.Code(err); c != codes.NotFound && c != codes.FailedPrecondition {
+				t.Fatalf("WriteStdin to an ended process = %v", err)
+			}
+			return status.Code(err) == codes.NotFound
+		})
 		if _, err := pc.SendSignal(ctx, &processv1.SendSignalRequest{ProcessId: 999, Signal: processv1.Signal_SIGNAL_SIGINT}); status.Code(err) != codes.NotFound {
 			t.Errorf("SendSignal to an unknown process = %v; want NotFound", err)
 		}

@@ -83,9 +83,11 @@ type Server struct {
 	st       store
 	pods     map[string]*podState // sandbox name -> its pod
 	ipTaken  map[string]bool
+	reqMu    sync.Mutex // guards requests: logged while s.mu may be held
 	requests []Request
 	envs     []ProcessEnv
 
+	passes        int // controller passes done
 	failCreates   int
 	failCode      int
 	stallClaims   bool
@@ -412,8 +414,8 @@ func (s *Server) LiveClaims() []string {
 
 // Requests is a copy of the log of API requests.
 func (s *Server) Requests() []Request {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.reqMu.Lock()
+	defer s.reqMu.Unlock()
 	return append([]Request(nil), s.requests...)
 }
 

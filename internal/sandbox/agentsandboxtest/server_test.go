@@ -2,6 +2,7 @@ package agentsandboxtest
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +21,9 @@ func TestClaimAdoptsFromPool(t *testing.T) {
 		return n == 2
 	})
 	claim, sb, ip := readyClaim(t, s, c, newClaim("pool"))
+	if !strings.HasPrefix(claim.GetName(), "sandbox-claim-") || len(claim.GetName()) != len("sandbox-claim-")+5 {
+		t.Errorf("generateName gave %q", claim.GetName())
+	}
 	if claim.GetAnnotations()[sandboxNameAnno] != sb {
 		t.Errorf("annotation %v; want %s", claim.GetAnnotations(), sb)
 	}

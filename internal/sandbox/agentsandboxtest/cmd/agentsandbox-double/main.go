@@ -9,6 +9,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/signal"
@@ -22,6 +23,22 @@ import (
 )
 
 func main() {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	stop := make(chan struct{})
+	go func() {
+		<-sig
+		close(stop)
+	}()
+	if err := run(os.Args[1:], os.Stdout, stop); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// run serves the double with the command line's flags, writes the settings to out, and serves
+// until stop is closed.
+func run(args []string, out io.Writer, stop <-chan struct{}) error {
+	flag := flag.NewFlagSet("agentsandbox-double", flag.ContinueOnError)
 	dir := flag.String("dir", "", "directory for the kubeconfig and the pods (default: a new temporary directory)")
 	ns := flag.String("namespace", "default", "namespace of the template, the pool and the claims")
 	tmpl := flag.String("template", "ciproxy-python", "SandboxTemplate to create")
@@ -32,12 +49,14 @@ func main() {
 	readyDelay := flag.Duration("ready-delay", 0, "how long a new pod takes to become Ready")
 	processPort := flag.Int("process-port", 9090, "sandboxd's gRPC port on each pod IP")
 	filesPort := flag.Int("files-port", 8080, "sandboxd's REST port on each pod IP")
-	flag.Parse()
+	if err := flag.Parse(args); err != nil {
+		return err
+	}
 
 	if *dir == "" {
 		d, err := os.MkdirTemp("", "agentsandbox-double-")
 		if err != nil {
-			log.Fatal(err)
+			return err
 		}
 		defer os.RemoveAll(d)
 		*dir = d
@@ -49,7 +68,7 @@ func main() {
 		ProcessPort: *processPort, FilesPort: *filesPort,
 	})
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	settings := map[string]any{
 		"sandbox_provider": "agent_sandbox",
@@ -67,14 +86,14 @@ func main() {
 	}
 	b, err := yaml.Marshal(settings)
 	if err != nil {
-		log.Fatal(err)
+		s.Close()
+		return err
 	}
-	fmt.Print(string(b))
-	os.Stdout.Sync()
-
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	<-sig
+	if _, err := out.Write(b); err != nil {
+		s.Close()
+		return err
+	}
+	<-stop
 	done := make(chan struct{})
 	go func() {
 		s.Close()
@@ -83,6 +102,7 @@ func main() {
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		log.Print("agentsandbox-double: pods did not stop within 30s")
+		return fmt.Errorf("pods did not stop within 30s")
 	}
+	return nil
 }

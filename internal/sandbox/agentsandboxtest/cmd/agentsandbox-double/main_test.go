@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+)
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader in two goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) Bytes() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return bytes.Clone(s.b.Bytes())
+}
+
+func TestRun(t *testing.T) {
+	var out syncBuffer
+	stop := make(chan struct{})
+	errc := make(chan error, 1)
+	go func() { errc <- run([]string{"-dir", t.TempDir(), "-router", "-replicas", "1"}, &out, stop) }()
+	var settings map[string]any
+	for deadline := time.Now().Add(30 * time.Second); len(settings) == 0; time.Sleep(10 * time.Millisecond) {
+		select {
+		case err := <-errc:
+			t.Fatalf("run = %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no settings printed")
+		}
+		if b := out.Bytes(); len(b) > 0 {
+			if err := yaml.Unmarshal(b, &settings); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, k := range []string{"kubeconfig", "namespace", "warm_pool", "process_port", "files_port", "router_url", "scoped_token_secret"} {
+		if settings[k] == nil || settings[k] == "" {
+			t.Errorf("settings lack %s: %v", k, settings)
+		}
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", settings["kubeconfig"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := c.Resource(schema.GroupVersionResource{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxwarmpools"}).
+		Namespace(settings["namespace"].(string)).Get(context.Background(), settings["warm_pool"].(string), metav1.GetOptions{})
+	if err != nil || pool.GetName() != "ciproxy-python" {
+		t.Fatalf("the pool: %v %v", pool, err)
+	}
+	close(stop)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
