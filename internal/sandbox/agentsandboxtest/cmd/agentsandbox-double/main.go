@@ -79,6 +79,7 @@ func run(args []string, out io.Writer, stop <-chan struct{}) error {
 		"files_port":       s.FilesPort(),
 	}
 	if *router {
+		settings["connect"] = "router" // files through the router; the process service at the pod IP
 		settings["router_url"] = s.RouterURL()
 		if *authz == "scoped-token" {
 			settings["scoped_token_secret"] = s.ScopedTokenSecret()

@@ -53,7 +53,7 @@ func TestRun(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"kubeconfig", "namespace", "warm_pool", "process_port", "files_port", "router_url", "scoped_token_secret"} {
+	for _, k := range []string{"kubeconfig", "namespace", "warm_pool", "process_port", "files_port", "connect", "router_url", "scoped_token_secret"} {
 		if settings[k] == nil || settings[k] == "" {
 			t.Errorf("settings lack %s: %v", k, settings)
 		}
