@@ -67,6 +67,8 @@ const (
 
 	managedByLabel = "app.kubernetes.io/managed-by"
 	managedByValue = "ciproxy"
+	// memoryLimitAnnotation records a request's container memory_limit on its claim.
+	memoryLimitAnnotation = "ciproxy.io/memory-limit"
 
 	listPageSize = 500
 	listMaxPages = 100
@@ -308,14 +310,19 @@ func (p *Provider) Create(ctx context.Context, opts sandbox.CreateOptions) (sand
 			"namespace":    p.opts.Namespace,
 			"labels":       lbls,
 		},
-		"spec": map[string]any{
-			"warmPoolRef": map[string]any{"name": p.opts.WarmPool},
-			"lifecycle": map[string]any{
-				"shutdownTime":   shutdownTime(lifetime),
-				"shutdownPolicy": "Delete",
-			},
-		},
 	}}
+	if opts.MemoryLimit != "" {
+		// The template fixes a pod's resources and a claim cannot change them, so the request's
+		// memory_limit is recorded on the claim, for the operator, as e2b records it.
+		claim.SetAnnotations(map[string]string{memoryLimitAnnotation: opts.MemoryLimit})
+	}
+	claim.Object["spec"] = map[string]any{
+		"warmPoolRef": map[string]any{"name": p.opts.WarmPool},
+		"lifecycle": map[string]any{
+			"shutdownTime":   shutdownTime(lifetime),
+			"shutdownPolicy": "Delete",
+		},
+	}
 	readyCtx, cancel := context.WithTimeout(ctx, p.opts.ReadyTimeout)
 	defer cancel()
 	cctx, ccancel := context.WithTimeout(readyCtx, p.opts.RequestTimeout)

@@ -683,3 +683,26 @@ func TestPodKilledUnderACell(t *testing.T) {
 		t.Errorf("Exec = %v; want ErrNotFound", err)
 	}
 }
+
+// TestMemoryLimitRecorded: a claim cannot change the template's resources, so a container's
+// memory_limit is recorded on its claim, and a claim without one carries no annotation.
+func TestMemoryLimitRecorded(t *testing.T) {
+	d := double(t)
+	p := provider(t, d)
+	for _, limit := range []string{"4g", ""} {
+		h, err := p.Create(context.Background(), sandbox.CreateOptions{MemoryLimit: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj, err := claims(t, d).Get(context.Background(), h.ID, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := obj.GetAnnotations()["ciproxy.io/memory-limit"]; got != limit {
+			t.Errorf("memory_limit %q: the claim's annotation is %q", limit, got)
+		}
+		if err := p.Delete(context.Background(), h); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
