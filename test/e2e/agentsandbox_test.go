@@ -2,15 +2,21 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"mime/multipart"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tidwall/gjson"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox/agentsandboxtest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/kernel"
@@ -109,9 +115,25 @@ func (e asEngine) Received() []received {
 
 var _ engineDouble = asEngine{}
 
+// runningCell is a cell that says it runs (a file in /mnt/data), then runs for long.
+const runningCell = "import time\nopen('running', 'w').close()\ntime.sleep(30)"
+
+// waitRunning waits until runningCell runs in one of d's pods.
+func waitRunning(t *testing.T, d *agentsandboxtest.Server) {
+	t.Helper()
+	testutil.Eventually(t, "the cell running", func() bool {
+		for _, sb := range d.LivePods() {
+			if _, err := os.Stat(filepath.Join(d.PodDataDir(sb), "running")); err == nil {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 // TestAgentSandboxFaults runs the intercepted tool on the agent_sandbox tool while the double
 // misbehaves: a create refused, a claim that never becomes ready, a watch dropped while a claim
-// waits, the sandbox's pod killed under a running cell, the router refusing the proxy's token
+// waits, the sandbox's pod killed under a running cell, its claim deleted under a running cell, the router refusing the proxy's token
 // for a file. Each request ends with an OpenAI-shaped error or a response whose call reports the
 // failure, the proxy keeps serving, and no claim is left after the round.
 func TestAgentSandboxFaults(t *testing.T) {
@@ -201,17 +223,8 @@ func TestAgentSandboxFaults(t *testing.T) {
 	t.Run("pod killed under a running cell", func(t *testing.T) {
 		cntr := healthy(t)
 		done := make(chan rawResponse, 1)
-		go func() { done <- ask(t, "import time\nprint('started', flush=True)\ntime.sleep(30)", cntr) }()
-		var pods []string
-		testutil.Eventually(t, "the cell running", func() bool {
-			for _, e := range d.ProcessEnvs() {
-				if strings.Contains(strings.Join(e.Command, " "), "run") {
-					pods = append(pods[:0], e.Pod)
-				}
-			}
-			return len(pods) > 0
-		})
-		time.Sleep(time.Second)
+		go func() { done <- ask(t, runningCell, cntr) }()
+		waitRunning(t, d)
 		for _, claim := range d.LivePods() {
 			_ = d.KillPod(claim)
 		}
@@ -220,6 +233,40 @@ func TestAgentSandboxFaults(t *testing.T) {
 			failed(t, r, 0, "")
 		case <-time.After(60 * time.Second):
 			t.Fatal("a cell whose pod was killed did not end")
+		}
+		healthy(t)
+	})
+	t.Run("claim deleted under a running cell", func(t *testing.T) {
+		cntr := healthy(t)
+		claimsBefore := d.LiveClaims()
+		done := make(chan rawResponse, 1)
+		go func() { done <- ask(t, runningCell, cntr) }()
+		waitRunning(t, d)
+		// What an operator's kubectl delete does: through the API, with the kubeconfig.
+		cfg, err := clientcmd.BuildConfigFromFlags("", d.Kubeconfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dyn, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		claims := dyn.Resource(schema.GroupVersionResource{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxclaims"}).Namespace(d.Namespace())
+		for _, name := range claimsBefore {
+			if err := claims.Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case r := <-done:
+			failed(t, r, 0, "")
+		case <-time.After(60 * time.Second):
+			t.Fatal("a cell whose claim was deleted did not end")
+		}
+		// The container is gone with its sandbox: asking for it again is OpenAI's answer for a
+		// container that does not exist, not a hang.
+		if r := ask(t, "print(1)", cntr); r.Status/100 != 4 || !strings.Contains(string(r.Body), "Container with id '"+cntr+"' not found") {
+			t.Errorf("the deleted claim's container: %d %.300s", r.Status, r.Body)
 		}
 		healthy(t)
 	})
