@@ -156,6 +156,21 @@ func TestAgentSandboxFaults(t *testing.T) {
 			"include": []string{"code_interpreter_call.outputs"}})
 		return do(t, http.MethodPost, p.URL+"/v1/responses", body, auth)
 	}
+	// askAsync asks in the background. The test waits for the answer before it completes, even
+	// when it fails early, so that nothing reports to a test that has ended.
+	askAsync := func(t *testing.T, code, container string) <-chan rawResponse {
+		done, finished := make(chan rawResponse, 1), make(chan struct{})
+		go func() {
+			var r rawResponse // Status 0 if ask failed the test and ended this goroutine
+			defer func() {
+				done <- r
+				close(finished)
+			}()
+			r = ask(t, code, container)
+		}()
+		t.Cleanup(func() { <-finished })
+		return done
+	}
 	failed := func(t *testing.T, r rawResponse, wantStatus int, wantCode string) {
 		t.Helper()
 		if r.Status == http.StatusOK {
@@ -206,8 +221,7 @@ func TestAgentSandboxFaults(t *testing.T) {
 	t.Run("watch dropped while waiting", func(t *testing.T) {
 		before := len(d.LiveClaims())
 		d.StallClaims(true)
-		done := make(chan rawResponse, 1)
-		go func() { done <- ask(t, "print(6 * 7)", "") }()
+		done := askAsync(t, "print(6 * 7)", "")
 		testutil.Eventually(t, "a claim waiting for its sandbox", func() bool { return len(d.LiveClaims()) > before })
 		time.Sleep(500 * time.Millisecond) // the proxy is in its watch
 		drops := d.WatchDrops()
@@ -222,8 +236,7 @@ func TestAgentSandboxFaults(t *testing.T) {
 	})
 	t.Run("pod killed under a running cell", func(t *testing.T) {
 		cntr := healthy(t)
-		done := make(chan rawResponse, 1)
-		go func() { done <- ask(t, runningCell, cntr) }()
+		done := askAsync(t, runningCell, cntr)
 		waitRunning(t, d)
 		for _, claim := range d.LivePods() {
 			_ = d.KillPod(claim)
@@ -239,8 +252,7 @@ func TestAgentSandboxFaults(t *testing.T) {
 	t.Run("claim deleted under a running cell", func(t *testing.T) {
 		cntr := healthy(t)
 		claimsBefore := d.LiveClaims()
-		done := make(chan rawResponse, 1)
-		go func() { done <- ask(t, runningCell, cntr) }()
+		done := askAsync(t, runningCell, cntr)
 		waitRunning(t, d)
 		// What an operator's kubectl delete does: through the API, with the kubeconfig.
 		cfg, err := clientcmd.BuildConfigFromFlags("", d.Kubeconfig())
