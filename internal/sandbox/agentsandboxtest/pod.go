@@ -159,7 +159,7 @@ func (s *Server) startPod(name string, extraEnv map[string]string) (*pod, error)
 		p.kill()
 		return nil, err
 	}
-	p.procs = &processServer{pod: p, srv: s}
+	p.procs = &processServer{env: p.env, dataDir: p.dataDir, root: podRoot, launch: podLauncher{pod: p, srv: s}}
 	p.grpc = grpc.NewServer()
 	processv1.RegisterProcessServiceServer(p.grpc, p.procs)
 	go func() { _ = p.grpc.Serve(grpcLis) }()
