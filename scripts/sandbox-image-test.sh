@@ -44,4 +44,4 @@ log "building $image"
 [[ ${1:-} == build ]] && exit 0
 
 log "testing $image"
-CIPROXY_E2E_SANDBOX_IMAGE=$image go test -count=1 -timeout 10m -run '^TestSandboxImage$' -v ./test/e2e/
+CIPROXY_E2E_SANDBOX_IMAGE=$image go test -count=1 -timeout 10m -run '^TestSandboxImage' -v ./test/e2e/

@@ -24,6 +24,7 @@ import (
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/agentsandbox"
 	"github.com/ciproxy/ciproxy/internal/sandbox/agentsandbox/processv1"
+	"github.com/ciproxy/ciproxy/internal/sandbox/agentsandboxtest"
 	"github.com/ciproxy/ciproxy/internal/sandbox/kernel"
 )
 
@@ -240,4 +241,68 @@ func loopbackPort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestSandboxImageClaims: the backend's whole life of a sandbox on pods that run the image: the
+// agent-sandbox double's API server and controllers, its pods podman containers of the image
+// (agentsandboxtest.Options.PodImage), so that Create claims one from the warm pool, waits for
+// it, and starts the image's kernel daemon (checking its checksums) itself; then Run, Delete,
+// and no container left once the double is closed.
+func TestSandboxImageClaims(t *testing.T) {
+	if sandboxImage == "" {
+		t.Skip("CIPROXY_E2E_SANDBOX_IMAGE is not set: scripts/sandbox-image-test.sh (make image-test) builds the sandbox image and sets it")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the agent-sandbox double needs root")
+	}
+	pods := func() string {
+		out, _ := exec.Command("podman", "ps", "-a", "--filter", "name=^ciproxy-asd-", "--format", "{{.Names}}").Output()
+		return strings.TrimSpace(string(out))
+	}
+	before := pods()
+	d := agentsandboxtest.New(t, agentsandboxtest.Options{
+		Template: "ciproxy-python", WarmPool: "ciproxy-python", WarmPoolReplicas: 1, PodImage: sandboxImage,
+	})
+	t.Cleanup(func() {
+		d.Close()
+		if left := pods(); left != before {
+			t.Errorf("pod containers left after the double closed: %q (before: %q)", left, before)
+		}
+	})
+	o := agentsandbox.DefaultOptions()
+	o.Kubeconfig, o.Namespace, o.WarmPool = d.Kubeconfig(), d.Namespace(), d.WarmPool()
+	o.ProcessPort, o.FilesPort = d.ProcessPort(), d.FilesPort()
+	o.ReadyTimeout, o.RunTimeout, o.RequestTimeout = 2*time.Minute, time.Minute, 20*time.Second
+	o.Tool = "sandbox-image"
+	p, err := agentsandbox.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h, err := p.Create(ctx, sandbox.CreateOptions{})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	// The claimed pod is a container of the image (and the pool has made another).
+	if now := pods(); now == before || !strings.Contains(now, "ciproxy-asd-") {
+		t.Fatalf("no pod container after Create: %q", now)
+	}
+	t.Logf("pod containers after Create: %q; the claimed pod at %s", pods(), h.Domain)
+	for _, c := range []struct{ code, want string }{{"x = 6*7", ""}, {"print(x)", "42\n"}} {
+		res, err := p.Run(ctx, h, c.code, sandbox.RunOptions{})
+		if err != nil || res.Error != nil || res.Stdout != c.want {
+			t.Fatalf("Run(%q): %+v, %v", c.code, res, err)
+		}
+	}
+	if err := p.WriteFile(ctx, h, "a.txt", strings.NewReader("claimed"), 1<<10); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := p.Run(ctx, h, "print(open('/mnt/data/a.txt').read())", sandbox.RunOptions{}); err != nil || res.Stdout != "claimed\n" {
+		t.Fatalf("reading a.txt: %+v, %v", res, err)
+	}
+	if err := p.Delete(ctx, h); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
 }
