@@ -53,7 +53,10 @@ image:
 
 # The end-to-end and sandbox isolation tests against the image, in each way of running that
 # docs/modes.md lists (scripts/image-test.sh), then docs/compose.yaml run with Docker Compose on
-# podman and tested through its nginx (scripts/compose-test.sh). As root.
+# podman and tested through its nginx (scripts/compose-test.sh), then the agent_sandbox backend's
+# sandbox image built with a stand-in sandboxd and driven by the backend
+# (scripts/sandbox-image-test.sh). As root.
 image-test: image
 	scripts/image-test.sh
 	scripts/compose-test.sh
+	scripts/sandbox-image-test.sh

@@ -16,17 +16,13 @@
 #   that stage. This is simpler and more honest than an image that bundles a toolchain: the
 #   binary is built by the same `go build` line as with the official golang image, with the Go
 #   that the tests of this checkout ran with.
-# The root is cached in CIPROXY_CACHE (default ~/.cache/ciproxy/image), and podman keeps the
-# layers, so a second build redoes only what changed.
+# scripts/image-base.sh makes that base and caches the root in CIPROXY_CACHE (default
+# ~/.cache/ciproxy/image), and podman keeps the layers, so a second build redoes only what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 how=${1:-local}
 image=${IMAGE:-localhost/ciproxy:dev}
-cache=${CIPROXY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ciproxy}/image
-mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-suite=bookworm
-base=localhost/ciproxy-base:$suite
 log() { echo "image: $*" >&2; }
 
 scripts/deps.sh image
@@ -39,26 +35,7 @@ args=(--format docker --network host --ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn
 case $how in
 official) ;;
 local)
-	mkdir -p "$cache"
-	if [[ ! -f $cache/root.tar ]]; then
-		log "debootstrapping $suite (minbase) from $mirror"
-		root=$(mktemp -d)
-		trap 'rm -rf "$root"' EXIT
-		debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
-			{ tail -20 "$cache/debootstrap.log" >&2; exit 1; }
-		rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-		echo "deb $mirror $suite main" >"$root/etc/apt/sources.list"
-		tar -C "$root" --numeric-owner -cf "$cache/root.tar.new" .
-		mv "$cache/root.tar.new" "$cache/root.tar"
-		rm -rf "$root"
-		trap - EXIT
-	fi
-	# Re-imported only when the cached root is newer than the base image.
-	sum=$(sha256sum "$cache/root.tar" | cut -c1-16)
-	if [[ $("${podman[@]}" image inspect --format '{{index .Labels "root"}}' "$base" 2>/dev/null) != "$sum" ]]; then
-		log "importing the root as $base"
-		"${podman[@]}" import --change "LABEL root=$sum" --change 'CMD ["/bin/bash"]' "$cache/root.tar" "$base" >/dev/null
-	fi
+	base=$(scripts/image-base.sh)
 	goroot=$(go env GOROOT)
 	modcache=$(go env GOMODCACHE)
 	gocache=$(go env GOCACHE)

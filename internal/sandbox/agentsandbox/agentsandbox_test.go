@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,11 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
@@ -703,6 +707,46 @@ func TestMemoryLimitRecorded(t *testing.T) {
 		}
 		if err := p.Delete(context.Background(), h); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestExecFastCommand: a command that exits before the end of its stdin reaches sandboxd (which
+// then no longer knows the process: NOT_FOUND) still gives its output and exit status. The
+// stand-in sandboxd runs commands as its children, fast enough to lose that race often, where
+// the double's pods (nsenter) seldom do.
+func TestExecFastCommand(t *testing.T) {
+	// Rooted elsewhere than /mnt/data, the cwd the backend asks resolves under the root.
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "mnt/data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sd := agentsandboxtest.NewSandboxd(root, os.Environ())
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	sd.RegisterGRPC(gs)
+	go func() { _ = gs.Serve(gl) }()
+	t.Cleanup(gs.Stop)
+	hs := httptest.NewServer(sd.RESTHandler())
+	t.Cleanup(hs.Close)
+	o := agentsandbox.DefaultOptions()
+	o.WarmPool, o.RestConfig = "unused", &rest.Config{Host: "http://127.0.0.1:1"}
+	o.ProcessPort = gl.Addr().(*net.TCPAddr).Port
+	o.FilesPort = hs.Listener.Addr().(*net.TCPAddr).Port
+	p, err := agentsandbox.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	h := sandbox.Handle{Backend: "agent_sandbox", ID: "direct", TrafficToken: "direct", Domain: "127.0.0.1"}
+	for i := range 200 {
+		var out strings.Builder
+		res, err := p.Exec(context.Background(), h, "echo fast", sandbox.ExecOptions{OnOutput: func(_ sandbox.Stream, s string) { out.WriteString(s) }})
+		if err != nil || res.ExitCode != 0 || out.String() != "fast\n" {
+			t.Fatalf("Exec %d: %+v, %v, output %q", i, res, err, out.String())
 		}
 	}
 }

@@ -43,6 +43,12 @@
 //     host has in /usr is what the pod has. Root is required.
 //   - The pod's env is PATH, HOME (/mnt/data), HOSTNAME, LANG, Options.PodEnv and the Sandbox's
 //     first container's literal env values; nothing else of the pod spec is honoured.
+//   - With Options.PodImage, a pod is instead a podman container of that image (host network,
+//     the image's entrypoint given --listen-host=<the pod's 127.1.x.y>): the image's sandboxd,
+//     user and files, with HOSTNAME, PodEnv and the container's env values added.
+//   - Sandboxd (cmd/sandboxd) is the same process service and files API without a pod: commands
+//     are children of the serving process, as sandboxd runs them as its container's process; it
+//     is the stand-in sandboxd that the sandbox image is built with here.
 //   - No PTY: Start with a pty is FAILED_PRECONDITION, as is ResizeTTY.
 //   - Symlinks are resolved on the host: a link to an absolute pod path under /mnt/data points
 //     outside the root there and is refused, where the real sandboxd would follow it.

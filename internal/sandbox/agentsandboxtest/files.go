@@ -72,7 +72,7 @@ func sanitizePath(rootDir, userPath string) (string, error) {
 }
 
 // realDir is dir with symlinks evaluated (as sanitizePath returns paths).
-func (s *Server) realDir(dir string) string {
+func realDir(dir string) string {
 	if r, err := filepath.EvalSymlinks(dir); err == nil {
 		return r
 	}
@@ -84,8 +84,13 @@ var modePattern = regexp.MustCompile(`^0[0-7]{3}$`)
 type filesServer struct {
 	rootDir      string
 	resolvedRoot string
-	start        time.Time
-	env          map[string]string
+	// podRoot is the root as the commands see it, when that is not rootDir (a pod's
+	// /mnt/data); owner the uid (and gid) that what the server creates is given, -1 to leave
+	// it to the server's own, as sandboxd in its container.
+	podRoot string
+	owner   int
+	start   time.Time
+	env     map[string]string
 }
 
 type fileEntry struct {
@@ -129,7 +134,7 @@ func newFilesServer(root string, env []string) *filesServer {
 			meta[name] = value
 		}
 	}
-	return &filesServer{rootDir: root, resolvedRoot: resolved, start: time.Now(), env: meta}
+	return &filesServer{rootDir: root, resolvedRoot: resolved, podRoot: podRoot, owner: podUID, start: time.Now(), env: meta}
 }
 
 func (s *filesServer) handler() http.Handler {
@@ -152,15 +157,15 @@ func writeFileError(w http.ResponseWriter, code int, c, msg string) {
 
 // podRelative turns a path the pod names absolutely under /mnt/data into one relative to the
 // root, as sandboxd (rooted at /mnt/data) would accept it.
-func podRelative(p string) string {
-	if p == podRoot || strings.HasPrefix(p, podRoot+"/") {
-		return strings.TrimPrefix(strings.TrimPrefix(p, podRoot), "/")
+func (s *filesServer) podRelative(p string) string {
+	if s.podRoot != "" && (p == s.podRoot || strings.HasPrefix(p, s.podRoot+"/")) {
+		return strings.TrimPrefix(strings.TrimPrefix(p, s.podRoot), "/")
 	}
 	return p
 }
 
 func (s *filesServer) resolve(w http.ResponseWriter, r *http.Request) (string, bool) {
-	target, err := sanitizePath(s.rootDir, podRelative(r.PathValue("path")))
+	target, err := sanitizePath(s.rootDir, s.podRelative(r.PathValue("path")))
 	if err != nil {
 		if errors.Is(err, errPathEscapes) {
 			writeFileError(w, http.StatusForbidden, "PERMISSION_DENIED", "path traversal outside sandbox root is forbidden")
@@ -216,7 +221,7 @@ func (s *filesServer) list(w http.ResponseWriter, r *http.Request, target string
 			continue
 		}
 		if e.Type()&os.ModeSymlink != 0 {
-			resolved, err := sanitizePath(s.rootDir, filepath.Join(podRelative(r.PathValue("path")), e.Name()))
+			resolved, err := sanitizePath(s.rootDir, filepath.Join(s.podRelative(r.PathValue("path")), e.Name()))
 			if err != nil {
 				continue
 			}
@@ -318,8 +323,10 @@ func (s *filesServer) atomicWrite(target string, src io.Reader, mode os.FileMode
 	if err = tmp.Chmod(mode); err != nil {
 		return err
 	}
-	if err = tmp.Chown(podUID, podUID); err != nil {
-		return err
+	if s.owner >= 0 {
+		if err = tmp.Chown(s.owner, s.owner); err != nil {
+			return err
+		}
 	}
 	if _, err = io.Copy(tmp, src); err != nil {
 		return fmt.Errorf("failed to write file contents: %w", err)
@@ -340,7 +347,10 @@ func (s *filesServer) mkdirAll(dir string) error {
 	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
 		return err
 	}
-	return os.Chown(dir, podUID, podUID)
+	if s.owner < 0 {
+		return nil
+	}
+	return os.Chown(dir, s.owner, s.owner)
 }
 
 func (s *filesServer) handleDelete(w http.ResponseWriter, r *http.Request) {

@@ -40,6 +40,8 @@ type pod struct {
 	bwrap   *exec.Cmd
 	initPID int // the host pid of pid 1 of the pod's pid namespace
 	exited  chan struct{}
+	// container is the podman container of an image pod (Options.PodImage), "" for bwrap.
+	container string
 
 	grpc  *grpc.Server
 	files *http.Server
@@ -51,6 +53,9 @@ type pod struct {
 // startPod makes the pod of sandbox name: its directories, the bwrap that holds its
 // namespaces, and sandboxd's two listeners on a free 127.1.x.y address.
 func (s *Server) startPod(name string, extraEnv map[string]string) (*pod, error) {
+	if s.opts.PodImage != "" {
+		return s.startImagePod(name, extraEnv)
+	}
 	base := filepath.Join(s.dir, "pods", name+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
 	p := &pod{name: name, dataDir: filepath.Join(base, "data"), exited: make(chan struct{})}
 	for _, d := range []string{p.dataDir, filepath.Join(base, "tmp")} {
@@ -159,7 +164,7 @@ func (s *Server) startPod(name string, extraEnv map[string]string) (*pod, error)
 		p.kill()
 		return nil, err
 	}
-	p.procs = &processServer{pod: p, srv: s}
+	p.procs = &processServer{env: p.env, dataDir: p.dataDir, root: podRoot, launch: podLauncher{pod: p, srv: s}}
 	p.grpc = grpc.NewServer()
 	processv1.RegisterProcessServiceServer(p.grpc, p.procs)
 	go func() { _ = p.grpc.Serve(grpcLis) }()
@@ -226,9 +231,84 @@ func (p *pod) waitSetUp() error {
 // podSetUpWait bounds bwrap's setting up of a pod (a few milliseconds, unloaded).
 const podSetUpWait = 30 * time.Second
 
+// startImagePod runs the pod of sandbox name as a container of Options.PodImage on the host's
+// network, its sandboxd on a free 127.1.x.y address, and waits until that answers.
+func (s *Server) startImagePod(name string, extraEnv map[string]string) (*pod, error) {
+	base := filepath.Join(s.dir, "pods", name+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return nil, err
+	}
+	p := &pod{name: name, dataDir: filepath.Join(base, "data"), exited: make(chan struct{}),
+		container: "ciproxy-asd-" + filepath.Base(base)}
+	// The address is held while it is chosen, then left to the container's sandboxd.
+	g, f, err := s.listenPod(p)
+	if err != nil {
+		return nil, err
+	}
+	g.Close()
+	f.Close()
+	var nofile syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &nofile); err != nil {
+		return nil, err
+	}
+	args := []string{"--runtime", "runc", "run", "-d", "--name", p.container, "--network", "host", "--no-healthcheck",
+		// Within the hard limits podman itself has (runc refuses to raise them).
+		"--ulimit", fmt.Sprintf("nofile=%d:%d", nofile.Max, nofile.Max), "--ulimit", "nproc=16384:16384"}
+	env := map[string]string{"HOSTNAME": name}
+	for k, v := range s.opts.PodEnv {
+		env[k] = v
+	}
+	for k, v := range extraEnv {
+		env[k] = v
+	}
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		args = append(args, "-e", k+"="+env[k])
+		p.env = append(p.env, k+"="+env[k])
+	}
+	args = append(args, s.opts.PodImage, "--listen-host="+p.ip,
+		"--grpc-port="+strconv.Itoa(s.processPort), "--rest-port="+strconv.Itoa(s.filesPort))
+	if out, err := exec.Command("podman", args...).CombinedOutput(); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("podman run: %w: %s", err, out)
+	}
+	go func() {
+		_ = exec.Command("podman", "wait", p.container).Run()
+		close(p.exited)
+	}()
+	deadline := time.Now().Add(podSetUpWait)
+	for {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(p.ip, strconv.Itoa(s.filesPort)), time.Second)
+		if err == nil {
+			c.Close()
+			return p, nil
+		}
+		select {
+		case <-p.exited:
+			out, _ := exec.Command("podman", "logs", p.container).CombinedOutput()
+			p.kill()
+			return nil, fmt.Errorf("the pod's container exited: %s", out)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.kill()
+			return nil, fmt.Errorf("the pod's sandboxd did not listen within %s: %w", podSetUpWait, err)
+		}
+	}
+}
+
 // kill ends every process of the pod: pid 1 of its pid namespace dies, and the kernel kills
-// the rest of the namespace with it (detached daemons included), then bwrap itself.
+// the rest of the namespace with it (detached daemons included), then bwrap itself. An image
+// pod's container is removed.
 func (p *pod) kill() {
+	if p.container != "" {
+		_ = exec.Command("podman", "--runtime", "runc", "rm", "-f", "-t", "0", p.container).Run()
+		return
+	}
 	if p.initPID > 0 {
 		_ = syscall.Kill(p.initPID, syscall.SIGKILL)
 	}

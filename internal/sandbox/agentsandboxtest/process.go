@@ -30,14 +30,21 @@ const (
 	waitDelay       = 10 * time.Second
 )
 
-// processServer is sandboxd's ProcessService for one pod, after upstream's
+// processServer is sandboxd's ProcessService, after upstream's
 // packages/sandboxd/pkg/server/process.go: the same order of events, chunking, exit codes and
-// status codes. Each command runs inside the pod (nsenter into its namespaces, setpriv to uid
-// 1000) in its own process group.
+// status codes. How a command is started is its launcher's: inside a pod of the double (nsenter
+// into its namespaces, setpriv to uid 1000; podLauncher), or as a plain child process of this
+// one, as sandboxd runs them in its container (directLauncher, cmd/sandboxd). Either way each
+// command runs in its own process group.
 type processServer struct {
 	processv1.UnimplementedProcessServiceServer
-	pod *pod
-	srv *Server
+	// env is the environment that the commands' own is merged over (the daemon's);
+	// dataDir the directory of the files API's root here, root the same directory as the
+	// commands see it (podRoot in a pod; dataDir itself for directLauncher).
+	env     []string
+	dataDir string
+	root    string
+	launch  launcher
 
 	next  atomic.Int32
 	mu    sync.Mutex
@@ -48,8 +55,61 @@ type processServer struct {
 	stopped bool
 }
 
+// launcher starts the commands of a processServer.
+type launcher interface {
+	// lookPath reports whether argv0 can be run with env's PATH where the commands run,
+	// with an error that mapCommandError maps as upstream's exec errors are.
+	lookPath(argv0 string, env []string) error
+	// command is the exec.Cmd that runs argv in cwd (a path as the commands see it) with env.
+	command(ctx context.Context, argv []string, cwd string, env []string) *exec.Cmd
+	// signal sends sig to the command whose exec.Cmd's process is pid, and to its group.
+	signal(pid int, sig syscall.Signal) error
+}
+
+// podLauncher runs commands in a pod of the double: nsenter into its namespaces, setpriv to uid
+// 1000. nsenter heads the process group.
+type podLauncher struct {
+	pod *pod
+	srv *Server
+}
+
+func (l podLauncher) lookPath(argv0 string, env []string) error {
+	return l.srv.lookPath(l.pod, argv0, env)
+}
+
+// command: nsenter opens --wd before it enters the namespaces: through /proc/<pid>/root the
+// path is resolved in the pod's mount namespace.
+func (l podLauncher) command(ctx context.Context, argv []string, cwd string, env []string) *exec.Cmd {
+	init := strconv.Itoa(l.pod.initPID)
+	args := []string{"-t", init, "-p", "-m", "-i", "-u", "-n", "-r", "--wd=/proc/" + init + "/root" + cwd, "--",
+		"setpriv", "--reuid=" + strconv.Itoa(podUID), "--regid=" + strconv.Itoa(podUID), "--clear-groups",
+		"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"}
+	args = append(args, argv...)
+	l.srv.recordEnv(l.pod.name, argv, env)
+	return exec.CommandContext(ctx, l.srv.nsenter, args...)
+}
+
+func (l podLauncher) signal(pid int, sig syscall.Signal) error { return signalGroup(pid, sig) }
+
+// directLauncher runs commands as plain child processes, as sandboxd does in its container
+// (upstream's buildCommand): the command is looked up with this process's PATH when it starts
+// (exec's error, mapped as upstream maps it), and a signal goes to its whole group, as
+// upstream's kill(-pgid).
+type directLauncher struct{}
+
+func (directLauncher) lookPath(string, []string) error { return nil }
+
+func (directLauncher) command(ctx context.Context, argv []string, cwd string, _ []string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = cwd
+	return cmd
+}
+
+func (directLauncher) signal(pid int, sig syscall.Signal) error { return syscall.Kill(-pid, sig) }
+
 type managedProcess struct {
-	cmd *exec.Cmd
+	cmd    *exec.Cmd
+	launch launcher
 
 	mu        sync.Mutex
 	stdin     *os.File
@@ -62,7 +122,7 @@ func (p *managedProcess) signal(sig syscall.Signal) error {
 	if p.completed || p.cmd.Process == nil {
 		return nil
 	}
-	return signalGroup(p.cmd.Process.Pid, sig)
+	return p.launch.signal(p.cmd.Process.Pid, sig)
 }
 
 // signalGroup sends sig to the process group that nsenter (leader) heads, except nsenter
@@ -136,14 +196,14 @@ func mapCommandError(err error, defaultCode codes.Code, msg string) error {
 }
 
 // buildCommand is upstream's: env merged over the daemon's (the pod's) environment, cwd confined
-// to the root with symlinks evaluated. The exec.Cmd is nsenter's; cancelling ctx kills the
-// command's whole process group (upstream kills the command alone; here the command is
+// to the root with symlinks evaluated. The exec.Cmd is the launcher's; cancelling ctx kills the
+// command's whole process group (upstream kills the command alone; in a pod the command is
 // nsenter's child, so its group is what "the process" is).
 func (s *processServer) buildCommand(ctx context.Context, config *processv1.ProcessConfig) (*exec.Cmd, error) {
 	if config == nil || len(config.GetCommand()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "command is required")
 	}
-	env := append([]string(nil), s.pod.env...)
+	env := append([]string(nil), s.env...)
 	keys := make([]string, 0, len(config.GetEnvVars()))
 	for k := range config.GetEnvVars() {
 		keys = append(keys, k)
@@ -154,13 +214,13 @@ func (s *processServer) buildCommand(ctx context.Context, config *processv1.Proc
 	}
 	env = dedupEnv(env)
 
-	cwd := podRoot
+	cwd := s.root
 	if c := config.GetCwd(); c != "" {
 		user := c
-		if user == podRoot || strings.HasPrefix(user, podRoot+"/") {
-			user = strings.TrimPrefix(strings.TrimPrefix(user, podRoot), "/")
+		if user == s.root || strings.HasPrefix(user, s.root+"/") {
+			user = strings.TrimPrefix(strings.TrimPrefix(user, s.root), "/")
 		}
-		resolved, err := sanitizePath(s.pod.dataDir, user)
+		resolved, err := sanitizePath(s.dataDir, user)
 		if err != nil {
 			if errors.Is(err, errPathEscapes) {
 				return nil, status.Errorf(codes.PermissionDenied, "cwd: %v", err)
@@ -170,24 +230,16 @@ func (s *processServer) buildCommand(ctx context.Context, config *processv1.Proc
 		if _, err := os.Stat(resolved); err != nil {
 			return nil, mapCommandError(&fs.PathError{Op: "chdir", Path: c, Err: err}, codes.Internal, "failed to start command")
 		}
-		cwd = podRoot + strings.TrimPrefix(resolved, s.srv.realDir(s.pod.dataDir))
+		cwd = s.root + strings.TrimPrefix(resolved, realDir(s.dataDir))
 	}
-	if err := s.srv.lookPath(s.pod, config.GetCommand()[0], env); err != nil {
+	if err := s.launch.lookPath(config.GetCommand()[0], env); err != nil {
 		return nil, mapCommandError(err, codes.Internal, "failed to start command")
 	}
-	// nsenter opens --wd before it enters the namespaces: through /proc/<pid>/root the path is
-	// resolved in the pod's mount namespace.
-	init := strconv.Itoa(s.pod.initPID)
-	args := []string{"-t", init, "-p", "-m", "-i", "-u", "-n", "-r", "--wd=/proc/" + init + "/root" + cwd, "--",
-		"setpriv", "--reuid=" + strconv.Itoa(podUID), "--regid=" + strconv.Itoa(podUID), "--clear-groups",
-		"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"}
-	args = append(args, config.GetCommand()...)
-	cmd := exec.CommandContext(ctx, s.srv.nsenter, args...)
+	cmd := s.launch.command(ctx, config.GetCommand(), cwd, env)
 	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = waitDelay
-	s.srv.recordEnv(s.pod.name, config.GetCommand(), env)
 	return cmd, nil
 }
 
@@ -251,7 +303,7 @@ func (s *processServer) Start(req *processv1.StartRequest, stream processv1.Proc
 	closeAll(stdoutW, stderrW, stdinR)
 
 	pid := s.next.Add(1)
-	proc := &managedProcess{cmd: cmd, stdin: stdinW}
+	proc := &managedProcess{cmd: cmd, launch: s.launch, stdin: stdinW}
 	s.mu.Lock()
 	if s.procs == nil {
 		s.procs = map[int32]*managedProcess{}

@@ -51,6 +51,11 @@ type Options struct {
 	Dir string
 	// ProcessPort and FilesPort are sandboxd's ports on every pod IP; 0 is 9090 and 8080.
 	ProcessPort, FilesPort int
+	// PodImage, when set, is a sandbox image that each pod runs instead of a bwrap pod: a podman
+	// container of it on the host's network, its entrypoint (sandboxd) told to listen on the
+	// pod's 127.1.x.y address (--listen-host), with PodEnv and the claim's env; ImageFiles are
+	// then the image's own. PodDataDir and PodInitPID have nothing to say of such a pod.
+	PodImage string
 }
 
 // Server is a Kubernetes API server with agent-sandbox's CRDs and controllers, pods, sandboxd
