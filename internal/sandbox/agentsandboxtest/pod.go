@@ -115,7 +115,9 @@ func (s *Server) startPod(name string, extraEnv map[string]string) (*pod, error)
 	for _, path := range paths {
 		args = append(args, "--ro-bind", s.imageFile(path), path)
 	}
-	args = append(args, "--info-fd", "3", "--", "sleep", "infinity")
+	// The pod's idle process is what the code sees in ps beside its own: not a sleep, which
+	// tests count (a real pod shows sandboxd there).
+	args = append(args, "--info-fd", "3", "--", "tail", "-f", "/dev/null")
 	infoR, infoW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -213,7 +215,7 @@ func (p *pod) waitSetUp() error {
 	for {
 		b, _ := os.ReadFile(children)
 		for _, f := range strings.Fields(string(b)) {
-			if comm, _ := os.ReadFile("/proc/" + f + "/comm"); strings.TrimSpace(string(comm)) == "sleep" {
+			if comm, _ := os.ReadFile("/proc/" + f + "/comm"); strings.TrimSpace(string(comm)) == "tail" {
 				return nil
 			}
 		}
