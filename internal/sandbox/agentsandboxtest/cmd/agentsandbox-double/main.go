@@ -63,7 +63,7 @@ func run(args []string, out io.Writer, stop <-chan struct{}) error {
 	}
 	s, err := agentsandboxtest.Start(agentsandboxtest.Options{
 		Namespace: *ns, Template: *tmpl, WarmPool: *pool, WarmPoolReplicas: *replicas,
-		ImageFiles: map[string]string{"/opt/ciproxy/kernel.py": string(kernel.Source())},
+		ImageFiles: map[string]string{kernel.Path: string(kernel.Source()), kernel.DaemonPath: string(kernel.DaemonSource())},
 		ReadyDelay: *readyDelay, Router: *router, RouterAuthz: *authz, Dir: *dir,
 		ProcessPort: *processPort, FilesPort: *filesPort,
 	})

@@ -12,6 +12,10 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
+
+	"github.com/ciproxy/ciproxy/internal/config"
+	"github.com/ciproxy/ciproxy/internal/sandbox"
+	"github.com/ciproxy/ciproxy/internal/sandbox/backends"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader in two goroutines.
@@ -71,8 +75,41 @@ func TestRun(t *testing.T) {
 	if err != nil || pool.GetName() != "ciproxy-python" {
 		t.Fatalf("the pool: %v %v", pool, err)
 	}
+	runCell(t, settings)
 	close(stop)
 	if err := <-errc; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// runCell runs a cell through the printed settings as a proxy would: a sandbox_tools entry parsed
+// with every backend, provisioned, a container created, code run, the container deleted.
+func runCell(t *testing.T, settings map[string]any) {
+	t.Helper()
+	b, err := yaml.Marshal(map[string]any{"sandbox_tools": []any{map[string]any{"sandbox_tool_name": "k8s", "litellm_params": settings}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.ParseWith(b, "double.yaml", backends.ParseOptions(func(string) (string, bool) { return "", false }))
+	if err != nil {
+		t.Fatalf("the printed settings do not parse: %v\n%s", err, b)
+	}
+	reg, err := backends.Build(context.Background(), cfg.SandboxTools, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Retire(context.Background(), nil)
+	p, ok := reg.Get("k8s")
+	if !ok {
+		t.Fatal("no k8s tool")
+	}
+	h, err := p.Create(context.Background(), sandbox.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Delete(context.Background(), h)
+	r, err := p.Run(context.Background(), h, "print(6 * 7)", sandbox.RunOptions{})
+	if err != nil || r.Stdout != "42\n" {
+		t.Errorf("a cell through the printed settings: %+v, %v", r, err)
 	}
 }
