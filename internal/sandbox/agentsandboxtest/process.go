@@ -127,8 +127,13 @@ func (p *managedProcess) signal(sig syscall.Signal) error {
 
 // signalGroup sends sig to the process group that nsenter (leader) heads, except nsenter
 // itself: the command and what it started get it, as upstream's kill(-pgid); nsenter then exits
-// as its child did (re-raising a fatal signal on itself).
+// as its child did (re-raising a fatal signal on itself). SIGKILL goes to the whole group at
+// once, nsenter included: a walk of /proc misses a process forked while it runs, which would
+// then outlive the kill.
 func signalGroup(leader int, sig syscall.Signal) error {
+	if sig == syscall.SIGKILL {
+		return syscall.Kill(-leader, sig)
+	}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return err
