@@ -238,17 +238,17 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, rel string, 
 	} else if ok && e.Type != "file" {
 		return fmt.Errorf("%w: %s", sandbox.ErrNameTaken, rel)
 	}
-	src := &cappedSource{r: r, max: max}
+	src := sandbox.NewCappedReader(r, max)
 	pr, pw := io.Pipe()
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
 		_, err := io.Copy(pw, src)
 		switch {
-		case err == nil && src.over:
+		case err == nil && src.Over():
 			err = sandbox.ErrFileTooLarge
-		case err == nil && src.err != nil:
-			err = src.err
+		case err == nil && src.Err() != nil:
+			err = src.Err()
 		}
 		pw.CloseWithError(err)
 	}()
@@ -256,10 +256,10 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, rel string, 
 	pr.Close() // a body the request did not read whole
 	<-copied
 	switch {
-	case src.over:
+	case src.Over():
 		return fmt.Errorf("%w: %s is larger than %d bytes", sandbox.ErrFileTooLarge, rel, max)
-	case src.err != nil:
-		return fmt.Errorf("agent_sandbox write file: reading %s: %w", rel, src.err)
+	case src.Err() != nil:
+		return fmt.Errorf("agent_sandbox write file: reading %s: %w", rel, src.Err())
 	case err != nil:
 		var e *APIError
 		if errors.As(err, &e) && strings.Contains(strings.ToLower(e.Message), "no space left") {
@@ -414,37 +414,4 @@ func (p *Provider) RemoveFile(ctx context.Context, h sandbox.Handle, rel string)
 	}
 	resp.Body.Close()
 	return nil
-}
-
-// cappedSource reads r until max bytes, then ends as if r had ended, noting over when r had more;
-// an error from r also ends it and is kept in err.
-type cappedSource struct {
-	r    io.Reader
-	max  int64
-	n    int64
-	over bool
-	err  error
-}
-
-func (c *cappedSource) Read(b []byte) (int, error) {
-	if c.over || c.err != nil {
-		return 0, io.EOF
-	}
-	if room := c.max - c.n; room < int64(len(b))-1 {
-		b = b[:room+1]
-	}
-	n, err := c.r.Read(b)
-	if c.n+int64(n) > c.max {
-		c.over = true
-		n = int(c.max - c.n)
-	}
-	c.n += int64(n)
-	switch {
-	case errors.Is(err, io.EOF):
-		return n, io.EOF
-	case err != nil:
-		c.err = err
-		return n, io.EOF
-	}
-	return n, nil
 }

@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -232,17 +230,17 @@ func (p *Provider) Exec(ctx context.Context, h sandbox.Handle, command string, o
 	}()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
-	var out, errOut utf8Stream
-	emit := func(st sandbox.Stream, u *utf8Stream, b []byte) {
-		if t := u.decode(b); t != "" && opts.OnOutput != nil {
+	var out, errOut sandbox.UTF8Decoder
+	emit := func(st sandbox.Stream, u *sandbox.UTF8Decoder, b []byte) {
+		if t := u.Decode(b); t != "" && opts.OnOutput != nil {
 			opts.OnOutput(st, t)
 		}
 	}
 	flush := func() {
-		if t := out.flush(); t != "" && opts.OnOutput != nil {
+		if t := out.Flush(); t != "" && opts.OnOutput != nil {
 			opts.OnOutput(sandbox.Stdout, t)
 		}
-		if t := errOut.flush(); t != "" && opts.OnOutput != nil {
+		if t := errOut.Flush(); t != "" && opts.OnOutput != nil {
 			opts.OnOutput(sandbox.Stderr, t)
 		}
 	}
@@ -299,32 +297,3 @@ func (p *Provider) Exec(ctx context.Context, h sandbox.Handle, command string, o
 // its own): SIGTERM to the group, which the wrapper alone ignores. A process that left the group
 // (setsid) is not reached.
 const shellWrapper = "exec 3>&2 2>/dev/null\n/bin/bash -c \"$1\" 2>&3 3>&-\ns=$?\ntrap '' TERM\nkill -TERM 0\nexit $s"
-
-// utf8Stream decodes a byte stream into valid UTF-8 pieces: a sequence cut at the end of a
-// piece is held for the next one, invalid bytes become U+FFFD.
-type utf8Stream struct{ held []byte }
-
-func (u *utf8Stream) decode(b []byte) string {
-	b = append(u.held, b...)
-	u.held = nil
-	for i := 1; i <= 3 && i <= len(b); i++ {
-		c := b[len(b)-i]
-		if c < 0x80 {
-			break
-		}
-		if utf8.RuneStart(c) {
-			if !utf8.FullRune(b[len(b)-i:]) {
-				u.held = append([]byte(nil), b[len(b)-i:]...)
-				b = b[:len(b)-i]
-			}
-			break
-		}
-	}
-	return strings.ToValidUTF8(string(b), "\uFFFD")
-}
-
-func (u *utf8Stream) flush() string {
-	s := strings.ToValidUTF8(string(u.held), "\uFFFD")
-	u.held = nil
-	return s
-}

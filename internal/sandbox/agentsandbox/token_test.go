@@ -57,16 +57,3 @@ func TestMintScopedToken(t *testing.T) {
 		t.Error("no namespace signs")
 	}
 }
-
-func TestUTF8Stream(t *testing.T) {
-	var u utf8Stream
-	in := []byte("a€b\xffc")
-	var got string
-	for i := range in {
-		got += u.decode(in[i : i+1])
-	}
-	got += u.flush()
-	if got != "a€b\uFFFDc" {
-		t.Errorf("pieces = %q", got)
-	}
-}

@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"github.com/tidwall/gjson"
@@ -117,9 +116,9 @@ func (p *Provider) followLogs(ctx context.Context, b *box, path string, onOutput
 	defer conn.CloseNow()
 	conn.SetReadLimit(frameLimit)
 	var lg logDemux
-	var streams [2]utf8Stream
+	var streams [2]sandbox.UTF8Decoder
 	emit := func(s sandbox.Stream, data []byte) {
-		if text := streams[s].feed(data); text != "" && onOutput != nil {
+		if text := streams[s].Decode(data); text != "" && onOutput != nil {
 			onOutput(s, text)
 		}
 	}
@@ -128,7 +127,7 @@ func (p *Provider) followLogs(ctx context.Context, b *box, path string, onOutput
 		if err != nil {
 			lg.flush(emit)
 			for s := range streams {
-				if text := streams[s].rest(); text != "" && onOutput != nil {
+				if text := streams[s].Flush(); text != "" && onOutput != nil {
 					onOutput(sandbox.Stream(s), text)
 				}
 			}
@@ -192,31 +191,4 @@ func (d *logDemux) flush(emit func(sandbox.Stream, []byte)) {
 		emit(d.cur, d.pend)
 		d.pend = nil
 	}
-}
-
-// utf8Stream turns bytes into valid UTF-8 text: a sequence cut between two pieces is held for
-// the next, invalid bytes become U+FFFD.
-type utf8Stream struct{ held []byte }
-
-func (u *utf8Stream) feed(data []byte) string {
-	buf := append(u.held, data...)
-	u.held = nil
-	// Hold an incomplete sequence at the end (at most 3 bytes).
-	for k := 1; k <= 3 && k <= len(buf); k++ {
-		c := buf[len(buf)-k]
-		if utf8.RuneStart(c) {
-			if !utf8.FullRune(buf[len(buf)-k:]) {
-				u.held = append([]byte(nil), buf[len(buf)-k:]...)
-				buf = buf[:len(buf)-k]
-			}
-			break
-		}
-	}
-	return string(bytes.ToValidUTF8(buf, []byte("\uFFFD")))
-}
-
-func (u *utf8Stream) rest() string {
-	s := string(bytes.ToValidUTF8(u.held, []byte("\uFFFD")))
-	u.held = nil
-	return s
 }

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ciproxy/ciproxy/internal/sandbox"
 )
@@ -145,7 +144,7 @@ func (p *Provider) start(ctx context.Context, h sandbox.Handle, command, tag str
 		return sandbox.ExecResult{}, p.envdStatusError("exec", resp)
 	}
 	var res sandbox.ExecResult
-	var out, errs utf8Stream
+	var out, errs sandbox.UTF8Decoder
 	ended := false
 	for {
 		flags, payload, err := readEnvelope(resp.Body)
@@ -179,10 +178,10 @@ func (p *Provider) start(ctx context.Context, h sandbox.Handle, command, tag str
 			onStart(e.Start.PID)
 		case e.Data != nil:
 			if len(e.Data.Stdout) > 0 {
-				emit(onOutput, sandbox.Stdout, out.decode(e.Data.Stdout))
+				emit(onOutput, sandbox.Stdout, out.Decode(e.Data.Stdout))
 			}
 			if len(e.Data.Stderr) > 0 {
-				emit(onOutput, sandbox.Stderr, errs.decode(e.Data.Stderr))
+				emit(onOutput, sandbox.Stderr, errs.Decode(e.Data.Stderr))
 			}
 		case e.End != nil:
 			flushUTF8(&out, &errs, onOutput)
@@ -222,9 +221,9 @@ func emit(onOutput func(sandbox.Stream, string), s sandbox.Stream, text string) 
 	}
 }
 
-func flushUTF8(out, errs *utf8Stream, onOutput func(sandbox.Stream, string)) {
-	emit(onOutput, sandbox.Stdout, out.flush())
-	emit(onOutput, sandbox.Stderr, errs.flush())
+func flushUTF8(out, errs *sandbox.UTF8Decoder, onOutput func(sandbox.Stream, string)) {
+	emit(onOutput, sandbox.Stdout, out.Flush())
+	emit(onOutput, sandbox.Stderr, errs.Flush())
 }
 
 // execError is a failed Start exchange: the caller's cancellation stays itself.
@@ -343,34 +342,4 @@ func readEnvelope(r io.Reader) (byte, []byte, error) {
 		return 0, nil, err
 	}
 	return head[0], payload, nil
-}
-
-// utf8Stream decodes a byte stream into valid UTF-8 pieces: a sequence cut at the end of a
-// piece is held for the next one, invalid bytes become U+FFFD.
-type utf8Stream struct{ held []byte }
-
-func (u *utf8Stream) decode(b []byte) string {
-	b = append(u.held, b...)
-	u.held = nil
-	// Hold back an incomplete sequence at the end (at most 3 bytes).
-	for i := 1; i <= 3 && i <= len(b); i++ {
-		c := b[len(b)-i]
-		if c < 0x80 {
-			break
-		}
-		if utf8.RuneStart(c) {
-			if !utf8.FullRune(b[len(b)-i:]) {
-				u.held = append([]byte(nil), b[len(b)-i:]...)
-				b = b[:len(b)-i]
-			}
-			break
-		}
-	}
-	return strings.ToValidUTF8(string(b), "\uFFFD")
-}
-
-func (u *utf8Stream) flush() string {
-	s := strings.ToValidUTF8(string(u.held), "\uFFFD")
-	u.held = nil
-	return s
 }

@@ -131,13 +131,13 @@ func (p *Provider) WriteFile(ctx context.Context, h sandbox.Handle, rel string, 
 		return err
 	}
 	tmp := path.Dir(full) + "/" + uploadPrefix + randomHex(8)
-	src := &cappedSource{r: r, max: max}
+	src := sandbox.NewCappedReader(r, max)
 	err = p.upload(ctx, h, tmp, src)
 	switch {
-	case err == nil && src.over:
+	case err == nil && src.Over():
 		err = fmt.Errorf("%w: %s is larger than %d bytes", sandbox.ErrFileTooLarge, rel, max)
-	case err == nil && src.err != nil:
-		err = fmt.Errorf("opensandbox write file: reading %s: %w", rel, src.err)
+	case err == nil && src.Err() != nil:
+		err = fmt.Errorf("opensandbox write file: reading %s: %w", rel, src.Err())
 	case err == nil:
 		if !missing {
 			// execd's move refuses an existing destination.
@@ -343,39 +343,6 @@ func (p *Provider) removeQuietly(ctx context.Context, h sandbox.Handle, full str
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RequestTimeout)
 	defer cancel()
 	_, _ = p.execdJSON(ctx, h, "remove", http.MethodDelete, "/files?"+url.Values{"path": {full}}.Encode(), nil)
-}
-
-// cappedSource reads r until max bytes, then ends as if r had ended, noting over when r had more;
-// an error from r also ends it and is kept in err.
-type cappedSource struct {
-	r    io.Reader
-	max  int64
-	n    int64
-	over bool
-	err  error
-}
-
-func (c *cappedSource) Read(b []byte) (int, error) {
-	if c.over || c.err != nil {
-		return 0, io.EOF
-	}
-	if room := c.max - c.n; room < int64(len(b))-1 {
-		b = b[:room+1]
-	}
-	n, err := c.r.Read(b)
-	if c.n+int64(n) > c.max {
-		c.over = true
-		n = int(c.max - c.n)
-	}
-	c.n += int64(n)
-	switch {
-	case errors.Is(err, io.EOF):
-		return n, io.EOF
-	case err != nil:
-		c.err = err
-		return n, io.EOF
-	}
-	return n, nil
 }
 
 // capReader fails once more than max bytes were read from r.
